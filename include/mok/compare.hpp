@@ -1,0 +1,36 @@
+// How results are compared with the oracle: norm-wise relative error, and the bound each operand
+// precision is held to against the unquantized FP64 reference (docs/recipes.md says why).
+#pragma once
+#include <cmath>
+#include <vector>
+
+#include "mok/layer.hpp"
+
+namespace mok {
+
+// ||a - b||_2 / ||b||_2 (0 when both are zero; Inf on a size mismatch or a NaN).
+inline double relative_l2_error(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return INFINITY;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  if (std::isnan(num)) return INFINITY;
+  if (den == 0) return num == 0 ? 0.0 : INFINITY;
+  return std::sqrt(num / den);
+}
+
+// Relative L2 bound of a whole-layer result (forward or any gradient) against FP64.
+inline double relative_error_bound(OperandQuant q) {
+  switch (q) {
+    case OperandQuant::none: return 1e-5;       // FP32 storage: a few ulps of 2^-24 per step
+    case OperandQuant::bf16: return 1.5e-2;     // BF16 operands: 2^-9 per rounding, a few in a row
+    case OperandQuant::fp8_block: return 8e-2;  // E4M3: 2^-4 relative per element, averaged
+    case OperandQuant::mxfp8: return 8e-2;
+    case OperandQuant::nvfp4: return 0.35;      // E2M1: one significant bit
+  }
+  return 0;
+}
+
+}  // namespace mok

@@ -1,0 +1,140 @@
+// Where every routed row lives: expert ownership, per-rank counts and counting-sort order, padded
+// expert segments on the owner, combine slots on the source, and the token ring's index math.
+// Shared by the GPU kernels, the CPU reference and the EP simulation (design.md, invariant 6).
+//
+// Order rule (invariants 1 and 2): inside a local expert's segment, rows are sorted by
+// (source rank, token, k). With global token = (rank, token), that is the global order, so the
+// same global batch gives the same rows in the same order at every EP size.
+#pragma once
+#include "mok/common/host_device.hpp"
+
+namespace mok::sched {
+
+MOK_HD int expert_owner(int expert, int experts_per_rank) { return expert / experts_per_rank; }
+MOK_HD int local_expert(int expert, int experts_per_rank) { return expert % experts_per_rank; }
+MOK_HD int global_expert(int rank, int local, int experts_per_rank) {
+  return rank * experts_per_rank + local;
+}
+
+// The (token, k) slot on the source rank: where the expert output row comes back to (combine)
+// and where the input-gradient row of the backward goes.
+MOK_HD int64_t combine_slot(int64_t token, int k, int top_k) { return token * top_k + k; }
+MOK_HD int64_t slot_token(int64_t slot, int top_k) { return slot / top_k; }
+MOK_HD int slot_k(int64_t slot, int top_k) { return int(slot % top_k); }
+
+MOK_HD int64_t pad_to_tile(int64_t rows, int tile_rows) {
+  return (rows + tile_rows - 1) / tile_rows * tile_rows;
+}
+
+// ---- Source side: counting sort of a rank's (token, k) slots by expert --------------------------
+// counts[E] = rows per expert; offsets[E+1] = exclusive prefix; sorted[T*K] = slots grouped by
+// expert, ascending slot order inside each group (a stable counting sort, so no atomics decide it).
+MOK_HD void count_rows_per_expert(const int32_t* topk_ids, int64_t tokens, int top_k,
+                                  int num_experts, int32_t* counts) {
+  for (int e = 0; e < num_experts; ++e) counts[e] = 0;
+  for (int64_t s = 0; s < tokens * top_k; ++s) ++counts[topk_ids[s]];
+}
+
+MOK_HD void exclusive_prefix(const int32_t* counts, int n, int32_t* offsets) {
+  offsets[0] = 0;
+  for (int i = 0; i < n; ++i) offsets[i + 1] = offsets[i] + counts[i];
+}
+
+// cursor[E] is scratch. Slot s goes to sorted[offsets[e] + (rank of s among slots of expert e)].
+MOK_HD void sort_slots_by_expert(const int32_t* topk_ids, int64_t tokens, int top_k,
+                                 int num_experts, const int32_t* offsets, int32_t* cursor,
+                                 int32_t* sorted) {
+  for (int e = 0; e < num_experts; ++e) cursor[e] = offsets[e];
+  for (int64_t s = 0; s < tokens * top_k; ++s) sorted[cursor[topk_ids[s]]++] = int32_t(s);
+}
+
+// ---- Owner side: padded segments of the local experts -------------------------------------------
+// counts_by_source is [ep_size][num_experts] (every rank's counts, exchanged). For local expert l:
+//   rows(l)                 = sum over sources of counts[src][e]
+//   segment_begin[l]        = sum over l' < l of pad_to_tile(rows(l'))      (segment_begin[L] = total)
+//   source_begin[l][src]    = sum over src' < src of counts[src'][e]      (offset inside the segment)
+MOK_HD int64_t expert_rows(const int32_t* counts_by_source, int ep_size, int num_experts, int expert) {
+  int64_t rows = 0;
+  for (int src = 0; src < ep_size; ++src) rows += counts_by_source[src * num_experts + expert];
+  return rows;
+}
+
+// Padded routed rows rank `owner` needs: the capacity check of every rank uses this.
+MOK_HD int64_t padded_rows_of_rank(const int32_t* counts_by_source, int ep_size, int num_experts,
+                                   int owner, int tile_rows) {
+  const int per_rank = num_experts / ep_size;
+  int64_t total = 0;
+  for (int l = 0; l < per_rank; ++l)
+    total += pad_to_tile(
+        expert_rows(counts_by_source, ep_size, num_experts, global_expert(owner, l, per_rank)),
+        tile_rows);
+  return total;
+}
+
+MOK_HD void build_segments(const int32_t* counts_by_source, int ep_size, int num_experts, int owner,
+                           int tile_rows, int64_t* segment_begin /*[L+1]*/,
+                           int64_t* segment_rows /*[L]*/, int64_t* source_begin /*[L][ep+1]*/) {
+  const int per_rank = num_experts / ep_size;
+  segment_begin[0] = 0;
+  for (int l = 0; l < per_rank; ++l) {
+    const int e = global_expert(owner, l, per_rank);
+    int64_t* sb = source_begin + int64_t(l) * (ep_size + 1);
+    sb[0] = 0;
+    for (int src = 0; src < ep_size; ++src) sb[src + 1] = sb[src] + counts_by_source[src * num_experts + e];
+    segment_rows[l] = sb[ep_size];
+    segment_begin[l + 1] = segment_begin[l] + pad_to_tile(segment_rows[l], tile_rows);
+  }
+}
+
+// What padded routed row `row` of the owner holds.
+struct RoutedRow {
+  int local_expert;  // -1 only past the last segment
+  int source_rank;   // -1 for a padding row
+  int64_t index_in_source_group;  // position among the source's rows for this expert
+};
+
+MOK_HD RoutedRow locate_routed_row(int64_t row, const int64_t* segment_begin,
+                                   const int64_t* segment_rows, const int64_t* source_begin,
+                                   int experts_per_rank, int ep_size) {
+  int lo = 0, hi = experts_per_rank;  // find l with segment_begin[l] <= row < segment_begin[l+1]
+  if (row < 0 || row >= segment_begin[experts_per_rank]) return {-1, -1, 0};
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (segment_begin[mid] <= row) lo = mid; else hi = mid;
+  }
+  const int64_t offset = row - segment_begin[lo];
+  if (offset >= segment_rows[lo]) return {lo, -1, 0};
+  const int64_t* sb = source_begin + int64_t(lo) * (ep_size + 1);
+  int src = 0;
+  while (sb[src + 1] <= offset) ++src;
+  return {lo, src, offset - sb[src]};
+}
+
+// ---- Token ring ----------------------------------------------------------------------------------
+// Routed tile b (tile_rows rows of the padded layout) lives in ring tile b % num_tiles during
+// generation b / num_tiles. Two counters per ring tile, both monotone:
+//   the producer may fill b once   free_count  >= generation      (the previous use was released)
+//   then publishes                 ready_count  = generation + 1   (release)
+//   the consumer may read b once   ready_count >= generation + 1  (acquire)
+//   then publishes                 free_count   = generation + 1   (release)
+// No tile is filled twice before it is consumed, and the consumer never waits on a tile the
+// producer cannot reach, so the pair cannot deadlock whatever the ring size.
+struct RingLayout {
+  int tile_rows;
+  int64_t num_tiles;
+};
+
+MOK_HD int64_t ring_tile(int64_t routed_tile, RingLayout r) { return routed_tile % r.num_tiles; }
+MOK_HD uint32_t ring_generation(int64_t routed_tile, RingLayout r) {
+  return uint32_t(routed_tile / r.num_tiles);
+}
+MOK_HD int64_t ring_row(int64_t routed_row, RingLayout r) {
+  return ring_tile(routed_row / r.tile_rows, r) * r.tile_rows + routed_row % r.tile_rows;
+}
+MOK_HD bool ring_may_fill(uint32_t free_count, uint32_t generation) { return free_count >= generation; }
+MOK_HD bool ring_may_read(uint32_t ready_count, uint32_t generation) {
+  return ready_count >= generation + 1;
+}
+MOK_HD uint32_t ring_published(uint32_t generation) { return generation + 1; }
+
+}  // namespace mok::sched

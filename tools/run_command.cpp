@@ -1,0 +1,227 @@
+// `mok run`: a verified layer forward and backward with a throughput report. Without a GPU (or
+// while the GPU kernels are not built) it runs the CPU reference and says so.
+#include "run_command.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "layer_data.hpp"
+#include "mok/build_info.hpp"
+#include "mok/ep_sim.hpp"
+#include "mok/error.hpp"
+#include "mok/layer.hpp"
+#include "mok/compare.hpp"
+
+namespace mok::tools {
+
+RunOptions parse_run_options(const std::vector<std::string>& args) {
+  RunOptions o;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
+      return args[++i];
+    };
+    auto integer = [&](const std::string& v) {
+      char* end = nullptr;
+      const long long n = std::strtoll(v.c_str(), &end, 10);
+      if (v.empty() || *end != '\0') throw UsageError(a + " needs an integer, got '" + v + "'");
+      return n;
+    };
+    if (a == "--preset") o.preset = value();
+    else if (a == "--precision") o.precision = value();
+    else if (a == "--tokens") o.tokens = integer(value());
+    else if (a == "--ep") o.ep = int(integer(value()));
+    else if (a == "--seed") o.seed = uint64_t(integer(value()));
+    else throw UsageError("unknown option '" + a + "' for run");
+  }
+  if (o.preset.empty()) throw UsageError("run needs --preset NAME");
+  return o;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// The CPU runs the reference; above this many forward FLOPs it would take minutes.
+constexpr double kCpuForwardFlopLimit = 4e9;
+
+struct Run {
+  std::vector<double> out;
+  LayerGradients grads;
+  double forward_s = 0, backward_s = 0;
+};
+
+Run run_reference(const Config& c, const LayerParams& p, const Batch& b, const std::vector<double>& d_out,
+                  const ReferenceOptions& o) {
+  Run r;
+  auto t0 = Clock::now();
+  ReferenceForward f = reference_forward(c, p, b, o);
+  r.forward_s = seconds_since(t0);
+  t0 = Clock::now();
+  r.grads = reference_backward(f.context, d_out);
+  r.backward_s = seconds_since(t0);
+  r.out = std::move(f.out);
+  return r;
+}
+
+std::vector<const std::vector<double>*> tensors(const Run& r) {
+  const LayerParams& g = r.grads.d_params;
+  return {&r.out, &r.grads.d_x, &r.grads.d_topk_weights, &g.shared_gate, &g.shared_up,
+          &g.shared_down, &g.gate, &g.up, &g.down};
+}
+const char* const kTensorNames[] = {"out", "d_x", "d_topk_weights", "d_shared_gate", "d_shared_up",
+                                    "d_shared_down", "d_gate", "d_up", "d_down"};
+
+// Shared-expert gradients (tensors 3-5) are per-rank partials under EP; `with_shared` skips them.
+bool bitwise_equal(const Run& a, const Run& b, bool with_shared = true) {
+  const auto ta = tensors(a), tb = tensors(b);
+  for (size_t i = 0; i < ta.size(); ++i)
+    if ((with_shared || i < 3 || i > 5) && (ta[i]->size() != tb[i]->size() ||
+        std::memcmp(ta[i]->data(), tb[i]->data(), ta[i]->size() * sizeof(double)) != 0))
+      return false;
+  return true;
+}
+
+// The EP simulation of the same global batch, its pieces reassembled in global order.
+Run run_simulated(const Config& single, const LayerParams& p, const Batch& b,
+                  const std::vector<double>& d_out, const ReferenceOptions& o, int ep) {
+  Config gc = single;
+  gc.ep_size = ep;
+  gc.max_tokens_per_rank = int((b.tokens + ep - 1) / ep);
+  const int64_t H = single.hidden, K = single.top_k;
+  std::vector<Batch> batches(static_cast<size_t>(ep));
+  std::vector<std::vector<double>> d_outs(static_cast<size_t>(ep));
+  std::vector<LayerParams> params(static_cast<size_t>(ep));
+  std::vector<const LayerParams*> pp;
+  int64_t begin = 0;
+  for (int r = 0; r < ep; ++r) {
+    const int64_t n = b.tokens / ep + (r < b.tokens % ep ? 1 : 0);
+    Batch& rb = batches[size_t(r)];
+    rb.tokens = n;
+    rb.x.assign(b.x.begin() + begin * H, b.x.begin() + (begin + n) * H);
+    rb.topk_ids.assign(b.topk_ids.begin() + begin * K, b.topk_ids.begin() + (begin + n) * K);
+    rb.topk_weights.assign(b.topk_weights.begin() + begin * K, b.topk_weights.begin() + (begin + n) * K);
+    d_outs[size_t(r)].assign(d_out.begin() + begin * H, d_out.begin() + (begin + n) * H);
+    params[size_t(r)] = slice_params(single, p, ep, r);
+    pp.push_back(&params[size_t(r)]);
+    begin += n;
+  }
+  SimOptions so;
+  so.numerics = o;
+  so.seed = 7;
+  so.max_delay_us = 200;
+  Run r;
+  auto t0 = Clock::now();
+  SimForward f = simulate_forward(gc, batches, pp, so);
+  r.forward_s = seconds_since(t0);
+  t0 = Clock::now();
+  std::vector<LayerGradients> g = simulate_backward(gc, batches, pp, f, d_outs, so);
+  r.backward_s = seconds_since(t0);
+  for (int rank = 0; rank < ep; ++rank) {
+    auto append = [](std::vector<double>& dst, const std::vector<double>& src) {
+      dst.insert(dst.end(), src.begin(), src.end());
+    };
+    append(r.out, f.out[size_t(rank)]);
+    append(r.grads.d_x, g[size_t(rank)].d_x);
+    append(r.grads.d_topk_weights, g[size_t(rank)].d_topk_weights);
+  }
+  LayerParams& d = r.grads.d_params;
+  for (int rank = 0; rank < ep; ++rank) {
+    const LayerParams& gp = g[size_t(rank)].d_params;
+    d.gate.insert(d.gate.end(), gp.gate.begin(), gp.gate.end());
+    d.up.insert(d.up.end(), gp.up.begin(), gp.up.end());
+    d.down.insert(d.down.end(), gp.down.begin(), gp.down.end());
+  }
+  return r;
+}
+
+void line(const char* label, bool ok, const std::string& detail) {
+  std::printf("  %-40s %s  %s\n", label, ok ? "PASS" : "FAIL", detail.c_str());
+}
+
+std::string sci(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2e", v);
+  return buf;
+}
+
+}  // namespace
+
+int run_command(const RunOptions& o) {
+  Config c = preset(o.preset);
+  c.precision = parse_precision(o.precision);
+  const int64_t T = o.tokens >= 0 ? o.tokens : c.max_tokens_per_rank;
+  if (T > c.max_tokens_per_rank) c.max_tokens_per_rank = int(T);
+  c.validate();
+  if (o.ep != 1 && (o.ep < 1 || c.num_experts % o.ep != 0 || o.ep > 8))
+    throw UsageError("--ep must be 1, 2, 4 or 8 and divide num_experts = " + std::to_string(c.num_experts));
+
+  std::printf("mok run: preset %s, T=%lld tokens, %s\n", o.preset.c_str(), (long long)T, c.describe().c_str());
+  const BuildInfo info = build_info();
+  std::printf("  device: %s; the GPU layer is not built yet, so this runs the CPU reference\n",
+              info.gpus.empty() ? info.gpu_status.c_str() : (info.gpus[0].name).c_str());
+  const double fwd_flops = forward_flops(c, T);
+  if (fwd_flops > kCpuForwardFlopLimit) {
+    const int64_t fit = int64_t(kCpuForwardFlopLimit / forward_flops(c, 1));
+    throw Error(ErrorCode::unsupported,
+                "the CPU reference of this shape needs " + sci(fwd_flops) +
+                    " FLOPs per forward; on the CPU use --preset tiny, or --tokens " +
+                    std::to_string(fit) + " or fewer for this preset");
+  }
+
+  const LayerParams p = random_params(c, o.seed);
+  const Batch b = random_batch(c, T, o.seed + 1);
+  const std::vector<double> d_out = random_vector(size_t(T * c.hidden), o.seed + 2, 0.01);
+  ReferenceOptions ro;
+  ro.quant = operand_quant_for(c.precision);
+  ro.mx_scale_rule = c.mx_scale_rule;
+
+  std::printf("  [1/4] forward + backward, FP32 reference with %s operands\n", operand_quant_name(ro.quant));
+  const Run first = run_reference(c, p, b, d_out, ro);
+  std::printf("  [2/4] again, for determinism\n");
+  const Run second = run_reference(c, p, b, d_out, ro);
+  std::printf("  [3/4] FP64 reference without quantization, for the error\n");
+  ReferenceOptions exact;
+  exact.numerics = Numerics::fp64;
+  const Run oracle = run_reference(c, p, b, d_out, exact);
+  bool ok = true;
+  std::printf("\nchecks\n");
+  const double bound = relative_error_bound(ro.quant);
+  const auto got = tensors(first), want = tensors(oracle);
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (want[i]->empty()) continue;
+    const double err = relative_l2_error(*got[i], *want[i]);
+    const bool pass = err <= bound;
+    ok &= pass;
+    line((std::string(kTensorNames[i]) + " vs FP64 (relative L2)").c_str(), pass,
+         sci(err) + " (bound " + sci(bound) + ")");
+  }
+  const bool same = bitwise_equal(first, second);
+  ok &= same;
+  line("determinism: two runs", same, same ? "bitwise identical" : "bits differ");
+  if (o.ep > 1) {
+    std::printf("  [4/4] EP=%d simulation (threads, injected delays)\n", o.ep);
+    Run sim = run_simulated(c, p, b, d_out, ro, o.ep);
+    const bool equal = bitwise_equal(sim, first, false);
+    ok &= equal;
+    line(("EP=" + std::to_string(o.ep) + " vs EP=1 (out, d_x, d_w, routed dW)").c_str(), equal,
+         equal ? "bitwise identical" : "bits differ");
+  }
+
+  const double fwd_s = first.forward_s, bwd_s = first.backward_s;
+  std::printf("\nthroughput (CPU reference, one thread; GPU numbers come from `mok bench`)\n");
+  std::printf("  forward   %8.3f s  %8.3f GFLOP/s  (%s FLOPs)\n", fwd_s, fwd_flops / fwd_s * 1e-9,
+              sci(fwd_flops).c_str());
+  std::printf("  backward  %8.3f s  %8.3f GFLOP/s  (%s FLOPs)\n", bwd_s,
+              2 * fwd_flops / bwd_s * 1e-9, sci(2 * fwd_flops).c_str());
+  std::printf("\n%s\n", ok ? "mok run: all checks passed" : "mok run: CHECKS FAILED");
+  return ok ? 0 : 1;
+}
+
+}  // namespace mok::tools
