@@ -50,6 +50,7 @@ double seconds_since(Clock::time_point t0) {
 
 // The CPU runs the reference; above this many forward FLOPs it would take minutes.
 constexpr double kCpuForwardFlopLimit = 4e9;
+constexpr double kCpuMemoryLimit = 4e9;  // bytes of FP64 parameters and gradients
 
 struct Run {
   std::vector<double> out;
@@ -167,12 +168,19 @@ int run_command(const RunOptions& o) {
   std::printf("  device: %s; the GPU layer is not built yet, so this runs the CPU reference\n",
               info.gpus.empty() ? info.gpu_status.c_str() : (info.gpus[0].name).c_str());
   const double fwd_flops = forward_flops(c, T);
+  const double param_bytes =
+      8.0 * 3 * c.hidden * (double(c.num_experts) * c.intermediate + c.shared_width());
+  if (2 * param_bytes > kCpuMemoryLimit) {
+    throw Error(ErrorCode::unsupported,
+                "the CPU reference keeps parameters and gradients in FP64: " +
+                    sci(2 * param_bytes / 1e9) + " GB for this preset; on the CPU use --preset tiny");
+  }
   if (fwd_flops > kCpuForwardFlopLimit) {
     const int64_t fit = int64_t(kCpuForwardFlopLimit / forward_flops(c, 1));
     throw Error(ErrorCode::unsupported,
                 "the CPU reference of this shape needs " + sci(fwd_flops) +
-                    " FLOPs per forward; on the CPU use --preset tiny, or --tokens " +
-                    std::to_string(fit) + " or fewer for this preset");
+                    " FLOPs per forward; on the CPU use --tokens " + std::to_string(fit) +
+                    " or fewer");
   }
 
   const LayerParams p = random_params(c, o.seed);
