@@ -96,7 +96,9 @@ void bounded_wait(Group& g, Ready ready, What what, bool stop_on_abort = true) {
       throw Error(ErrorCode::peer_timeout,
                   "waited " + std::to_string(g.options.wait_timeout_ms) + " ms for " + what());
     }
-    if (spin < 64) std::this_thread::yield(); else std::this_thread::sleep_for(std::chrono::microseconds(20));
+    // Back off: a few yields, then sleeps growing to 0.5 ms (ranks outnumber cores here).
+    if (spin < 16) std::this_thread::yield();
+    else std::this_thread::sleep_for(std::chrono::microseconds(std::min(500, 10 << std::min(spin - 16, 6))));
   }
 }
 
