@@ -26,7 +26,8 @@ const char* kUsage =
 
 int info() {
   const mok::BuildInfo b = mok::build_info();
-  std::printf("mok %s (%s build, %s)\n", b.version.c_str(), b.build_type.c_str(), b.compiler.c_str());
+  std::printf("mok %s (%s build, %s)\n", b.version.c_str(), b.build_type.c_str(),
+              b.compiler.c_str());
   std::printf("  CUDA    headers %s, runtime %s, driver %s\n", b.cuda_headers.c_str(),
               b.cuda_runtime.c_str(), b.cuda_driver.c_str());
   std::printf("  NCCL    headers %s, runtime %s\n", b.nccl_headers.c_str(), b.nccl_runtime.c_str());

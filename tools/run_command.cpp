@@ -30,12 +30,18 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
       if (v.empty() || *end != '\0') throw UsageError(a + " needs an integer, got '" + v + "'");
       return n;
     };
-    if (a == "--preset") o.preset = value();
-    else if (a == "--precision") o.precision = value();
-    else if (a == "--tokens") o.tokens = integer(value());
-    else if (a == "--ep") o.ep = int(integer(value()));
-    else if (a == "--seed") o.seed = uint64_t(integer(value()));
-    else throw UsageError("unknown option '" + a + "' for run");
+    if (a == "--preset")
+      o.preset = value();
+    else if (a == "--precision")
+      o.precision = value();
+    else if (a == "--tokens")
+      o.tokens = integer(value());
+    else if (a == "--ep")
+      o.ep = int(integer(value()));
+    else if (a == "--seed")
+      o.seed = uint64_t(integer(value()));
+    else
+      throw UsageError("unknown option '" + a + "' for run");
   }
   if (o.preset.empty()) throw UsageError("run needs --preset NAME");
   return o;
@@ -58,8 +64,8 @@ struct Run {
   double forward_s = 0, backward_s = 0;
 };
 
-Run run_reference(const Config& c, const LayerParams& p, const Batch& b, const std::vector<double>& d_out,
-                  const ReferenceOptions& o) {
+Run run_reference(const Config& c, const LayerParams& p, const Batch& b,
+                  const std::vector<double>& d_out, const ReferenceOptions& o) {
   Run r;
   auto t0 = Clock::now();
   ReferenceForward f = reference_forward(c, p, b, o);
@@ -73,18 +79,21 @@ Run run_reference(const Config& c, const LayerParams& p, const Batch& b, const s
 
 std::vector<const std::vector<double>*> tensors(const Run& r) {
   const LayerParams& g = r.grads.d_params;
-  return {&r.out, &r.grads.d_x, &r.grads.d_topk_weights, &g.shared_gate, &g.shared_up,
-          &g.shared_down, &g.gate, &g.up, &g.down};
+  return {&r.out,         &r.grads.d_x, &r.grads.d_topk_weights,
+          &g.shared_gate, &g.shared_up, &g.shared_down,
+          &g.gate,        &g.up,        &g.down};
 }
-const char* const kTensorNames[] = {"out", "d_x", "d_topk_weights", "d_shared_gate", "d_shared_up",
-                                    "d_shared_down", "d_gate", "d_up", "d_down"};
+const char* const kTensorNames[] = {"out",           "d_x",         "d_topk_weights",
+                                    "d_shared_gate", "d_shared_up", "d_shared_down",
+                                    "d_gate",        "d_up",        "d_down"};
 
 // Shared-expert gradients (tensors 3-5) are per-rank partials under EP; `with_shared` skips them.
 bool bitwise_equal(const Run& a, const Run& b, bool with_shared = true) {
   const auto ta = tensors(a), tb = tensors(b);
   for (size_t i = 0; i < ta.size(); ++i)
-    if ((with_shared || i < 3 || i > 5) && (ta[i]->size() != tb[i]->size() ||
-        std::memcmp(ta[i]->data(), tb[i]->data(), ta[i]->size() * sizeof(double)) != 0))
+    if ((with_shared || i < 3 || i > 5) &&
+        (ta[i]->size() != tb[i]->size() ||
+         std::memcmp(ta[i]->data(), tb[i]->data(), ta[i]->size() * sizeof(double)) != 0))
       return false;
   return true;
 }
@@ -107,7 +116,8 @@ Run run_simulated(const Config& single, const LayerParams& p, const Batch& b,
     rb.tokens = n;
     rb.x.assign(b.x.begin() + begin * H, b.x.begin() + (begin + n) * H);
     rb.topk_ids.assign(b.topk_ids.begin() + begin * K, b.topk_ids.begin() + (begin + n) * K);
-    rb.topk_weights.assign(b.topk_weights.begin() + begin * K, b.topk_weights.begin() + (begin + n) * K);
+    rb.topk_weights.assign(b.topk_weights.begin() + begin * K,
+                           b.topk_weights.begin() + (begin + n) * K);
     d_outs[size_t(r)].assign(d_out.begin() + begin * H, d_out.begin() + (begin + n) * H);
     params[size_t(r)] = slice_params(single, p, ep, r);
     pp.push_back(&params[size_t(r)]);
@@ -161,9 +171,11 @@ int run_command(const RunOptions& o) {
   if (T > c.max_tokens_per_rank) c.max_tokens_per_rank = int(T);
   c.validate();
   if (o.ep != 1 && (o.ep < 1 || c.num_experts % o.ep != 0 || o.ep > 8))
-    throw UsageError("--ep must be 1, 2, 4 or 8 and divide num_experts = " + std::to_string(c.num_experts));
+    throw UsageError("--ep must be 1, 2, 4 or 8 and divide num_experts = " +
+                     std::to_string(c.num_experts));
 
-  std::printf("mok run: preset %s, T=%lld tokens, %s\n", o.preset.c_str(), (long long)T, c.describe().c_str());
+  std::printf("mok run: preset %s, T=%lld tokens, %s\n", o.preset.c_str(), (long long)T,
+              c.describe().c_str());
   const BuildInfo info = build_info();
   std::printf("  device: %s; the GPU layer is not built yet, so this runs the CPU reference\n",
               info.gpus.empty() ? info.gpu_status.c_str() : (info.gpus[0].name).c_str());
@@ -171,16 +183,16 @@ int run_command(const RunOptions& o) {
   const double param_bytes =
       8.0 * 3 * c.hidden * (double(c.num_experts) * c.intermediate + c.shared_width());
   if (2 * param_bytes > kCpuMemoryLimit) {
-    throw Error(ErrorCode::unsupported,
-                "the CPU reference keeps parameters and gradients in FP64: " +
-                    sci(2 * param_bytes / 1e9) + " GB for this preset; on the CPU use --preset tiny");
+    throw Error(
+        ErrorCode::unsupported,
+        "the CPU reference keeps parameters and gradients in FP64: " + sci(2 * param_bytes / 1e9) +
+            " GB for this preset; on the CPU use --preset tiny");
   }
   if (fwd_flops > kCpuForwardFlopLimit) {
     const int64_t fit = int64_t(kCpuForwardFlopLimit / forward_flops(c, 1));
-    throw Error(ErrorCode::unsupported,
-                "the CPU reference of this shape needs " + sci(fwd_flops) +
-                    " FLOPs per forward; on the CPU use --tokens " + std::to_string(fit) +
-                    " or fewer");
+    throw Error(ErrorCode::unsupported, "the CPU reference of this shape needs " + sci(fwd_flops) +
+                                            " FLOPs per forward; on the CPU use --tokens " +
+                                            std::to_string(fit) + " or fewer");
   }
 
   const LayerParams p = random_params(c, o.seed);
@@ -190,7 +202,8 @@ int run_command(const RunOptions& o) {
   ro.quant = operand_quant_for(c.precision);
   ro.mx_scale_rule = c.mx_scale_rule;
 
-  std::printf("  [1/4] forward + backward, FP32 reference with %s operands\n", operand_quant_name(ro.quant));
+  std::printf("  [1/4] forward + backward, FP32 reference with %s operands\n",
+              operand_quant_name(ro.quant));
   const Run first = run_reference(c, p, b, d_out, ro);
   std::printf("  [2/4] again, for determinism\n");
   const Run second = run_reference(c, p, b, d_out, ro);

@@ -26,11 +26,16 @@ inline double relative_error_bound(OperandQuant q) {
   switch (q) {
     // A gradient passes through up to four rounded operands in a row (dy, da -> dg, x, and the
     // stored result); uniform rounding error has RMS step/sqrt(12), step = 2^-p relative.
-    case OperandQuant::none: return 1e-5;        // FP32: 2^-24 steps; ~1e-7 expected
-    case OperandQuant::bf16: return 1.5e-2;      // 2^-8 steps: ~2e-3 expected
-    case OperandQuant::fp8_block: return 0.12;   // E4M3, 2^-3 steps: ~7% expected
-    case OperandQuant::mxfp8: return 0.12;
-    case OperandQuant::nvfp4: return 0.5;        // E2M1, 2^-1 steps (scaled): ~28% expected
+    case OperandQuant::none:
+      return 1e-5;  // FP32: 2^-24 steps; ~1e-7 expected
+    case OperandQuant::bf16:
+      return 1.5e-2;  // 2^-8 steps: ~2e-3 expected
+    case OperandQuant::fp8_block:
+      return 0.12;  // E4M3, 2^-3 steps: ~7% expected
+    case OperandQuant::mxfp8:
+      return 0.12;
+    case OperandQuant::nvfp4:
+      return 0.5;  // E2M1, 2^-1 steps (scaled): ~28% expected
   }
   return 0;
 }

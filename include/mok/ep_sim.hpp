@@ -18,12 +18,12 @@
 namespace mok {
 
 struct SimOptions {
-  ReferenceOptions numerics;     // the same numerics as the reference
-  uint64_t seed = 0;             // for the injected delays
-  int max_delay_us = 0;          // 0: no injected delays
+  ReferenceOptions numerics;  // the same numerics as the reference
+  uint64_t seed = 0;          // for the injected delays
+  int max_delay_us = 0;       // 0: no injected delays
   double delay_probability = 0.2;
   int64_t wait_timeout_ms = 20000;  // bound of every cross-rank wait
-  int absent_rank = -1;          // test hook: this rank never arrives
+  int absent_rank = -1;             // test hook: this rank never arrives
 };
 
 struct SimSchedule;  // per-rank schedules, built by the forward and reused by the backward
@@ -42,7 +42,8 @@ SimForward simulate_forward(const Config& config, const std::vector<Batch>& batc
 
 // Shared-expert weight gradients are each rank's partial sums over its own tokens (the framework's
 // data-parallel reduction adds them, as for any replicated weight); the rest is complete.
-std::vector<LayerGradients> simulate_backward(const Config& config, const std::vector<Batch>& batches,
+std::vector<LayerGradients> simulate_backward(const Config& config,
+                                              const std::vector<Batch>& batches,
                                               const std::vector<const LayerParams*>& params,
                                               const SimForward& forward,
                                               const std::vector<std::vector<double>>& d_out,

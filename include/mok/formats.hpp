@@ -36,9 +36,9 @@ struct Nvfp4Tensor {
 struct Fp8BlockTensor {
   int64_t rows = 0, cols = 0;
   BlockShape block;
-  bool ue8m0 = false;           // scales are powers of two (RCEIL) when set
-  std::vector<uint8_t> data;    // E4M3 codes
-  std::vector<float> scales;    // FP32 decode scales
+  bool ue8m0 = false;         // scales are powers of two (RCEIL) when set
+  std::vector<uint8_t> data;  // E4M3 codes
+  std::vector<float> scales;  // FP32 decode scales
 };
 
 // Throws mok::Error for shapes a format does not allow (MXFP8: 1x32 or 32x1; NVFP4: 1x16 or 16x16;

@@ -7,8 +7,8 @@
 namespace mok {
 
 struct Routing {
-  std::vector<int32_t> topk_ids;   // [T, K], in descending score order
-  std::vector<float> topk_weights; // [T, K]
+  std::vector<int32_t> topk_ids;    // [T, K], in descending score order
+  std::vector<float> topk_weights;  // [T, K]
 };
 
 // probs = softmax(logits); the K largest; weights = their probabilities (renormalised to sum 1

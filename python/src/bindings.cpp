@@ -1,5 +1,5 @@
-// The Python module: reference layer, routers, quantizers and codecs on NumPy arrays (DLPack through
-// nanobind; no dependency on PyTorch's C++ ABI).
+// The Python module: reference layer, routers, quantizers and codecs on NumPy arrays (DLPack
+// through nanobind; no dependency on PyTorch's C++ ABI).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
@@ -50,20 +50,34 @@ mok::Config config_from(const nb::dict& d) {
   mok::Config c;
   for (auto [key, value] : d) {
     const std::string k = nb::cast<std::string>(key);
-    if (k == "hidden") c.hidden = nb::cast<int>(value);
-    else if (k == "intermediate") c.intermediate = nb::cast<int>(value);
-    else if (k == "num_experts") c.num_experts = nb::cast<int>(value);
-    else if (k == "top_k") c.top_k = nb::cast<int>(value);
-    else if (k == "num_shared_experts") c.num_shared_experts = nb::cast<int>(value);
-    else if (k == "shared_intermediate") c.shared_intermediate = nb::cast<int>(value);
-    else if (k == "max_tokens_per_rank") c.max_tokens_per_rank = nb::cast<int>(value);
-    else if (k == "ep_size") c.ep_size = nb::cast<int>(value);
-    else if (k == "ep_rank") c.ep_rank = nb::cast<int>(value);
-    else if (k == "precision") c.precision = mok::parse_precision(nb::cast<std::string>(value));
-    else if (k == "tile_rows") c.tile_rows = nb::cast<int>(value);
-    else if (k == "routed_capacity_rows") c.routed_capacity_rows = nb::cast<int64_t>(value);
-    else if (k == "ring_rows") c.ring_rows = nb::cast<int64_t>(value);
-    else throw mok::Error(mok::ErrorCode::invalid_config, "unknown config field '" + k + "'");
+    if (k == "hidden")
+      c.hidden = nb::cast<int>(value);
+    else if (k == "intermediate")
+      c.intermediate = nb::cast<int>(value);
+    else if (k == "num_experts")
+      c.num_experts = nb::cast<int>(value);
+    else if (k == "top_k")
+      c.top_k = nb::cast<int>(value);
+    else if (k == "num_shared_experts")
+      c.num_shared_experts = nb::cast<int>(value);
+    else if (k == "shared_intermediate")
+      c.shared_intermediate = nb::cast<int>(value);
+    else if (k == "max_tokens_per_rank")
+      c.max_tokens_per_rank = nb::cast<int>(value);
+    else if (k == "ep_size")
+      c.ep_size = nb::cast<int>(value);
+    else if (k == "ep_rank")
+      c.ep_rank = nb::cast<int>(value);
+    else if (k == "precision")
+      c.precision = mok::parse_precision(nb::cast<std::string>(value));
+    else if (k == "tile_rows")
+      c.tile_rows = nb::cast<int>(value);
+    else if (k == "routed_capacity_rows")
+      c.routed_capacity_rows = nb::cast<int64_t>(value);
+    else if (k == "ring_rows")
+      c.ring_rows = nb::cast<int64_t>(value);
+    else
+      throw mok::Error(mok::ErrorCode::invalid_config, "unknown config field '" + k + "'");
   }
   return c;
 }
@@ -87,8 +101,9 @@ nb::dict config_to(const mok::Config& c) {
 }
 
 mok::OperandQuant quant_from(const std::string& s) {
-  for (mok::OperandQuant q : {mok::OperandQuant::none, mok::OperandQuant::bf16, mok::OperandQuant::fp8_block,
-                              mok::OperandQuant::mxfp8, mok::OperandQuant::nvfp4})
+  for (mok::OperandQuant q :
+       {mok::OperandQuant::none, mok::OperandQuant::bf16, mok::OperandQuant::fp8_block,
+        mok::OperandQuant::mxfp8, mok::OperandQuant::nvfp4})
     if (s == mok::operand_quant_name(q)) return q;
   throw mok::Error(mok::ErrorCode::invalid_argument,
                    "quant '" + s + "' is unknown (allowed: none, bf16, fp8_block, mxfp8, nvfp4)");
@@ -97,21 +112,27 @@ mok::OperandQuant quant_from(const std::string& s) {
 mok::MxScaleRule rule_from(const std::string& s) {
   if (s == "rceil") return mok::MxScaleRule::rceil;
   if (s == "floor") return mok::MxScaleRule::floor;
-  throw mok::Error(mok::ErrorCode::invalid_argument, "rule '" + s + "' is unknown (allowed: rceil, floor)");
+  throw mok::Error(mok::ErrorCode::invalid_argument,
+                   "rule '" + s + "' is unknown (allowed: rceil, floor)");
 }
 
 nb::dict reference_layer(const nb::dict& config, const nb::dict& params, const In<double>& x,
                          const In<int32_t>& topk_ids, const In<double>& topk_weights,
                          std::optional<In<double>> d_out, const std::string& numerics,
-                         const std::string& quant, const std::string& mx_scale_rule, bool fp8_ue8m0) {
+                         const std::string& quant, const std::string& mx_scale_rule,
+                         bool fp8_ue8m0) {
   const mok::Config c = config_from(config);
   mok::LayerParams p;
-  const std::pair<const char*, std::vector<double>*> fields[] = {
-      {"shared_gate", &p.shared_gate}, {"shared_up", &p.shared_up}, {"shared_down", &p.shared_down},
-      {"gate", &p.gate},               {"up", &p.up},               {"down", &p.down}};
+  const std::pair<const char*, std::vector<double>*> fields[] = {{"shared_gate", &p.shared_gate},
+                                                                 {"shared_up", &p.shared_up},
+                                                                 {"shared_down", &p.shared_down},
+                                                                 {"gate", &p.gate},
+                                                                 {"up", &p.up},
+                                                                 {"down", &p.down}};
   for (auto [name, dst] : fields) {
     if (!params.contains(name))
-      throw mok::Error(mok::ErrorCode::invalid_argument, std::string("params has no '") + name + "'");
+      throw mok::Error(mok::ErrorCode::invalid_argument,
+                       std::string("params has no '") + name + "'");
     *dst = to_vector(nb::cast<In<double>>(params[name]));
   }
   mok::Batch b;
@@ -140,7 +161,8 @@ nb::dict reference_layer(const nb::dict& config, const nb::dict& params, const I
       nb::gil_scoped_release release;
       return mok::reference_backward(f.context, g_out);
     }();
-    const size_t S = size_t(c.shared_width()), L = size_t(c.experts_per_rank()), I = size_t(c.intermediate);
+    const size_t S = size_t(c.shared_width()), L = size_t(c.experts_per_rank()),
+                 I = size_t(c.intermediate);
     result["d_x"] = to_numpy(std::move(g.d_x), {T, H});
     result["d_topk_weights"] = to_numpy(std::move(g.d_topk_weights), {T, K});
     result["d_shared_gate"] = to_numpy(std::move(g.d_params.shared_gate), {S, H});
@@ -173,8 +195,9 @@ Out<float> decode_bytes(const In<uint8_t>& c, Decode decode) {
 NB_MODULE(_mok, m) {
   nb::exception<mok::Error>(m, "Error", PyExc_ValueError);
 
-  m.def("preset", [](const std::string& name) { return config_to(mok::preset(name)); }, "name"_a,
-        "The configuration of a named preset of design.md, as a dict.");
+  m.def(
+      "preset", [](const std::string& name) { return config_to(mok::preset(name)); }, "name"_a,
+      "The configuration of a named preset of design.md, as a dict.");
   m.def("preset_names", &mok::preset_names);
   m.def("build_info", [] {
     const mok::BuildInfo b = mok::build_info();
@@ -187,13 +210,16 @@ NB_MODULE(_mok, m) {
     return d;
   });
 
-  m.def("reference_layer", &reference_layer, "config"_a, "params"_a, "x"_a, "topk_ids"_a,
-        "topk_weights"_a, "d_out"_a = nb::none(), "numerics"_a = "fp32", "quant"_a = "none",
-        "mx_scale_rule"_a = "rceil", "fp8_ue8m0"_a = false,
-        "The CPU reference layer (float64 arrays; topk_ids int32). Returns {'out'} and, given d_out, "
-        "the gradients d_x, d_topk_weights, d_shared_gate/up/down, d_gate/up/down.");
+  m.def(
+      "reference_layer", &reference_layer, "config"_a, "params"_a, "x"_a, "topk_ids"_a,
+      "topk_weights"_a, "d_out"_a = nb::none(), "numerics"_a = "fp32", "quant"_a = "none",
+      "mx_scale_rule"_a = "rceil", "fp8_ue8m0"_a = false,
+      "The CPU reference layer (float64 arrays; topk_ids int32). Returns {'out'} and, given d_out, "
+      "the gradients d_x, d_topk_weights, d_shared_gate/up/down, d_gate/up/down.");
 
-  m.def("route_softmax_topk", [](const In<float>& logits, int top_k, bool renormalize) {
+  m.def(
+      "route_softmax_topk",
+      [](const In<float>& logits, int top_k, bool renormalize) {
         auto [T, E] = matrix_shape("logits", logits);
         mok::Routing r;
         {
@@ -202,54 +228,88 @@ NB_MODULE(_mok, m) {
         }
         return std::make_tuple(to_numpy(std::move(r.topk_ids), {size_t(T), size_t(top_k)}),
                                to_numpy(std::move(r.topk_weights), {size_t(T), size_t(top_k)}));
-      }, "logits"_a, "top_k"_a, "renormalize"_a = false);
-  m.def("route_deepseek_v3", [](const In<float>& logits, std::optional<In<float>> bias, int top_k,
-                                int num_groups, int topk_groups, bool normalize, float scaling_factor) {
+      },
+      "logits"_a, "top_k"_a, "renormalize"_a = false);
+  m.def(
+      "route_deepseek_v3",
+      [](const In<float>& logits, std::optional<In<float>> bias, int top_k, int num_groups,
+         int topk_groups, bool normalize, float scaling_factor) {
         auto [T, E] = matrix_shape("logits", logits);
         if (bias && bias->size() != size_t(E))
-          throw mok::Error(mok::ErrorCode::invalid_argument, "expert_bias must have num_experts elements");
+          throw mok::Error(mok::ErrorCode::invalid_argument,
+                           "expert_bias must have num_experts elements");
         mok::DeepSeekRouter cfg{top_k, num_groups, topk_groups, normalize, scaling_factor};
-        mok::Routing r = mok::route_deepseek_v3(logits.data(), bias ? bias->data() : nullptr, T, int(E), cfg);
+        mok::Routing r =
+            mok::route_deepseek_v3(logits.data(), bias ? bias->data() : nullptr, T, int(E), cfg);
         return std::make_tuple(to_numpy(std::move(r.topk_ids), {size_t(T), size_t(top_k)}),
                                to_numpy(std::move(r.topk_weights), {size_t(T), size_t(top_k)}));
-      }, "logits"_a, "expert_bias"_a = nb::none(), "top_k"_a = 8, "num_groups"_a = 8,
+      },
+      "logits"_a, "expert_bias"_a = nb::none(), "top_k"_a = 8, "num_groups"_a = 8,
       "topk_groups"_a = 4, "normalize"_a = true, "scaling_factor"_a = 2.5f);
 
-  m.def("encode_e4m3", [](const In<float>& x) { return encode_bytes(x, mok::encode_e4m3); }, "x"_a);
-  m.def("encode_e5m2", [](const In<float>& x) { return encode_bytes(x, mok::encode_e5m2); }, "x"_a);
-  m.def("encode_e2m1", [](const In<float>& x) { return encode_bytes(x, mok::encode_e2m1); }, "x"_a);
-  m.def("encode_bf16", [](const In<float>& x) {
-    std::vector<uint16_t> out(x.size());
-    mok::encode_bf16(x.data(), out.data(), int64_t(x.size()));
-    return to_numpy(std::move(out), {x.size()});
-  }, "x"_a);
-  m.def("decode_e4m3", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e4m3_to_float); }, "codes"_a);
-  m.def("decode_e5m2", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e5m2_to_float); }, "codes"_a);
-  m.def("decode_e2m1", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e2m1_to_float); }, "codes"_a);
-  m.def("decode_e8m0", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e8m0_to_float); }, "codes"_a);
+  m.def(
+      "encode_e4m3", [](const In<float>& x) { return encode_bytes(x, mok::encode_e4m3); }, "x"_a);
+  m.def(
+      "encode_e5m2", [](const In<float>& x) { return encode_bytes(x, mok::encode_e5m2); }, "x"_a);
+  m.def(
+      "encode_e2m1", [](const In<float>& x) { return encode_bytes(x, mok::encode_e2m1); }, "x"_a);
+  m.def(
+      "encode_bf16",
+      [](const In<float>& x) {
+        std::vector<uint16_t> out(x.size());
+        mok::encode_bf16(x.data(), out.data(), int64_t(x.size()));
+        return to_numpy(std::move(out), {x.size()});
+      },
+      "x"_a);
+  m.def(
+      "decode_e4m3", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e4m3_to_float); },
+      "codes"_a);
+  m.def(
+      "decode_e5m2", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e5m2_to_float); },
+      "codes"_a);
+  m.def(
+      "decode_e2m1", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e2m1_to_float); },
+      "codes"_a);
+  m.def(
+      "decode_e8m0", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e8m0_to_float); },
+      "codes"_a);
 
-  m.def("quantize_mxfp8", [](const In<float>& x, std::tuple<int, int> block, const std::string& rule) {
+  m.def(
+      "quantize_mxfp8",
+      [](const In<float>& x, std::tuple<int, int> block, const std::string& rule) {
         auto [R, C] = matrix_shape("x", x);
         mok::Mxfp8Tensor t = mok::quantize_mxfp8(x.data(), R, C, block_of(block), rule_from(rule));
-        const size_t sr = size_t((R + t.block.rows - 1) / t.block.rows), sc = size_t((C + t.block.cols - 1) / t.block.cols);
-        return std::make_tuple(to_numpy(std::move(t.data), {size_t(R), size_t(C)}), to_numpy(std::move(t.scales), {sr, sc}));
-      }, "x"_a, "block"_a = std::make_tuple(1, 32), "rule"_a = "rceil",
+        const size_t sr = size_t((R + t.block.rows - 1) / t.block.rows),
+                     sc = size_t((C + t.block.cols - 1) / t.block.cols);
+        return std::make_tuple(to_numpy(std::move(t.data), {size_t(R), size_t(C)}),
+                               to_numpy(std::move(t.scales), {sr, sc}));
+      },
+      "x"_a, "block"_a = std::make_tuple(1, 32), "rule"_a = "rceil",
       "MXFP8: (E4M3 codes [R, C], E8M0 scales [ceil(R/br), ceil(C/bc)]).");
-  m.def("dequantize_mxfp8", [](const In<uint8_t>& data, const In<uint8_t>& scales, std::tuple<int, int> block) {
+  m.def(
+      "dequantize_mxfp8",
+      [](const In<uint8_t>& data, const In<uint8_t>& scales, std::tuple<int, int> block) {
         mok::Mxfp8Tensor t{int64_t(data.shape(0)), int64_t(data.shape(1)), block_of(block),
                            to_vector(data), to_vector(scales)};
         return to_numpy(mok::dequantize(t), {data.shape(0), data.shape(1)});
-      }, "data"_a, "scales"_a, "block"_a = std::make_tuple(1, 32));
-  m.def("quantize_nvfp4", [](const In<float>& x, std::tuple<int, int> block) {
+      },
+      "data"_a, "scales"_a, "block"_a = std::make_tuple(1, 32));
+  m.def(
+      "quantize_nvfp4",
+      [](const In<float>& x, std::tuple<int, int> block) {
         auto [R, C] = matrix_shape("x", x);
         mok::Nvfp4Tensor t = mok::quantize_nvfp4(x.data(), R, C, block_of(block));
-        const size_t sr = size_t((R + t.block.rows - 1) / t.block.rows), sc = size_t((C + t.block.cols - 1) / t.block.cols);
+        const size_t sr = size_t((R + t.block.rows - 1) / t.block.rows),
+                     sc = size_t((C + t.block.cols - 1) / t.block.cols);
         return std::make_tuple(to_numpy(std::move(t.data), {size_t(R), size_t(C / 2)}),
                                to_numpy(std::move(t.scales), {sr, sc}), t.global_amax, t.s_dec);
-      }, "x"_a, "block"_a = std::make_tuple(1, 16),
+      },
+      "x"_a, "block"_a = std::make_tuple(1, 16),
       "NVFP4: (packed E2M1 [R, C/2], UE4M3 scales, global amax, per-tensor decode scale).");
-  m.def("dequantize_nvfp4", [](const In<uint8_t>& data, const In<uint8_t>& scales, float s_dec,
-                               std::tuple<int, int> block) {
+  m.def(
+      "dequantize_nvfp4",
+      [](const In<uint8_t>& data, const In<uint8_t>& scales, float s_dec,
+         std::tuple<int, int> block) {
         mok::Nvfp4Tensor t;
         t.rows = int64_t(data.shape(0));
         t.cols = int64_t(data.shape(1)) * 2;
@@ -258,17 +318,27 @@ NB_MODULE(_mok, m) {
         t.scales = to_vector(scales);
         t.s_dec = s_dec;
         return to_numpy(mok::dequantize(t), {size_t(t.rows), size_t(t.cols)});
-      }, "data"_a, "scales"_a, "s_dec"_a, "block"_a = std::make_tuple(1, 16));
-  m.def("quantize_fp8_block", [](const In<float>& x, std::tuple<int, int> block, bool ue8m0) {
+      },
+      "data"_a, "scales"_a, "s_dec"_a, "block"_a = std::make_tuple(1, 16));
+  m.def(
+      "quantize_fp8_block",
+      [](const In<float>& x, std::tuple<int, int> block, bool ue8m0) {
         auto [R, C] = matrix_shape("x", x);
         mok::Fp8BlockTensor t = mok::quantize_fp8_block(x.data(), R, C, block_of(block), ue8m0);
-        const size_t sr = size_t((R + t.block.rows - 1) / t.block.rows), sc = size_t((C + t.block.cols - 1) / t.block.cols);
-        return std::make_tuple(to_numpy(std::move(t.data), {size_t(R), size_t(C)}), to_numpy(std::move(t.scales), {sr, sc}));
-      }, "x"_a, "block"_a = std::make_tuple(1, 128), "ue8m0"_a = false,
+        const size_t sr = size_t((R + t.block.rows - 1) / t.block.rows),
+                     sc = size_t((C + t.block.cols - 1) / t.block.cols);
+        return std::make_tuple(to_numpy(std::move(t.data), {size_t(R), size_t(C)}),
+                               to_numpy(std::move(t.scales), {sr, sc}));
+      },
+      "x"_a, "block"_a = std::make_tuple(1, 128), "ue8m0"_a = false,
       "FP8 block: (E4M3 codes, FP32 decode scales).");
-  m.def("dequantize_fp8_block", [](const In<uint8_t>& data, const In<float>& scales, std::tuple<int, int> block) {
-        mok::Fp8BlockTensor t{int64_t(data.shape(0)), int64_t(data.shape(1)), block_of(block), false,
-                              to_vector(data), to_vector(scales)};
+  m.def(
+      "dequantize_fp8_block",
+      [](const In<uint8_t>& data, const In<float>& scales, std::tuple<int, int> block) {
+        mok::Fp8BlockTensor t{int64_t(data.shape(0)), int64_t(data.shape(1)),
+                              block_of(block),        false,
+                              to_vector(data),        to_vector(scales)};
         return to_numpy(mok::dequantize(t), {data.shape(0), data.shape(1)});
-      }, "data"_a, "scales"_a, "block"_a = std::make_tuple(1, 128));
+      },
+      "data"_a, "scales"_a, "block"_a = std::make_tuple(1, 128));
 }

@@ -8,22 +8,32 @@ namespace mok {
 
 const char* error_code_name(ErrorCode code) {
   switch (code) {
-    case ErrorCode::invalid_config: return "invalid config";
-    case ErrorCode::invalid_argument: return "invalid argument";
-    case ErrorCode::capacity_exceeded: return "capacity exceeded";
-    case ErrorCode::peer_timeout: return "peer timeout";
-    case ErrorCode::peer_failed: return "peer failed";
-    case ErrorCode::unsupported: return "unsupported";
+    case ErrorCode::invalid_config:
+      return "invalid config";
+    case ErrorCode::invalid_argument:
+      return "invalid argument";
+    case ErrorCode::capacity_exceeded:
+      return "capacity exceeded";
+    case ErrorCode::peer_timeout:
+      return "peer timeout";
+    case ErrorCode::peer_failed:
+      return "peer failed";
+    case ErrorCode::unsupported:
+      return "unsupported";
   }
   return "error";
 }
 
 const char* precision_name(Precision p) {
   switch (p) {
-    case Precision::bf16: return "bf16";
-    case Precision::fp8_block: return "fp8_block";
-    case Precision::mxfp8: return "mxfp8";
-    case Precision::nvfp4: return "nvfp4";
+    case Precision::bf16:
+      return "bf16";
+    case Precision::fp8_block:
+      return "fp8_block";
+    case Precision::mxfp8:
+      return "mxfp8";
+    case Precision::nvfp4:
+      return "nvfp4";
   }
   return "?";
 }
@@ -54,8 +64,7 @@ void Config::validate() const {
   if (hidden <= 0 || hidden % 64 != 0) bad("hidden", str(hidden), "a positive multiple of 64");
   if (intermediate <= 0 || intermediate % 64 != 0)
     bad("intermediate", str(intermediate), "a positive multiple of 64");
-  if (num_experts < 1 || num_experts > 512)
-    bad("num_experts", str(num_experts), "in [1, 512]");
+  if (num_experts < 1 || num_experts > 512) bad("num_experts", str(num_experts), "in [1, 512]");
   if (top_k < 1 || top_k > 16 || top_k > num_experts)
     bad("top_k", str(top_k), "in [1, min(16, num_experts = " + str(num_experts) + ")]");
   if (num_shared_experts < 0 || num_shared_experts > 8)
@@ -85,7 +94,8 @@ std::string Config::describe() const {
   std::ostringstream s;
   s << "H=" << hidden << " I=" << intermediate << " E=" << num_experts << " K=" << top_k
     << " shared=" << num_shared_experts << "x" << shared_intermediate
-    << " T<=" << max_tokens_per_rank << " EP=" << ep_size << " precision=" << precision_name(precision);
+    << " T<=" << max_tokens_per_rank << " EP=" << ep_size
+    << " precision=" << precision_name(precision);
   return s.str();
 }
 
@@ -119,7 +129,8 @@ Config preset(const std::string& name) {
     }
     names += (names.empty() ? "" : ", ") + std::string(p.name);
   }
-  throw Error(ErrorCode::invalid_config, "preset '" + name + "' is unknown (allowed: " + names + ")");
+  throw Error(ErrorCode::invalid_config,
+              "preset '" + name + "' is unknown (allowed: " + names + ")");
 }
 
 std::vector<std::string> preset_names() {

@@ -29,15 +29,17 @@ __global__ void mxfp8_rows_kernel(const float* x, int64_t rows, int64_t cols, bo
 // exact and independent of the order threads arrive in.
 __global__ void finite_amax_kernel(const float* x, int64_t n, uint32_t* amax_bits) {
   uint32_t local = 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     const uint32_t a = float_bits(x[i]) & 0x7FFFFFFFu;
     if (is_finite_bits(a) && a > local) local = a;
   }
   atomicMax(amax_bits, local);
 }
 
-__global__ void nvfp4_rows_kernel(const float* x, int64_t rows, int64_t cols, const uint32_t* amax_bits,
-                                  uint8_t* data, uint8_t* scales, float* s_dec) {
+__global__ void nvfp4_rows_kernel(const float* x, int64_t rows, int64_t cols,
+                                  const uint32_t* amax_bits, uint8_t* data, uint8_t* scales,
+                                  float* s_dec) {
   const fmt::Nvfp4Global g = fmt::nvfp4_global(bits_float(*amax_bits));
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b == 0) *s_dec = g.s_dec;
@@ -49,7 +51,8 @@ __global__ void nvfp4_rows_kernel(const float* x, int64_t rows, int64_t cols, co
   const float enc = fmt::nvfp4_block_encode_factor(s, g);
   scales[b] = fmt::nvfp4_stored_scale(a, s);
   for (int i = 0; i < 16; i += 2)
-    data[b * 8 + i / 2] = uint8_t(fmt::nvfp4_element(in[i], enc) | (fmt::nvfp4_element(in[i + 1], enc) << 4));
+    data[b * 8 + i / 2] =
+        uint8_t(fmt::nvfp4_element(in[i], enc) | (fmt::nvfp4_element(in[i + 1], enc) << 4));
 }
 
 __global__ void fp8_block_rows_kernel(const float* x, int64_t rows, int64_t cols, bool ue8m0,
@@ -75,8 +78,8 @@ cudaError_t quantize_mxfp8_rows(const float* x, int64_t rows, int64_t cols, MxSc
   if (cudaError_t e = check_cols(cols, 32); e != cudaSuccess) return e;
   const int64_t n = rows * (cols / 32);
   if (n == 0) return cudaSuccess;
-  mxfp8_rows_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, rows, cols, rule == MxScaleRule::rceil,
-                                                            data, scales);
+  mxfp8_rows_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+      x, rows, cols, rule == MxScaleRule::rceil, data, scales);
   return cudaGetLastError();
 }
 
@@ -84,9 +87,11 @@ cudaError_t quantize_nvfp4_rows(const float* x, int64_t rows, int64_t cols, uint
                                 uint8_t* scales, float* s_dec, uint32_t* amax_scratch,
                                 cudaStream_t stream) {
   if (cudaError_t e = check_cols(cols, 16); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaMemsetAsync(amax_scratch, 0, sizeof(uint32_t), stream); e != cudaSuccess) return e;
+  if (cudaError_t e = cudaMemsetAsync(amax_scratch, 0, sizeof(uint32_t), stream); e != cudaSuccess)
+    return e;
   const int64_t n = rows * cols;
-  if (n > 0) finite_amax_kernel<<<std::min(1024, blocks_for(n)), kThreads, 0, stream>>>(x, n, amax_scratch);
+  if (n > 0)
+    finite_amax_kernel<<<std::min(1024, blocks_for(n)), kThreads, 0, stream>>>(x, n, amax_scratch);
   nvfp4_rows_kernel<<<std::max(1, blocks_for(rows * (cols / 16))), kThreads, 0, stream>>>(
       x, rows, cols, amax_scratch, data, scales, s_dec);
   return cudaGetLastError();

@@ -52,19 +52,20 @@ fmt::BlockAmax block_amax(const float* x, int64_t cols, int64_t r0, int64_t r1, 
 Mxfp8Tensor quantize_mxfp8(const float* x, int64_t rows, int64_t cols, BlockShape block,
                            MxScaleRule rule) {
   check_shape("MXFP8", rows, cols, block, {{1, 32}, {32, 1}});
-  Mxfp8Tensor t{rows, cols, block, std::vector<uint8_t>(size_t(rows * cols)),
-                std::vector<uint8_t>(size_t(ceil_div(rows, block.rows) * ceil_div(cols, block.cols)))};
+  Mxfp8Tensor t{
+      rows, cols, block, std::vector<uint8_t>(size_t(rows * cols)),
+      std::vector<uint8_t>(size_t(ceil_div(rows, block.rows) * ceil_div(cols, block.cols)))};
   const int64_t scale_cols = ceil_div(cols, block.cols);
-  for_each_block(rows, cols, block, [&](int64_t br, int64_t bc, int64_t r0, int64_t r1, int64_t c0,
-                                        int64_t c1) {
-    const fmt::BlockAmax a = block_amax(x, cols, r0, r1, c0, c1);
-    const uint8_t s = rule == MxScaleRule::rceil ? fmt::mx_scale_rceil(a.amax)
-                                                 : fmt::mx_scale_floor(a.amax);
-    t.scales[size_t(br * scale_cols + bc)] = fmt::mx_stored_scale(a, s);
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = c0; c < c1; ++c)
-        t.data[size_t(r * cols + c)] = fmt::mx_element_in_block(x[r * cols + c], s);
-  });
+  for_each_block(rows, cols, block,
+                 [&](int64_t br, int64_t bc, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+                   const fmt::BlockAmax a = block_amax(x, cols, r0, r1, c0, c1);
+                   const uint8_t s = rule == MxScaleRule::rceil ? fmt::mx_scale_rceil(a.amax)
+                                                                : fmt::mx_scale_floor(a.amax);
+                   t.scales[size_t(br * scale_cols + bc)] = fmt::mx_stored_scale(a, s);
+                   for (int64_t r = r0; r < r1; ++r)
+                     for (int64_t c = c0; c < c1; ++c)
+                       t.data[size_t(r * cols + c)] = fmt::mx_element_in_block(x[r * cols + c], s);
+                 });
   return t;
 }
 
@@ -85,38 +86,44 @@ Nvfp4Tensor quantize_nvfp4(const float* x, int64_t rows, int64_t cols, BlockShap
   const fmt::Nvfp4Global g = fmt::nvfp4_global(t.global_amax);
   t.s_dec = g.s_dec;
   const int64_t scale_cols = ceil_div(cols, block.cols);
-  for_each_block(rows, cols, block, [&](int64_t br, int64_t bc, int64_t r0, int64_t r1, int64_t c0,
-                                        int64_t c1) {
-    const fmt::BlockAmax a = block_amax(x, cols, r0, r1, c0, c1);
-    const uint8_t s = fmt::nvfp4_block_scale(a.amax, g);
-    const float enc = fmt::nvfp4_block_encode_factor(s, g);
-    t.scales[size_t(br * scale_cols + bc)] = fmt::nvfp4_stored_scale(a, s);
-    for (int64_t r = r0; r < r1; ++r) {
-      for (int64_t c = c0; c < c1; ++c) {
-        const uint8_t q = fmt::nvfp4_element(x[r * cols + c], enc);
-        uint8_t& byte = t.data[size_t((r * cols + c) / 2)];
-        byte = uint8_t(c % 2 == 0 ? ((byte & 0xF0) | q) : ((byte & 0x0F) | (q << 4)));
-      }
-    }
-  });
+  for_each_block(rows, cols, block,
+                 [&](int64_t br, int64_t bc, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+                   const fmt::BlockAmax a = block_amax(x, cols, r0, r1, c0, c1);
+                   const uint8_t s = fmt::nvfp4_block_scale(a.amax, g);
+                   const float enc = fmt::nvfp4_block_encode_factor(s, g);
+                   t.scales[size_t(br * scale_cols + bc)] = fmt::nvfp4_stored_scale(a, s);
+                   for (int64_t r = r0; r < r1; ++r) {
+                     for (int64_t c = c0; c < c1; ++c) {
+                       const uint8_t q = fmt::nvfp4_element(x[r * cols + c], enc);
+                       uint8_t& byte = t.data[size_t((r * cols + c) / 2)];
+                       byte =
+                           uint8_t(c % 2 == 0 ? ((byte & 0xF0) | q) : ((byte & 0x0F) | (q << 4)));
+                     }
+                   }
+                 });
   return t;
 }
 
 Fp8BlockTensor quantize_fp8_block(const float* x, int64_t rows, int64_t cols, BlockShape block,
                                   bool ue8m0) {
   check_shape("FP8 block", rows, cols, block, {{1, 128}, {128, 1}, {128, 128}});
-  Fp8BlockTensor t{rows, cols, block, ue8m0, std::vector<uint8_t>(size_t(rows * cols)),
-                   std::vector<float>(size_t(ceil_div(rows, block.rows) * ceil_div(cols, block.cols)))};
+  Fp8BlockTensor t{
+      rows,
+      cols,
+      block,
+      ue8m0,
+      std::vector<uint8_t>(size_t(rows * cols)),
+      std::vector<float>(size_t(ceil_div(rows, block.rows) * ceil_div(cols, block.cols)))};
   const int64_t scale_cols = ceil_div(cols, block.cols);
-  for_each_block(rows, cols, block, [&](int64_t br, int64_t bc, int64_t r0, int64_t r1, int64_t c0,
-                                        int64_t c1) {
-    const fmt::BlockAmax a = block_amax(x, cols, r0, r1, c0, c1);
-    const fmt::Fp8BlockScale s = fmt::fp8_block_scale(a.amax, ue8m0);
-    t.scales[size_t(br * scale_cols + bc)] = fmt::fp8_block_stored_scale(a, s);
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t c = c0; c < c1; ++c)
-        t.data[size_t(r * cols + c)] = fmt::fp8_block_element(x[r * cols + c], s);
-  });
+  for_each_block(rows, cols, block,
+                 [&](int64_t br, int64_t bc, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+                   const fmt::BlockAmax a = block_amax(x, cols, r0, r1, c0, c1);
+                   const fmt::Fp8BlockScale s = fmt::fp8_block_scale(a.amax, ue8m0);
+                   t.scales[size_t(br * scale_cols + bc)] = fmt::fp8_block_stored_scale(a, s);
+                   for (int64_t r = r0; r < r1; ++r)
+                     for (int64_t c = c0; c < c1; ++c)
+                       t.data[size_t(r * cols + c)] = fmt::fp8_block_element(x[r * cols + c], s);
+                 });
   return t;
 }
 

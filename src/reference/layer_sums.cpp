@@ -29,8 +29,8 @@ void reduce_input_grads(const Rounding& r, int64_t tokens, int64_t hidden, int64
 }
 
 void shared_backward(const PreparedMlp& shared, const Rounding& r, const double* x,
-                     const double* d_out, int64_t tokens, int tile_rows, double* dx,
-                     double* d_gate, double* d_up, double* d_down) {
+                     const double* d_out, int64_t tokens, int tile_rows, double* dx, double* d_gate,
+                     double* d_up, double* d_down) {
   const int64_t H = shared.hidden;
   MlpGradAccumulator acc(H, shared.width);
   for (int64_t tile = 0; tile < tokens; tile += tile_rows) {

@@ -19,7 +19,7 @@ void reduce_input_grads(const Rounding& r, int64_t tokens, int64_t hidden, int64
 // Backward of the shared MLP over a rank's tokens: dx rows, and weight gradients summed in token
 // order, tile_rows tokens per wgrad tile.
 void shared_backward(const PreparedMlp& shared, const Rounding& r, const double* x,
-                     const double* d_out, int64_t tokens, int tile_rows, double* dx,
-                     double* d_gate, double* d_up, double* d_down);
+                     const double* d_out, int64_t tokens, int tile_rows, double* dx, double* d_gate,
+                     double* d_up, double* d_down);
 
 }  // namespace mok::ref

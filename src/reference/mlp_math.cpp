@@ -64,13 +64,15 @@ void Rounding::quantize_row(double* v, int64_t n) const {
   from_float(quant_dequant(*this, f, 1, padded, block), v, n);
 }
 
-void Rounding::quantize_weight(double* w, int64_t rows, int64_t cols, bool contract_over_cols) const {
+void Rounding::quantize_weight(double* w, int64_t rows, int64_t cols,
+                               bool contract_over_cols) const {
   if (quant == OperandQuant::none || quant == OperandQuant::bf16) {
     quantize_row(w, rows * cols);  // element-wise
     return;
   }
   BlockShape block{128, 128};  // FP8 block: square, so one copy serves both directions
-  if (quant == OperandQuant::mxfp8) block = contract_over_cols ? BlockShape{1, 32} : BlockShape{32, 1};
+  if (quant == OperandQuant::mxfp8)
+    block = contract_over_cols ? BlockShape{1, 32} : BlockShape{32, 1};
   if (quant == OperandQuant::nvfp4) block = {16, 16};  // square as well
   from_float(quant_dequant(*this, to_float(w, rows * cols), rows, cols, block), w, rows * cols);
 }
@@ -125,7 +127,8 @@ void mlp_row_forward(const PreparedMlp& m, const double* x, const Rounding& r, R
   }
   std::vector<double> aq = out.a;
   r.quantize_row(aq.data(), W);
-  for (int64_t h = 0; h < H; ++h) out.y[size_t(h)] = r.store(dot(&m.down_fwd[size_t(h * W)], aq.data(), W));
+  for (int64_t h = 0; h < H; ++h)
+    out.y[size_t(h)] = r.store(dot(&m.down_fwd[size_t(h * W)], aq.data(), W));
 }
 
 void mlp_row_backward(const PreparedMlp& m, const double* x, const double* d_out, double weight,

@@ -56,11 +56,11 @@ struct RowForward {
 void mlp_row_forward(const PreparedMlp& m, const double* x, const Rounding& r, RowForward& out);
 
 struct RowBackward {
-  RowForward fwd;                // recomputed forward
-  std::vector<double> dy;        // [H]     weight * d_out, the gradient reaching y
-  std::vector<double> dg, du;    // [width]
-  std::vector<double> dx;        // [H]
-  double d_weight = 0;           // <d_out, y>: the gradient of the routing weight
+  RowForward fwd;              // recomputed forward
+  std::vector<double> dy;      // [H]     weight * d_out, the gradient reaching y
+  std::vector<double> dg, du;  // [width]
+  std::vector<double> dx;      // [H]
+  double d_weight = 0;         // <d_out, y>: the gradient of the routing weight
 };
 
 // Backward of `weight * mlp(x)` for one row, given d_out [H].

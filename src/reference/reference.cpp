@@ -15,21 +15,30 @@ namespace mok {
 
 OperandQuant operand_quant_for(Precision p) {
   switch (p) {
-    case Precision::bf16: return OperandQuant::bf16;
-    case Precision::fp8_block: return OperandQuant::fp8_block;
-    case Precision::mxfp8: return OperandQuant::mxfp8;
-    case Precision::nvfp4: return OperandQuant::nvfp4;
+    case Precision::bf16:
+      return OperandQuant::bf16;
+    case Precision::fp8_block:
+      return OperandQuant::fp8_block;
+    case Precision::mxfp8:
+      return OperandQuant::mxfp8;
+    case Precision::nvfp4:
+      return OperandQuant::nvfp4;
   }
   return OperandQuant::none;
 }
 
 const char* operand_quant_name(OperandQuant q) {
   switch (q) {
-    case OperandQuant::none: return "none";
-    case OperandQuant::bf16: return "bf16";
-    case OperandQuant::fp8_block: return "fp8_block";
-    case OperandQuant::mxfp8: return "mxfp8";
-    case OperandQuant::nvfp4: return "nvfp4";
+    case OperandQuant::none:
+      return "none";
+    case OperandQuant::bf16:
+      return "bf16";
+    case OperandQuant::fp8_block:
+      return "fp8_block";
+    case OperandQuant::mxfp8:
+      return "mxfp8";
+    case OperandQuant::nvfp4:
+      return "nvfp4";
   }
   return "?";
 }
@@ -68,9 +77,9 @@ void check_params(const Config& c, const LayerParams& p) {
 
 void check_batch(const Config& c, const Batch& b) {
   if (b.tokens < 0 || b.tokens > c.max_tokens_per_rank) {
-    throw Error(ErrorCode::invalid_argument,
-                "tokens = " + std::to_string(b.tokens) + " is outside [0, max_tokens_per_rank = " +
-                    std::to_string(c.max_tokens_per_rank) + "]");
+    throw Error(ErrorCode::invalid_argument, "tokens = " + std::to_string(b.tokens) +
+                                                 " is outside [0, max_tokens_per_rank = " +
+                                                 std::to_string(c.max_tokens_per_rank) + "]");
   }
   const int64_t T = b.tokens, H = c.hidden, K = c.top_k;
   check_size("x", b.x.size(), size_t(T * H), dims({T, H}));
@@ -80,8 +89,8 @@ void check_batch(const Config& c, const Batch& b) {
     const int32_t id = b.topk_ids[size_t(s)];
     if (id < 0 || id >= c.num_experts) {
       throw Error(ErrorCode::invalid_argument,
-                  "topk_ids[" + std::to_string(s / K) + ", " + std::to_string(s % K) + "] = " +
-                      std::to_string(id) + " is not an expert id (allowed: 0 to " +
+                  "topk_ids[" + std::to_string(s / K) + ", " + std::to_string(s % K) +
+                      "] = " + std::to_string(id) + " is not an expert id (allowed: 0 to " +
                       std::to_string(c.num_experts - 1) + ")");
     }
   }
@@ -104,7 +113,8 @@ struct ExpertRows {
 };
 ExpertRows rows_by_expert(const Config& c, const Batch& b) {
   const int E = c.num_experts;
-  ExpertRows r{std::vector<int32_t>(size_t(E) + 1), std::vector<int32_t>(size_t(b.tokens * c.top_k))};
+  ExpertRows r{std::vector<int32_t>(size_t(E) + 1),
+               std::vector<int32_t>(size_t(b.tokens * c.top_k))};
   std::vector<int32_t> counts(static_cast<size_t>(E)), cursor(static_cast<size_t>(E));
   sched::count_rows_per_expert(b.topk_ids.data(), b.tokens, c.top_k, E, counts.data());
   sched::exclusive_prefix(counts.data(), E, r.offsets.data());
@@ -113,9 +123,11 @@ ExpertRows rows_by_expert(const Config& c, const Batch& b) {
   return r;
 }
 
-ref::PreparedMlp prepare_expert(const Config& c, const LayerParams& p, int l, const ref::Rounding& r) {
+ref::PreparedMlp prepare_expert(const Config& c, const LayerParams& p, int l,
+                                const ref::Rounding& r) {
   const size_t n = size_t(c.intermediate) * size_t(c.hidden);
-  return ref::prepare_mlp(&p.gate[l * n], &p.up[l * n], &p.down[l * n], c.hidden, c.intermediate, r);
+  return ref::prepare_mlp(&p.gate[l * n], &p.up[l * n], &p.down[l * n], c.hidden, c.intermediate,
+                          r);
 }
 ref::PreparedMlp prepare_shared(const Config& c, const LayerParams& p, const ref::Rounding& r) {
   return ref::prepare_mlp(p.shared_gate.data(), p.shared_up.data(), p.shared_down.data(), c.hidden,
@@ -155,7 +167,8 @@ ReferenceForward reference_forward(const Config& c, const LayerParams& p, const 
   }
 
   ReferenceForward f{std::vector<double>(size_t(T * H)), ReferenceContext{c, &p, b, o}};
-  ref::combine_rows(r, T, H, K, y_shared.data(), y_slots.data(), b.topk_weights.data(), f.out.data());
+  ref::combine_rows(r, T, H, K, y_shared.data(), y_slots.data(), b.topk_weights.data(),
+                    f.out.data());
   return f;
 }
 

@@ -18,8 +18,7 @@ bool ranks_before(float sa, int ia, float sb, int ib) {
 }
 
 // Indices of the k best of scores[0..n) among those with allowed[i], best first.
-void select_top(const float* scores, const std::vector<bool>* allowed, int n, int k,
-                int32_t* out) {
+void select_top(const float* scores, const std::vector<bool>* allowed, int n, int k, int32_t* out) {
   std::vector<bool> taken(size_t(n), false);
   for (int j = 0; j < k; ++j) {
     int best = -1;
@@ -34,12 +33,11 @@ void select_top(const float* scores, const std::vector<bool>* allowed, int n, in
 
 void check_common(int64_t tokens, int num_experts, int top_k) {
   if (tokens < 0) throw Error(ErrorCode::invalid_argument, "router: tokens must be >= 0");
-  if (num_experts < 1)
-    throw Error(ErrorCode::invalid_argument, "router: num_experts must be >= 1");
+  if (num_experts < 1) throw Error(ErrorCode::invalid_argument, "router: num_experts must be >= 1");
   if (top_k < 1 || top_k > num_experts) {
-    throw Error(ErrorCode::invalid_argument, "router: top_k = " + std::to_string(top_k) +
-                                                 " must be in [1, num_experts = " +
-                                                 std::to_string(num_experts) + "]");
+    throw Error(ErrorCode::invalid_argument,
+                "router: top_k = " + std::to_string(top_k) +
+                    " must be in [1, num_experts = " + std::to_string(num_experts) + "]");
   }
 }
 
@@ -48,7 +46,8 @@ void check_common(int64_t tokens, int num_experts, int top_k) {
 Routing route_softmax_topk(const float* logits, int64_t tokens, int num_experts, int top_k,
                            bool renormalize) {
   check_common(tokens, num_experts, top_k);
-  Routing r{std::vector<int32_t>(size_t(tokens * top_k)), std::vector<float>(size_t(tokens * top_k))};
+  Routing r{std::vector<int32_t>(size_t(tokens * top_k)),
+            std::vector<float>(size_t(tokens * top_k))};
   std::vector<float> probs(static_cast<size_t>(num_experts));
   for (int64_t t = 0; t < tokens; ++t) {
     const float* l = logits + t * num_experts;
@@ -56,7 +55,8 @@ Routing route_softmax_topk(const float* logits, int64_t tokens, int num_experts,
     for (int e = 0; e < num_experts; ++e) m = std::fmax(m, double(l[e]));
     double sum = 0;
     for (int e = 0; e < num_experts; ++e) sum += std::exp(double(l[e]) - m);
-    for (int e = 0; e < num_experts; ++e) probs[size_t(e)] = float(std::exp(double(l[e]) - m) / sum);
+    for (int e = 0; e < num_experts; ++e)
+      probs[size_t(e)] = float(std::exp(double(l[e]) - m) / sum);
     int32_t* ids = &r.topk_ids[size_t(t * top_k)];
     float* w = &r.topk_weights[size_t(t * top_k)];
     select_top(probs.data(), nullptr, num_experts, top_k, ids);
@@ -81,14 +81,14 @@ Routing route_deepseek_v3(const float* logits, const float* expert_bias, int64_t
       cfg.topk_groups * group_size < cfg.top_k) {
     throw Error(ErrorCode::invalid_argument,
                 "router: topk_groups = " + std::to_string(cfg.topk_groups) + " must be in [1, " +
-                    std::to_string(cfg.num_groups) + "] and keep at least top_k = " +
-                    std::to_string(cfg.top_k) + " experts (groups of " +
-                    std::to_string(group_size) + ")");
+                    std::to_string(cfg.num_groups) +
+                    "] and keep at least top_k = " + std::to_string(cfg.top_k) +
+                    " experts (groups of " + std::to_string(group_size) + ")");
   }
   Routing r{std::vector<int32_t>(size_t(tokens * cfg.top_k)),
             std::vector<float>(size_t(tokens * cfg.top_k))};
-  std::vector<float> score(static_cast<size_t>(num_experts)), choice(static_cast<size_t>(num_experts)),
-      group_score(size_t(cfg.num_groups));
+  std::vector<float> score(static_cast<size_t>(num_experts)),
+      choice(static_cast<size_t>(num_experts)), group_score(size_t(cfg.num_groups));
   std::vector<int32_t> groups(size_t(cfg.topk_groups)), best2(2);
   std::vector<bool> allowed_v(static_cast<size_t>(num_experts));
   for (int64_t t = 0; t < tokens; ++t) {

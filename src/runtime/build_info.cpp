@@ -12,7 +12,9 @@
 namespace mok {
 #if defined(MOK_WITH_CUDA)
 namespace {
-std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+std::string cuda_version(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
 }  // namespace
 #endif
 
@@ -39,7 +41,8 @@ BuildInfo build_info() {
     for (int i = 0; i < count; ++i) {
       cudaDeviceProp p{};
       if (cudaGetDeviceProperties(&p, i) != cudaSuccess) continue;
-      b.gpus.push_back({i, p.name, p.major, p.minor, double(p.totalGlobalMem) / (1024.0 * 1024 * 1024)});
+      b.gpus.push_back(
+          {i, p.name, p.major, p.minor, double(p.totalGlobalMem) / (1024.0 * 1024 * 1024)});
     }
     b.gpu_status = std::to_string(count) + " GPU" + (count == 1 ? "" : "s");
   }

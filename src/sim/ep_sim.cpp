@@ -70,7 +70,9 @@ struct Group {
 class Delays {
  public:
   Delays(const SimOptions& o, int rank, int role)
-      : max_us_(o.max_delay_us), p_(o.delay_probability), rng_(o.seed * 1000003u + uint64_t(rank) * 7919u + uint64_t(role)) {}
+      : max_us_(o.max_delay_us),
+        p_(o.delay_probability),
+        rng_(o.seed * 1000003u + uint64_t(rank) * 7919u + uint64_t(role)) {}
   void maybe_sleep() {
     if (max_us_ <= 0) return;
     if (std::uniform_real_distribution<double>(0, 1)(rng_) < p_)
@@ -91,14 +93,18 @@ void bounded_wait(Group& g, Ready ready, What what, bool stop_on_abort = true) {
   const auto deadline = Clock::now() + std::chrono::milliseconds(g.options.wait_timeout_ms);
   for (int spin = 0; !ready(); ++spin) {
     if (stop_on_abort && g.abort.load(std::memory_order_acquire))
-      throw Error(ErrorCode::peer_failed, "stopped waiting for " + what() + ": another rank failed");
+      throw Error(ErrorCode::peer_failed,
+                  "stopped waiting for " + what() + ": another rank failed");
     if (Clock::now() > deadline) {
       throw Error(ErrorCode::peer_timeout,
                   "waited " + std::to_string(g.options.wait_timeout_ms) + " ms for " + what());
     }
     // Back off: a few yields, then sleeps growing to 0.5 ms (ranks outnumber cores here).
-    if (spin < 16) std::this_thread::yield();
-    else std::this_thread::sleep_for(std::chrono::microseconds(std::min(500, 10 << std::min(spin - 16, 6))));
+    if (spin < 16)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(
+          std::chrono::microseconds(std::min(500, 10 << std::min(spin - 16, 6))));
   }
 }
 
@@ -137,12 +143,18 @@ class TokenRing {
 
   sched::RingLayout layout() const { return layout_; }
   RingRow& row(int64_t routed_row) { return rows_[size_t(sched::ring_row(routed_row, layout_))]; }
-  double* x(int64_t routed_row) { return &x_[size_t(sched::ring_row(routed_row, layout_) * hidden_)]; }
+  double* x(int64_t routed_row) {
+    return &x_[size_t(sched::ring_row(routed_row, layout_) * hidden_)];
+  }
   double* d_out(int64_t routed_row) {
     return &d_out_[size_t(sched::ring_row(routed_row, layout_) * hidden_)];
   }
-  std::atomic<uint32_t>& ready(int64_t tile) { return ready_[size_t(sched::ring_tile(tile, layout_))]; }
-  std::atomic<uint32_t>& free(int64_t tile) { return free_[size_t(sched::ring_tile(tile, layout_))]; }
+  std::atomic<uint32_t>& ready(int64_t tile) {
+    return ready_[size_t(sched::ring_tile(tile, layout_))];
+  }
+  std::atomic<uint32_t>& free(int64_t tile) {
+    return free_[size_t(sched::ring_tile(tile, layout_))];
+  }
 
  private:
   sched::RingLayout layout_;
@@ -178,7 +190,8 @@ void build_owner_schedule(Group& g, int rank, RankSchedule& s) {
   int64_t worst = 0;
   int worst_rank = 0;
   for (int q = 0; q < N; ++q) {
-    const int64_t need = sched::padded_rows_of_rank(s.counts_by_source.data(), N, E, q, c.tile_rows);
+    const int64_t need =
+        sched::padded_rows_of_rank(s.counts_by_source.data(), N, E, q, c.tile_rows);
     if (need > worst) worst = need, worst_rank = q;
   }
   if (worst > c.capacity_rows()) {
@@ -203,20 +216,23 @@ void dispatch_role(Group& g, int rank, TokenRing& ring, bool backward) {
   Delays delays(g.options, rank, 1);
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const uint32_t gen = sched::ring_generation(tile, ring.layout());
-    bounded_wait(g,
-                 [&] { return sched::ring_may_fill(ring.free(tile).load(std::memory_order_acquire), gen); },
-                 [&] { return "ring tile " + std::to_string(sched::ring_tile(tile, ring.layout())) +
-                              " to be freed (generation " + std::to_string(gen) + ")"; });
+    bounded_wait(
+        g,
+        [&] { return sched::ring_may_fill(ring.free(tile).load(std::memory_order_acquire), gen); },
+        [&] {
+          return "ring tile " + std::to_string(sched::ring_tile(tile, ring.layout())) +
+                 " to be freed (generation " + std::to_string(gen) + ")";
+        });
     for (int64_t row = tile * c.tile_rows; row < (tile + 1) * c.tile_rows; ++row) {
-      const sched::RoutedRow loc = sched::locate_routed_row(row, s.segment_begin.data(),
-                                                            s.segment_rows.data(),
-                                                            s.source_begin.data(), L, c.ep_size);
+      const sched::RoutedRow loc = sched::locate_routed_row(
+          row, s.segment_begin.data(), s.segment_rows.data(), s.source_begin.data(), L, c.ep_size);
       RingRow& r = ring.row(row);
       r.source_rank = loc.source_rank;
       if (loc.source_rank < 0) continue;
       const Window& peer = *g.windows[size_t(loc.source_rank)];
       const int e = sched::global_expert(rank, loc.local_expert, L);
-      r.slot = peer.schedule->sorted[size_t(peer.schedule->offsets[size_t(e)] + loc.index_in_source_group)];
+      r.slot = peer.schedule
+                   ->sorted[size_t(peer.schedule->offsets[size_t(e)] + loc.index_in_source_group)];
       const int64_t t = sched::slot_token(r.slot, c.top_k);
       std::copy_n(&peer.batch->x[size_t(t * H)], H, ring.x(row));
       if (backward) {
@@ -247,7 +263,8 @@ void expert_role(Group& g, int rank, TokenRing& ring, const LayerParams& p, bool
   auto finish_expert = [&] {
     if (backward && current >= 0)
       acc->finish(g.rounding, &grads->gate[size_t(current) * expert_size],
-                  &grads->up[size_t(current) * expert_size], &grads->down[size_t(current) * expert_size]);
+                  &grads->up[size_t(current) * expert_size],
+                  &grads->down[size_t(current) * expert_size]);
   };
 
   ref::RowForward fwd;
@@ -256,10 +273,13 @@ void expert_role(Group& g, int rank, TokenRing& ring, const LayerParams& p, bool
   std::vector<const double*> x_ptrs;
   for (int64_t tile = 0; tile < tiles; ++tile) {
     const uint32_t gen = sched::ring_generation(tile, ring.layout());
-    bounded_wait(g,
-                 [&] { return sched::ring_may_read(ring.ready(tile).load(std::memory_order_acquire), gen); },
-                 [&] { return "ring tile " + std::to_string(sched::ring_tile(tile, ring.layout())) +
-                              " to be filled (generation " + std::to_string(gen) + ")"; });
+    bounded_wait(
+        g,
+        [&] { return sched::ring_may_read(ring.ready(tile).load(std::memory_order_acquire), gen); },
+        [&] {
+          return "ring tile " + std::to_string(sched::ring_tile(tile, ring.layout())) +
+                 " to be filled (generation " + std::to_string(gen) + ")";
+        });
     // Segments are padded to whole tiles, so a tile belongs to one expert.
     const int l = sched::locate_routed_row(tile * c.tile_rows, s.segment_begin.data(),
                                            s.segment_rows.data(), s.source_begin.data(), L, N)
@@ -292,7 +312,8 @@ void expert_role(Group& g, int rank, TokenRing& ring, const LayerParams& p, bool
       ++sent[size_t(r.source_rank)];
       delays.maybe_sleep();
     }
-    if (backward) acc->add_tile(row_ptrs.data(), x_ptrs.data(), int64_t(row_ptrs.size()), g.rounding);
+    if (backward)
+      acc->add_tile(row_ptrs.data(), x_ptrs.data(), int64_t(row_ptrs.size()), g.rounding);
     ring.free(tile).store(sched::ring_published(gen), std::memory_order_release);
   }
   finish_expert();
@@ -328,11 +349,13 @@ void reduce_own_tokens(Group& g, int rank, const LayerParams& p, bool backward,
                          grads->d_params.shared_up.data(), grads->d_params.shared_down.data());
   }
 
-  bounded_wait(g,
-               [&] { return w.rows_arrived.load(std::memory_order_acquire) == T * K; },
-               [&] { return "its routed rows to come back (" +
-                            std::to_string(w.rows_arrived.load(std::memory_order_relaxed)) + " of " +
-                            std::to_string(T * K) + " arrived)"; });
+  bounded_wait(
+      g, [&] { return w.rows_arrived.load(std::memory_order_acquire) == T * K; },
+      [&] {
+        return "its routed rows to come back (" +
+               std::to_string(w.rows_arrived.load(std::memory_order_relaxed)) + " of " +
+               std::to_string(T * K) + " arrived)";
+      });
   if (!backward) {
     ref::combine_rows(g.rounding, T, H, K, shared_rows.data(), w.y_slots.data(),
                       b.topk_weights.data(), out.data());
@@ -342,7 +365,6 @@ void reduce_own_tokens(Group& g, int rank, const LayerParams& p, bool backward,
     grads->d_topk_weights = w.dw_slots;
   }
 }
-
 
 // One rank: schedule (forward only), dispatch + experts, then its own tokens' reduction.
 void run_rank(Group& g, int rank, const LayerParams& p, RankSchedule* schedule, bool backward,
@@ -370,10 +392,10 @@ void run_rank(Group& g, int rank, const LayerParams& p, RankSchedule* schedule, 
   }
 
   TokenRing ring(c, backward);
-  std::thread producer([&] { guarded(g, rank, "dispatch", [&] { dispatch_role(g, rank, ring, backward); }); });
-  guarded(g, rank, "expert", [&] {
-    expert_role(g, rank, ring, p, backward, backward ? &grads->d_params : nullptr);
-  });
+  std::thread producer(
+      [&] { guarded(g, rank, "dispatch", [&] { dispatch_role(g, rank, ring, backward); }); });
+  guarded(g, rank, "expert",
+          [&] { expert_role(g, rank, ring, p, backward, backward ? &grads->d_params : nullptr); });
   producer.join();
   if (g.abort.load(std::memory_order_acquire)) return;
   guarded(g, rank, "combine", [&] { reduce_own_tokens(g, rank, p, backward, out, grads); });
@@ -415,7 +437,8 @@ void run_group(Group& g, const std::vector<const LayerParams*>& params, SimSched
   // Report the causes first; ranks that only stopped because of them come last.
   std::stable_sort(g.failures.begin(), g.failures.end(), [](const Failure& a, const Failure& b) {
     return (a.code != ErrorCode::peer_failed) > (b.code != ErrorCode::peer_failed) ||
-           ((a.code != ErrorCode::peer_failed) == (b.code != ErrorCode::peer_failed) && a.rank < b.rank);
+           ((a.code != ErrorCode::peer_failed) == (b.code != ErrorCode::peer_failed) &&
+            a.rank < b.rank);
   });
   std::string message = "EP group of " + std::to_string(N) + " ranks failed:";
   for (const Failure& f : g.failures) message += "\n  " + f.message;
@@ -458,7 +481,8 @@ SimForward simulate_forward(const Config& config, const std::vector<Batch>& batc
   return f;
 }
 
-std::vector<LayerGradients> simulate_backward(const Config& config, const std::vector<Batch>& batches,
+std::vector<LayerGradients> simulate_backward(const Config& config,
+                                              const std::vector<Batch>& batches,
                                               const std::vector<const LayerParams*>& params,
                                               const SimForward& forward,
                                               const std::vector<std::vector<double>>& d_out,
@@ -475,9 +499,10 @@ std::vector<LayerGradients> simulate_backward(const Config& config, const std::v
   for (int r = 0; r < config.ep_size; ++r) {
     const int64_t T = batches[size_t(r)].tokens;
     if (d_out[size_t(r)].size() != size_t(T * config.hidden)) {
-      throw Error(ErrorCode::invalid_argument,
-                  "d_out of rank " + std::to_string(r) + " has " + std::to_string(d_out[size_t(r)].size()) +
-                      " elements, expected " + std::to_string(T * config.hidden));
+      throw Error(ErrorCode::invalid_argument, "d_out of rank " + std::to_string(r) + " has " +
+                                                   std::to_string(d_out[size_t(r)].size()) +
+                                                   " elements, expected " +
+                                                   std::to_string(T * config.hidden));
     }
     Config rc = config;
     rc.ep_rank = r;

@@ -105,10 +105,14 @@ TEST(E2M1, EveryCodePointAndTheThresholdTable) {
   }
   // formats.md: <=0.25 -> 0, <0.75 -> 0.5, <=1.25 -> 1, <1.75 -> 1.5, <=2.5 -> 2, <3.5 -> 3,
   // <=5 -> 4, else 6.
-  struct Case { float x; uint8_t code; };
-  const Case cases[] = {{0.25f, 0}, {0.2500001f, 1}, {0.7499999f, 1}, {0.75f, 2}, {1.25f, 2},
-                        {1.2500001f, 3}, {1.7499999f, 3}, {1.75f, 4}, {2.5f, 4}, {2.5000002f, 5},
-                        {3.4999998f, 5}, {3.5f, 6}, {5.0f, 6}, {5.0000005f, 7}, {100.0f, 7}};
+  struct Case {
+    float x;
+    uint8_t code;
+  };
+  const Case cases[] = {{0.25f, 0}, {0.2500001f, 1}, {0.7499999f, 1}, {0.75f, 2},
+                        {1.25f, 2}, {1.2500001f, 3}, {1.7499999f, 3}, {1.75f, 4},
+                        {2.5f, 4},  {2.5000002f, 5}, {3.4999998f, 5}, {3.5f, 6},
+                        {5.0f, 6},  {5.0000005f, 7}, {100.0f, 7}};
   for (const Case& k : cases) {
     EXPECT_EQ(e2m1_from_float(k.x), k.code) << k.x;
     EXPECT_EQ(e2m1_from_float(-k.x), k.code | 8) << -k.x;
@@ -120,13 +124,15 @@ TEST(E2M1, EveryCodePointAndTheThresholdTable) {
 }
 
 TEST(E8M0, EveryCodePoint) {
-  for (unsigned c = 0; c < 255; ++c) EXPECT_EQ(e8m0_to_float(uint8_t(c)), std::ldexp(1.0f, int(c) - 127)) << c;
+  for (unsigned c = 0; c < 255; ++c)
+    EXPECT_EQ(e8m0_to_float(uint8_t(c)), std::ldexp(1.0f, int(c) - 127)) << c;
   EXPECT_GT(e8m0_to_float(0), 0.0f);  // 2^-127, an FP32 subnormal
   EXPECT_TRUE(std::isnan(e8m0_to_float(0xFF)));
 }
 
 TEST(UE4M3, IsE4M3WithoutSign) {
-  for (unsigned c = 0; c < 0x7F; ++c) EXPECT_EQ(ue4m3_to_float(uint8_t(c)), e4m3_to_float(uint8_t(c)));
+  for (unsigned c = 0; c < 0x7F; ++c)
+    EXPECT_EQ(ue4m3_to_float(uint8_t(c)), e4m3_to_float(uint8_t(c)));
   EXPECT_EQ(ue4m3_from_float(1000.0f), 0x7E);
   EXPECT_EQ(ue4m3_from_float(1.0f), 0x38);
 }

@@ -34,19 +34,46 @@ void expect_invalid(Config c, const std::string& field, const std::string& allow
 
 TEST(Config, ValidationNamesTheFieldAndTheAllowedValues) {
   const Config t = preset("tiny");
-  Config c = t; c.hidden = 100; expect_invalid(c, "hidden", "multiple of 64");
-  c = t; c.intermediate = 0; expect_invalid(c, "intermediate", "multiple of 64");
-  c = t; c.num_experts = 513; expect_invalid(c, "num_experts", "[1, 512]");
-  c = t; c.top_k = 17; expect_invalid(c, "top_k", "min(16");
-  c = t; c.top_k = 0; expect_invalid(c, "top_k", "[1,");
-  c = t; c.ep_size = 3; expect_invalid(c, "ep_size", "1, 2, 4, 8");
-  c = t; c.ep_size = 8; c.num_experts = 12; expect_invalid(c, "num_experts", "multiple of ep_size");
-  c = t; c.ep_rank = 1; expect_invalid(c, "ep_rank", "[0, ep_size");
-  c = t; c.tile_rows = 100; expect_invalid(c, "tile_rows", "64, 128, 256");
-  c = t; c.routed_capacity_rows = 100; expect_invalid(c, "routed_capacity_rows", "multiple of tile_rows");
-  c = t; c.ring_rows = 1; expect_invalid(c, "ring_rows", "multiple of tile_rows");
-  c = t; c.shared_intermediate = 0; expect_invalid(c, "shared_intermediate", "multiple of 64");
-  c = t; c.max_tokens_per_rank = -1; expect_invalid(c, "max_tokens_per_rank", "[0,");
+  Config c = t;
+  c.hidden = 100;
+  expect_invalid(c, "hidden", "multiple of 64");
+  c = t;
+  c.intermediate = 0;
+  expect_invalid(c, "intermediate", "multiple of 64");
+  c = t;
+  c.num_experts = 513;
+  expect_invalid(c, "num_experts", "[1, 512]");
+  c = t;
+  c.top_k = 17;
+  expect_invalid(c, "top_k", "min(16");
+  c = t;
+  c.top_k = 0;
+  expect_invalid(c, "top_k", "[1,");
+  c = t;
+  c.ep_size = 3;
+  expect_invalid(c, "ep_size", "1, 2, 4, 8");
+  c = t;
+  c.ep_size = 8;
+  c.num_experts = 12;
+  expect_invalid(c, "num_experts", "multiple of ep_size");
+  c = t;
+  c.ep_rank = 1;
+  expect_invalid(c, "ep_rank", "[0, ep_size");
+  c = t;
+  c.tile_rows = 100;
+  expect_invalid(c, "tile_rows", "64, 128, 256");
+  c = t;
+  c.routed_capacity_rows = 100;
+  expect_invalid(c, "routed_capacity_rows", "multiple of tile_rows");
+  c = t;
+  c.ring_rows = 1;
+  expect_invalid(c, "ring_rows", "multiple of tile_rows");
+  c = t;
+  c.shared_intermediate = 0;
+  expect_invalid(c, "shared_intermediate", "multiple of 64");
+  c = t;
+  c.max_tokens_per_rank = -1;
+  expect_invalid(c, "max_tokens_per_rank", "[0,");
 }
 
 TEST(Config, UnknownNamesListTheKnownOnes) {
@@ -54,7 +81,8 @@ TEST(Config, UnknownNamesListTheKnownOnes) {
     preset("dsv4");
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("tiny, dsv3, mok-default, qwen3-30b, fine"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("tiny, dsv3, mok-default, qwen3-30b, fine"),
+              std::string::npos);
   }
   try {
     parse_precision("fp16");
@@ -77,6 +105,7 @@ TEST(Config, DroplessCapacityCoversEveryRoutedRowPlusPadding) {
 
 TEST(Config, FlopsFollowTheDesignFormula) {
   const Config c = preset("dsv3");
-  EXPECT_DOUBLE_EQ(forward_flops(c, 4096), 6.0 * 7168 * 2048 * (4096.0 * 8) + 6.0 * 7168 * 2048 * 4096);
+  EXPECT_DOUBLE_EQ(forward_flops(c, 4096),
+                   6.0 * 7168 * 2048 * (4096.0 * 8) + 6.0 * 7168 * 2048 * 4096);
   EXPECT_DOUBLE_EQ(backward_flops(c, 10), 2 * forward_flops(c, 10));
 }

@@ -46,7 +46,8 @@ struct Case {
   uint64_t seed = 0;
 };
 
-void expect_bits(const std::vector<double>& got, const std::vector<double>& want, const std::string& what) {
+void expect_bits(const std::vector<double>& got, const std::vector<double>& want,
+                 const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
   if (std::memcmp(got.data(), want.data(), got.size() * sizeof(double)) == 0) return;
   for (size_t i = 0; i < got.size(); ++i)
@@ -115,16 +116,21 @@ void check_case(const Case& k) {
     const std::string at = "rank " + std::to_string(r) + " of " + std::to_string(k.ep) + ", ";
     expect_bits(f.out[size_t(r)], slice(ref.out, begin, n, H), at + "out");
     expect_bits(g[size_t(r)].d_x, slice(ref_g.d_x, begin, n, H), at + "d_x");
-    expect_bits(g[size_t(r)].d_topk_weights, slice(ref_g.d_topk_weights, begin, n, K), at + "d_topk_weights");
-    expect_bits(g[size_t(r)].d_params.gate, slice(ref_g.d_params.gate, r, 1, per_rank), at + "d_gate");
+    expect_bits(g[size_t(r)].d_topk_weights, slice(ref_g.d_topk_weights, begin, n, K),
+                at + "d_topk_weights");
+    expect_bits(g[size_t(r)].d_params.gate, slice(ref_g.d_params.gate, r, 1, per_rank),
+                at + "d_gate");
     expect_bits(g[size_t(r)].d_params.up, slice(ref_g.d_params.up, r, 1, per_rank), at + "d_up");
-    expect_bits(g[size_t(r)].d_params.down, slice(ref_g.d_params.down, r, 1, per_rank), at + "d_down");
+    expect_bits(g[size_t(r)].d_params.down, slice(ref_g.d_params.down, r, 1, per_rank),
+                at + "d_down");
     // Shared experts: each rank's partial equals the reference on that rank's tokens alone.
     const ReferenceForward sub = reference_forward(single, params, batches[size_t(r)], ro);
     const LayerGradients sub_g = reference_backward(sub.context, d_outs[size_t(r)]);
-    expect_bits(g[size_t(r)].d_params.shared_gate, sub_g.d_params.shared_gate, at + "d_shared_gate");
+    expect_bits(g[size_t(r)].d_params.shared_gate, sub_g.d_params.shared_gate,
+                at + "d_shared_gate");
     expect_bits(g[size_t(r)].d_params.shared_up, sub_g.d_params.shared_up, at + "d_shared_up");
-    expect_bits(g[size_t(r)].d_params.shared_down, sub_g.d_params.shared_down, at + "d_shared_down");
+    expect_bits(g[size_t(r)].d_params.shared_down, sub_g.d_params.shared_down,
+                at + "d_shared_down");
     begin += n;
   }
 }
@@ -178,7 +184,9 @@ TEST_P(EpInvariance, EveryTokenToTheLastRank) {
   k.seed = 6;
   k.tokens.assign(size_t(k.ep), 31);
   const int per_rank = 16 / k.ep, first = 16 - per_rank;
-  k.ids = [=](std::mt19937_64& g, int, int64_t, int) { return int32_t(first + int(g() % uint64_t(per_rank))); };
+  k.ids = [=](std::mt19937_64& g, int, int64_t, int) {
+    return int32_t(first + int(g() % uint64_t(per_rank)));
+  };
   check_case(k);
 }
 
@@ -205,7 +213,8 @@ TEST_P(EpInvariance, EmptyRanksAndEmptyBatch) {
 }
 
 TEST_P(EpInvariance, QuantizedRecipes) {
-  for (OperandQuant q : {OperandQuant::bf16, OperandQuant::fp8_block, OperandQuant::mxfp8, OperandQuant::nvfp4}) {
+  for (OperandQuant q :
+       {OperandQuant::bf16, OperandQuant::fp8_block, OperandQuant::mxfp8, OperandQuant::nvfp4}) {
     Case k;
     k.ep = GetParam();
     k.seed = 9 + uint64_t(q);
@@ -237,7 +246,8 @@ struct Group {
       b.tokens = tokens;
       b.x = tools::random_vector(size_t(tokens * c.hidden), uint64_t(r));
       b.topk_weights.assign(size_t(tokens * c.top_k), 0.25);
-      for (int64_t i = 0; i < tokens * c.top_k; ++i) b.topk_ids.push_back(ids(rng, r, i / c.top_k, 0));
+      for (int64_t i = 0; i < tokens * c.top_k; ++i)
+        b.topk_ids.push_back(ids(rng, r, i / c.top_k, 0));
       batches.push_back(b);
       params.push_back(slice_params(small_config(), all, ep, r));
     }
@@ -258,11 +268,14 @@ TEST(EpSimErrors, CapacityOverflowIsReportedByEveryRankWithTheRowsNeeded) {
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::capacity_exceeded);
       const std::string m = e.what();
-      EXPECT_NE(m.find("rank 0 needs " + std::to_string(need) + " padded routed rows but the capacity is 128"),
+      EXPECT_NE(m.find("rank 0 needs " + std::to_string(need) +
+                       " padded routed rows but the capacity is 128"),
                 std::string::npos)
           << m;
       for (int r = 0; r < ep; ++r)
-        EXPECT_NE(m.find("rank " + std::to_string(r) + " (schedule): capacity exceeded"), std::string::npos) << m;
+        EXPECT_NE(m.find("rank " + std::to_string(r) + " (schedule): capacity exceeded"),
+                  std::string::npos)
+            << m;
       EXPECT_EQ(m.find("peer failed"), std::string::npos) << m;
     }
     g.c.routed_capacity_rows = need;  // exactly enough
@@ -283,9 +296,10 @@ TEST(EpSimErrors, AnAbsentPeerEndsInABoundedWaitThatNamesIt) {
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::peer_timeout);
       const std::string m = e.what();
-      EXPECT_NE(m.find("rank 0 (schedule): peer timeout: waited 300 ms for the expert counts of rank " +
-                       std::to_string(ep - 1)),
-                std::string::npos)
+      EXPECT_NE(
+          m.find("rank 0 (schedule): peer timeout: waited 300 ms for the expert counts of rank " +
+                 std::to_string(ep - 1)),
+          std::string::npos)
           << m;
     }
     EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(10));
@@ -299,7 +313,8 @@ TEST(EpSimErrors, AnAbsentPeerEndsInABoundedWaitThatNamesIt) {
       FAIL();
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::peer_timeout);
-      EXPECT_NE(std::string(e.what()).find("(combine): peer timeout: waited 300 ms for its routed rows to come back"),
+      EXPECT_NE(std::string(e.what()).find(
+                    "(combine): peer timeout: waited 300 ms for its routed rows to come back"),
                 std::string::npos)
           << e.what();
     }

@@ -15,8 +15,9 @@ std::vector<float> random_values(size_t n, uint64_t seed, float log2_spread = 20
   std::mt19937_64 rng(seed);
   std::vector<float> v(n);
   for (float& x : v) {
-    const float mag = std::ldexp(std::uniform_real_distribution<float>(1, 2)(rng),
-                                 int(std::uniform_real_distribution<float>(-log2_spread, log2_spread)(rng)));
+    const float mag =
+        std::ldexp(std::uniform_real_distribution<float>(1, 2)(rng),
+                   int(std::uniform_real_distribution<float>(-log2_spread, log2_spread)(rng)));
     x = (rng() & 1) ? -mag : mag;
   }
   return v;
@@ -170,7 +171,8 @@ TEST(Nvfp4, SquareBlocksGiveTheSameCodesForATensorAndItsTranspose) {
 TEST(Fp8Block, ScalesAreAmaxOver448WithAFloor) {
   std::vector<float> x = random_values(256, 4, 3);
   const Fp8BlockTensor q = quantize_fp8_block(x.data(), 1, 256, {1, 128});
-  for (int b = 0; b < 2; ++b) EXPECT_EQ(q.scales[size_t(b)], amax_of(&x[size_t(b * 128)], 128) / 448.0f);
+  for (int b = 0; b < 2; ++b)
+    EXPECT_EQ(q.scales[size_t(b)], amax_of(&x[size_t(b * 128)], 128) / 448.0f);
   std::vector<float> small(128, 1e-6f);
   EXPECT_EQ(quantize_fp8_block(small.data(), 1, 128, {1, 128}).scales[0], 1e-4f / 448.0f);
   const Fp8BlockTensor p2 = quantize_fp8_block(x.data(), 1, 256, {1, 128}, true);

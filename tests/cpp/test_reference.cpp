@@ -41,7 +41,11 @@ TEST(Reference, GradientsMatchCentralFiniteDifferencesInFp64) {
   const ReferenceForward base = reference_forward(f.c, f.p, f.b, fp64);
   const LayerGradients g = reference_backward(base.context, f.d_out);
 
-  struct Input { const char* name; std::vector<double>* value; const std::vector<double>* grad; };
+  struct Input {
+    const char* name;
+    std::vector<double>* value;
+    const std::vector<double>* grad;
+  };
   LayerParams p = f.p;
   Batch b = f.b;
   const Input inputs[] = {
@@ -76,16 +80,17 @@ struct LayerRun {
   std::vector<double> out;
   LayerGradients g;
 };
-LayerRun run_layer(const Config& c, const LayerParams& p, const Batch& b, const std::vector<double>& d_out,
-        ReferenceOptions o) {
+LayerRun run_layer(const Config& c, const LayerParams& p, const Batch& b,
+                   const std::vector<double>& d_out, ReferenceOptions o) {
   ReferenceForward f = reference_forward(c, p, b, o);
   LayerGradients g = reference_backward(f.context, d_out);
   return {f.out, g};
 }
 std::vector<const std::vector<double>*> all(const LayerRun& r) {
   const LayerParams& d = r.g.d_params;
-  return {&r.out, &r.g.d_x, &r.g.d_topk_weights, &d.shared_gate, &d.shared_up, &d.shared_down,
-          &d.gate, &d.up, &d.down};
+  return {&r.out,         &r.g.d_x,     &r.g.d_topk_weights,
+          &d.shared_gate, &d.shared_up, &d.shared_down,
+          &d.gate,        &d.up,        &d.down};
 }
 }  // namespace
 
@@ -108,7 +113,9 @@ TEST(Reference, QuantizedRecipesStayWithinTheirBoundsOfFp64) {
       const double err = relative_l2_error(*a[i], *e[i]);
       EXPECT_LE(err, relative_error_bound(q)) << operand_quant_name(q) << " tensor " << i;
       const bool shared_grad = i >= 3 && i <= 5;  // the shared experts stay BF16
-      const double floor = q == OperandQuant::none ? 0 : (shared_grad || q == OperandQuant::bf16) ? 1e-4 : 5e-3;
+      const double floor = q == OperandQuant::none                    ? 0
+                           : (shared_grad || q == OperandQuant::bf16) ? 1e-4
+                                                                      : 5e-3;
       EXPECT_GT(err, floor) << operand_quant_name(q) << " tensor " << i << " looks unquantized";
     }
   }
@@ -156,7 +163,8 @@ TEST(Reference, NaNInOneTokenStaysInThatToken) {
   const ReferenceForward r = reference_forward(f.c, f.p, b);
   for (int64_t t = 0; t < b.tokens; ++t) {
     bool any_nan = false;
-    for (int64_t h = 0; h < f.c.hidden; ++h) any_nan |= std::isnan(r.out[size_t(t * f.c.hidden + h)]);
+    for (int64_t h = 0; h < f.c.hidden; ++h)
+      any_nan |= std::isnan(r.out[size_t(t * f.c.hidden + h)]);
     EXPECT_EQ(any_nan, t == 5) << t;
   }
 }
@@ -196,8 +204,9 @@ TEST(Reference, BadInputIsNamed) {
     reference_forward(f.c, p, random_batch(f.c, 8, 1));
     FAIL();
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("down has 10 elements, expected 524288 (shape [16, 256, 128])"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("down has 10 elements, expected 524288 (shape [16, 256, 128])"),
+        std::string::npos)
         << e.what();
   }
   Config ep = f.c;

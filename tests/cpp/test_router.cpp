@@ -12,11 +12,13 @@ using namespace mok;
 
 namespace {
 // Brute force: indices sorted by (score desc, id asc), first k.
-std::vector<int32_t> brute_top(const std::vector<float>& s, int k, const std::vector<bool>& allowed) {
+std::vector<int32_t> brute_top(const std::vector<float>& s, int k,
+                               const std::vector<bool>& allowed) {
   std::vector<int32_t> idx;
   for (int i = 0; i < int(s.size()); ++i)
     if (allowed.empty() || allowed[size_t(i)]) idx.push_back(i);
-  std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return s[size_t(a)] > s[size_t(b)]; });
+  std::stable_sort(idx.begin(), idx.end(),
+                   [&](int a, int b) { return s[size_t(a)] > s[size_t(b)]; });
   idx.resize(size_t(k));
   return idx;
 }
@@ -36,11 +38,14 @@ TEST(Router, SoftmaxTopKMatchesBruteForceAndBreaksTiesByLowerId) {
     double z = 0, m = *std::max_element(l.begin(), l.end());
     for (float v : l) z += std::exp(double(v) - m);
     for (int k = 0; k < K; ++k)
-      EXPECT_FLOAT_EQ(r.topk_weights[size_t(t * K + k)], float(std::exp(double(l[size_t(want[size_t(k)])]) - m) / z));
+      EXPECT_FLOAT_EQ(r.topk_weights[size_t(t * K + k)],
+                      float(std::exp(double(l[size_t(want[size_t(k)])]) - m) / z));
   }
   const Routing n = route_softmax_topk(logits.data(), T, E, K, true);
   for (int t = 0; t < T; ++t)
-    EXPECT_NEAR(std::accumulate(n.topk_weights.begin() + t * K, n.topk_weights.begin() + (t + 1) * K, 0.0), 1.0, 1e-6);
+    EXPECT_NEAR(
+        std::accumulate(n.topk_weights.begin() + t * K, n.topk_weights.begin() + (t + 1) * K, 0.0),
+        1.0, 1e-6);
 }
 
 TEST(Router, DeepSeekV3GroupLimitedBiasedSelection) {
@@ -70,14 +75,16 @@ TEST(Router, DeepSeekV3GroupLimitedBiasedSelection) {
     }
     const std::vector<int32_t> groups = brute_top(gscore, cfg.topk_groups, {});
     std::vector<bool> allowed(E, false);
-    for (int g : groups) for (int e = g * gs; e < (g + 1) * gs; ++e) allowed[size_t(e)] = true;
+    for (int g : groups)
+      for (int e = g * gs; e < (g + 1) * gs; ++e) allowed[size_t(e)] = true;
     const std::vector<int32_t> want = brute_top(c, cfg.top_k, allowed);
     float sum = 0;
     for (int32_t e : want) sum += s[size_t(e)];
     for (int k = 0; k < cfg.top_k; ++k) {
       EXPECT_EQ(r.topk_ids[size_t(t * cfg.top_k + k)], want[size_t(k)]);
       // weights from the unbiased scores
-      EXPECT_FLOAT_EQ(r.topk_weights[size_t(t * cfg.top_k + k)], s[size_t(want[size_t(k)])] / (sum + 1e-20f) * 2.5f);
+      EXPECT_FLOAT_EQ(r.topk_weights[size_t(t * cfg.top_k + k)],
+                      s[size_t(want[size_t(k)])] / (sum + 1e-20f) * 2.5f);
     }
   }
 }

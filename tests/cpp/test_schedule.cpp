@@ -35,7 +35,8 @@ TEST(Schedule, SegmentsArePaddedAndLocateFindsEveryRow) {
     std::vector<int32_t> counts(size_t(N * E));
     for (int32_t& c : counts) c = (rng() % 3 == 0) ? 0 : int32_t(rng() % 150);
     std::vector<int64_t> seg_begin(L + 1), seg_rows(L), src_begin(size_t(L * (N + 1)));
-    build_segments(counts.data(), N, E, owner, tile, seg_begin.data(), seg_rows.data(), src_begin.data());
+    build_segments(counts.data(), N, E, owner, tile, seg_begin.data(), seg_rows.data(),
+                   src_begin.data());
     EXPECT_EQ(seg_begin[size_t(L)], padded_rows_of_rank(counts.data(), N, E, owner, tile));
     // Brute force: expert by expert, source by source, index within the source's group.
     int64_t row = 0;
@@ -46,17 +47,22 @@ TEST(Schedule, SegmentsArePaddedAndLocateFindsEveryRow) {
       int64_t real = 0;
       for (int src = 0; src < N; ++src) {
         for (int64_t i = 0; i < counts[size_t(src * E + e)]; ++i, ++row, ++real) {
-          const RoutedRow r = locate_routed_row(row, seg_begin.data(), seg_rows.data(), src_begin.data(), L, N);
-          ASSERT_EQ(std::tie(r.local_expert, r.source_rank, r.index_in_source_group), std::tie(l, src, i));
+          const RoutedRow r =
+              locate_routed_row(row, seg_begin.data(), seg_rows.data(), src_begin.data(), L, N);
+          ASSERT_EQ(std::tie(r.local_expert, r.source_rank, r.index_in_source_group),
+                    std::tie(l, src, i));
         }
       }
       for (; row < seg_begin[size_t(l)] + pad_to_tile(real, tile); ++row) {
-        const RoutedRow r = locate_routed_row(row, seg_begin.data(), seg_rows.data(), src_begin.data(), L, N);
+        const RoutedRow r =
+            locate_routed_row(row, seg_begin.data(), seg_rows.data(), src_begin.data(), L, N);
         ASSERT_EQ(r.local_expert, l);
         ASSERT_EQ(r.source_rank, -1);  // padding
       }
     }
-    EXPECT_EQ(locate_routed_row(row, seg_begin.data(), seg_rows.data(), src_begin.data(), L, N).local_expert, -1);
+    EXPECT_EQ(locate_routed_row(row, seg_begin.data(), seg_rows.data(), src_begin.data(), L, N)
+                  .local_expert,
+              -1);
   }
 }
 
@@ -82,10 +88,12 @@ TEST(Schedule, RingCountersNeverOverwriteAndNeverDeadlock) {
     std::vector<int64_t> content(size_t(ring.num_tiles), -1);
     int64_t produced = 0, consumed = 0;
     while (consumed < tiles) {
-      const bool can_fill = produced < tiles &&
-                            ring_may_fill(free_count[size_t(ring_tile(produced, ring))], ring_generation(produced, ring));
-      const bool can_read = consumed < produced &&
-                            ring_may_read(ready[size_t(ring_tile(consumed, ring))], ring_generation(consumed, ring));
+      const bool can_fill =
+          produced < tiles && ring_may_fill(free_count[size_t(ring_tile(produced, ring))],
+                                            ring_generation(produced, ring));
+      const bool can_read =
+          consumed < produced &&
+          ring_may_read(ready[size_t(ring_tile(consumed, ring))], ring_generation(consumed, ring));
       ASSERT_TRUE(can_fill || can_read) << "deadlock";
       if (can_fill && (!can_read || rng() % 2)) {
         const int64_t slot = ring_tile(produced, ring);

@@ -7,11 +7,11 @@
 
 #define MOK_CUDA_OK(expr) ASSERT_EQ((expr), cudaSuccess) << cudaGetErrorString(expr)
 
-#define MOK_REQUIRE_GPU()                                                  \
-  do {                                                                     \
-    int count_ = 0;                                                        \
-    if (cudaGetDeviceCount(&count_) != cudaSuccess || count_ == 0)         \
-      GTEST_SKIP() << "no GPU on this machine";                            \
+#define MOK_REQUIRE_GPU()                                          \
+  do {                                                             \
+    int count_ = 0;                                                \
+    if (cudaGetDeviceCount(&count_) != cudaSuccess || count_ == 0) \
+      GTEST_SKIP() << "no GPU on this machine";                    \
   } while (0)
 
 template <class T>

@@ -31,7 +31,8 @@ TEST(FormatsGpu, Mxfp8RowsMatchHostBits) {
   for (mok::MxScaleRule rule : {mok::MxScaleRule::rceil, mok::MxScaleRule::floor}) {
     DeviceBuffer<float> dx(x);
     DeviceBuffer<uint8_t> data(size_t(rows * cols)), scales(size_t(rows * cols / 32));
-    MOK_CUDA_OK(mok::gpu::quantize_mxfp8_rows(dx.ptr, rows, cols, rule, data.ptr, scales.ptr, nullptr));
+    MOK_CUDA_OK(
+        mok::gpu::quantize_mxfp8_rows(dx.ptr, rows, cols, rule, data.ptr, scales.ptr, nullptr));
     MOK_CUDA_OK(cudaDeviceSynchronize());
     const mok::Mxfp8Tensor want = mok::quantize_mxfp8(x.data(), rows, cols, {1, 32}, rule);
     EXPECT_EQ(data.to_host(), want.data);
@@ -48,7 +49,8 @@ TEST(FormatsGpu, Nvfp4RowsMatchHostBits) {
   DeviceBuffer<uint8_t> data(size_t(rows * cols / 2)), scales(size_t(rows * cols / 16));
   DeviceBuffer<float> s_dec(1);
   DeviceBuffer<uint32_t> scratch(1);
-  MOK_CUDA_OK(mok::gpu::quantize_nvfp4_rows(dx.ptr, rows, cols, data.ptr, scales.ptr, s_dec.ptr, scratch.ptr, nullptr));
+  MOK_CUDA_OK(mok::gpu::quantize_nvfp4_rows(dx.ptr, rows, cols, data.ptr, scales.ptr, s_dec.ptr,
+                                            scratch.ptr, nullptr));
   MOK_CUDA_OK(cudaDeviceSynchronize());
   const mok::Nvfp4Tensor want = mok::quantize_nvfp4(x.data(), rows, cols, {1, 16});
   EXPECT_EQ(data.to_host(), want.data);
@@ -64,18 +66,21 @@ TEST(FormatsGpu, Fp8BlockRowsMatchHostBits) {
     DeviceBuffer<float> dx(x);
     DeviceBuffer<uint8_t> data(size_t(rows * cols));
     DeviceBuffer<float> scales(size_t(rows * cols / 128));
-    MOK_CUDA_OK(mok::gpu::quantize_fp8_block_rows(dx.ptr, rows, cols, ue8m0, data.ptr, scales.ptr, nullptr));
+    MOK_CUDA_OK(mok::gpu::quantize_fp8_block_rows(dx.ptr, rows, cols, ue8m0, data.ptr, scales.ptr,
+                                                  nullptr));
     MOK_CUDA_OK(cudaDeviceSynchronize());
     const mok::Fp8BlockTensor want = mok::quantize_fp8_block(x.data(), rows, cols, {1, 128}, ue8m0);
     EXPECT_EQ(data.to_host(), want.data);
     const std::vector<float> got = scales.to_host();
     for (size_t i = 0; i < got.size(); ++i)
-      EXPECT_TRUE(got[i] == want.scales[i] || (std::isnan(got[i]) && std::isnan(want.scales[i]))) << i;
+      EXPECT_TRUE(got[i] == want.scales[i] || (std::isnan(got[i]) && std::isnan(want.scales[i])))
+          << i;
   }
 }
 
 TEST(FormatsGpu, RejectsColumnCountsThatSplitABlock) {
   MOK_REQUIRE_GPU();
-  EXPECT_EQ(mok::gpu::quantize_mxfp8_rows(nullptr, 1, 33, mok::MxScaleRule::rceil, nullptr, nullptr, nullptr),
+  EXPECT_EQ(mok::gpu::quantize_mxfp8_rows(nullptr, 1, 33, mok::MxScaleRule::rceil, nullptr, nullptr,
+                                          nullptr),
             cudaErrorInvalidValue);
 }

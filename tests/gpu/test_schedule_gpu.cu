@@ -14,13 +14,17 @@ TEST(ScheduleGpu, SourceScheduleMatchesHost) {
     std::vector<int32_t> ids(size_t(T * K));
     const bool skew = trial % 3 == 0;
     for (int32_t& id : ids) id = skew ? int32_t(rng() % 3) : int32_t(rng() % uint64_t(E));
-    std::vector<int32_t> counts(static_cast<size_t>(E)), offsets(size_t(E) + 1), cursor(static_cast<size_t>(E)), sorted(ids.size());
+    std::vector<int32_t> counts(static_cast<size_t>(E)), offsets(size_t(E) + 1),
+        cursor(static_cast<size_t>(E)), sorted(ids.size());
     mok::sched::count_rows_per_expert(ids.data(), T, K, E, counts.data());
     mok::sched::exclusive_prefix(counts.data(), E, offsets.data());
-    mok::sched::sort_slots_by_expert(ids.data(), T, K, E, offsets.data(), cursor.data(), sorted.data());
+    mok::sched::sort_slots_by_expert(ids.data(), T, K, E, offsets.data(), cursor.data(),
+                                     sorted.data());
 
-    DeviceBuffer<int32_t> d_ids(ids), d_counts(static_cast<size_t>(E)), d_offsets(size_t(E) + 1), d_sorted(ids.size());
-    MOK_CUDA_OK(mok::gpu::build_source_schedule(d_ids.ptr, T, K, E, d_counts.ptr, d_offsets.ptr, d_sorted.ptr, nullptr));
+    DeviceBuffer<int32_t> d_ids(ids), d_counts(static_cast<size_t>(E)), d_offsets(size_t(E) + 1),
+        d_sorted(ids.size());
+    MOK_CUDA_OK(mok::gpu::build_source_schedule(d_ids.ptr, T, K, E, d_counts.ptr, d_offsets.ptr,
+                                                d_sorted.ptr, nullptr));
     MOK_CUDA_OK(cudaDeviceSynchronize());
     EXPECT_EQ(d_counts.to_host(), counts) << trial;
     EXPECT_EQ(d_offsets.to_host(), offsets) << trial;
@@ -36,18 +40,22 @@ TEST(ScheduleGpu, RoutedRowTableMatchesHost) {
     std::vector<int32_t> counts(size_t(N * E));
     for (int32_t& c : counts) c = (rng() % 4 == 0) ? 0 : int32_t(rng() % 300);
     const int owner = int(rng() % N);
-    std::vector<int64_t> seg_begin(size_t(L) + 1), seg_rows(static_cast<size_t>(L)), src_begin(size_t(L * (N + 1)));
-    mok::sched::build_segments(counts.data(), N, E, owner, tile, seg_begin.data(), seg_rows.data(), src_begin.data());
+    std::vector<int64_t> seg_begin(size_t(L) + 1), seg_rows(static_cast<size_t>(L)),
+        src_begin(size_t(L * (N + 1)));
+    mok::sched::build_segments(counts.data(), N, E, owner, tile, seg_begin.data(), seg_rows.data(),
+                               src_begin.data());
     const int64_t rows = seg_begin[size_t(L)];
-    DeviceBuffer<int64_t> d_begin(seg_begin), d_rows(seg_rows), d_src(src_begin), d_index(static_cast<size_t>(rows));
+    DeviceBuffer<int64_t> d_begin(seg_begin), d_rows(seg_rows), d_src(src_begin),
+        d_index(static_cast<size_t>(rows));
     DeviceBuffer<int32_t> d_rank(static_cast<size_t>(rows));
-    MOK_CUDA_OK(mok::gpu::locate_routed_rows(d_begin.ptr, d_rows.ptr, d_src.ptr, L, N, rows, d_rank.ptr, d_index.ptr, nullptr));
+    MOK_CUDA_OK(mok::gpu::locate_routed_rows(d_begin.ptr, d_rows.ptr, d_src.ptr, L, N, rows,
+                                             d_rank.ptr, d_index.ptr, nullptr));
     MOK_CUDA_OK(cudaDeviceSynchronize());
     const std::vector<int32_t> rank = d_rank.to_host();
     const std::vector<int64_t> index = d_index.to_host();
     for (int64_t r = 0; r < rows; ++r) {
-      const mok::sched::RoutedRow want =
-          mok::sched::locate_routed_row(r, seg_begin.data(), seg_rows.data(), src_begin.data(), L, N);
+      const mok::sched::RoutedRow want = mok::sched::locate_routed_row(
+          r, seg_begin.data(), seg_rows.data(), src_begin.data(), L, N);
       ASSERT_EQ(rank[size_t(r)], want.source_rank) << r;
       if (want.source_rank >= 0) ASSERT_EQ(index[size_t(r)], want.index_in_source_group) << r;
     }

@@ -10,9 +10,9 @@ namespace mok::gpu {
 
 // topk_ids [T*K]; counts [E]; offsets [E+1]; sorted [T*K]. Ids must be in [0, E) (checked by
 // the caller's validation; out-of-range ids are skipped here, never written out of bounds).
-cudaError_t build_source_schedule(const int32_t* topk_ids, int64_t tokens, int top_k, int num_experts,
-                                  int32_t* counts, int32_t* offsets, int32_t* sorted,
-                                  cudaStream_t stream);
+cudaError_t build_source_schedule(const int32_t* topk_ids, int64_t tokens, int top_k,
+                                  int num_experts, int32_t* counts, int32_t* offsets,
+                                  int32_t* sorted, cudaStream_t stream);
 
 // For each of the owner's padded routed rows [0, rows): source rank (-1 for padding) and index in
 // the source's group for that expert, from the segments of mok::sched::build_segments.

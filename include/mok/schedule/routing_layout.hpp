@@ -51,9 +51,11 @@ MOK_HD void sort_slots_by_expert(const int32_t* topk_ids, int64_t tokens, int to
 // ---- Owner side: padded segments of the local experts -------------------------------------------
 // counts_by_source is [ep_size][num_experts] (every rank's counts, exchanged). For local expert l:
 //   rows(l)                 = sum over sources of counts[src][e]
-//   segment_begin[l]        = sum over l' < l of pad_to_tile(rows(l'))      (segment_begin[L] = total)
-//   source_begin[l][src]    = sum over src' < src of counts[src'][e]      (offset inside the segment)
-MOK_HD int64_t expert_rows(const int32_t* counts_by_source, int ep_size, int num_experts, int expert) {
+//   segment_begin[l]        = sum over l' < l of pad_to_tile(rows(l'))      (segment_begin[L] =
+//   total) source_begin[l][src]    = sum over src' < src of counts[src'][e]      (offset inside the
+//   segment)
+MOK_HD int64_t expert_rows(const int32_t* counts_by_source, int ep_size, int num_experts,
+                           int expert) {
   int64_t rows = 0;
   for (int src = 0; src < ep_size; ++src) rows += counts_by_source[src * num_experts + expert];
   return rows;
@@ -80,7 +82,8 @@ MOK_HD void build_segments(const int32_t* counts_by_source, int ep_size, int num
     const int e = global_expert(owner, l, per_rank);
     int64_t* sb = source_begin + int64_t(l) * (ep_size + 1);
     sb[0] = 0;
-    for (int src = 0; src < ep_size; ++src) sb[src + 1] = sb[src] + counts_by_source[src * num_experts + e];
+    for (int src = 0; src < ep_size; ++src)
+      sb[src + 1] = sb[src] + counts_by_source[src * num_experts + e];
     segment_rows[l] = sb[ep_size];
     segment_begin[l + 1] = segment_begin[l] + pad_to_tile(segment_rows[l], tile_rows);
   }
@@ -88,8 +91,8 @@ MOK_HD void build_segments(const int32_t* counts_by_source, int ep_size, int num
 
 // What padded routed row `row` of the owner holds.
 struct RoutedRow {
-  int local_expert;  // -1 only past the last segment
-  int source_rank;   // -1 for a padding row
+  int local_expert;               // -1 only past the last segment
+  int source_rank;                // -1 for a padding row
   int64_t index_in_source_group;  // position among the source's rows for this expert
 };
 
@@ -100,7 +103,10 @@ MOK_HD RoutedRow locate_routed_row(int64_t row, const int64_t* segment_begin,
   if (row < 0 || row >= segment_begin[experts_per_rank]) return {-1, -1, 0};
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
-    if (segment_begin[mid] <= row) lo = mid; else hi = mid;
+    if (segment_begin[mid] <= row)
+      lo = mid;
+    else
+      hi = mid;
   }
   const int64_t offset = row - segment_begin[lo];
   if (offset >= segment_rows[lo]) return {lo, -1, 0};
@@ -110,9 +116,10 @@ MOK_HD RoutedRow locate_routed_row(int64_t row, const int64_t* segment_begin,
   return {lo, src, offset - sb[src]};
 }
 
-// ---- Token ring ----------------------------------------------------------------------------------
-// Routed tile b (tile_rows rows of the padded layout) lives in ring tile b % num_tiles during
-// generation b / num_tiles. Two counters per ring tile, both monotone:
+// ---- Token ring
+// ---------------------------------------------------------------------------------- Routed tile b
+// (tile_rows rows of the padded layout) lives in ring tile b % num_tiles during generation b /
+// num_tiles. Two counters per ring tile, both monotone:
 //   the producer may fill b once   free_count  >= generation      (the previous use was released)
 //   then publishes                 ready_count  = generation + 1   (release)
 //   the consumer may read b once   ready_count >= generation + 1  (acquire)
@@ -131,7 +138,9 @@ MOK_HD uint32_t ring_generation(int64_t routed_tile, RingLayout r) {
 MOK_HD int64_t ring_row(int64_t routed_row, RingLayout r) {
   return ring_tile(routed_row / r.tile_rows, r) * r.tile_rows + routed_row % r.tile_rows;
 }
-MOK_HD bool ring_may_fill(uint32_t free_count, uint32_t generation) { return free_count >= generation; }
+MOK_HD bool ring_may_fill(uint32_t free_count, uint32_t generation) {
+  return free_count >= generation;
+}
 MOK_HD bool ring_may_read(uint32_t ready_count, uint32_t generation) {
   return ready_count >= generation + 1;
 }
