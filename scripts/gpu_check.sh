@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# On the GPU machine: build with the system compiler (device-notes.md), run the GPU tests, the
+# sanitizers on them, and the CLI. GoogleTest sources travel in .device/googletest.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+out="${OUT:-/tmp/mok-out}"
+mkdir -p "$out"
+cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOK_WERROR=ON \
+  -DCMAKE_CXX_COMPILER=/usr/bin/g++ -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ \
+  -DMOK_GTEST_SOURCE="$PWD/.device/googletest" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
+cmake --build build-gpu -j 16 >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
+status=0
+step() { echo "== $*"; "$@" 2>&1 | tail -25; local rc=${PIPESTATUS[0]}; echo "-> rc=$rc"; [ "$rc" -eq 0 ] || status=1; }
+step ./build-gpu/mok info
+step ./build-gpu/tests/test_formats_gpu
+step ./build-gpu/tests/test_schedule_gpu
+step compute-sanitizer --tool memcheck --error-exitcode 1 ./build-gpu/tests/test_schedule_gpu
+step compute-sanitizer --tool racecheck --error-exitcode 1 ./build-gpu/tests/test_schedule_gpu
+step compute-sanitizer --tool memcheck --error-exitcode 1 ./build-gpu/tests/test_formats_gpu
+step ./build-gpu/mok run --preset tiny
+cuobjdump --list-elf build-gpu/libmok_cuda.a 2>&1 | head -5
+exit $status
