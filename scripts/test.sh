@@ -12,6 +12,18 @@ git ls-files '*.cpp' '*.hpp' '*.cu' | xargs clang-format --dry-run --Werror
 echo "== C++ tests"
 (cd build && ctest -j "$(nproc)" --output-on-failure)
 
+echo "== sanitizers: AddressSanitizer + UBSan on the CPU tests, ThreadSanitizer on the EP simulation"
+for san in address,undefined thread; do
+  dir="build-${san%%,*}"
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOK_CUDA=OFF -DMOK_WERROR=ON \
+    -DMOK_SANITIZE="$san" >/dev/null
+done
+cmake --build build-address -j "$(nproc)"
+(cd build-address && ctest -j "$(nproc)" --output-on-failure)
+cmake --build build-thread -j "$(nproc)" --target test_ep_sim
+# The random-routing sweep is covered above; under TSan the odd cases and the error paths suffice.
+build-thread/tests/test_ep_sim --gtest_filter='-*RandomRoutings*' --gtest_brief=1
+
 echo "== Python package (pip install .) and tests"
 .venv/bin/python -m pip install -q --no-build-isolation . 
 (cd /tmp && "$root/.venv/bin/python" -m pytest -q -W ignore::RuntimeWarning "$root/tests/python")

@@ -93,7 +93,8 @@ bool bitwise_equal(const Run& a, const Run& b, bool with_shared = true) {
   for (size_t i = 0; i < ta.size(); ++i)
     if ((with_shared || i < 3 || i > 5) &&
         (ta[i]->size() != tb[i]->size() ||
-         std::memcmp(ta[i]->data(), tb[i]->data(), ta[i]->size() * sizeof(double)) != 0))
+         (!ta[i]->empty() &&
+          std::memcmp(ta[i]->data(), tb[i]->data(), ta[i]->size() * sizeof(double)) != 0)))
       return false;
   return true;
 }

@@ -49,7 +49,7 @@ struct Case {
 void expect_bits(const std::vector<double>& got, const std::vector<double>& want,
                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
-  if (std::memcmp(got.data(), want.data(), got.size() * sizeof(double)) == 0) return;
+  if (got.empty() || std::memcmp(got.data(), want.data(), got.size() * sizeof(double)) == 0) return;
   for (size_t i = 0; i < got.size(); ++i)
     if (std::memcmp(&got[i], &want[i], sizeof(double)) != 0)
       FAIL() << what << ": first difference at " << i << ": " << got[i] << " vs " << want[i];
