@@ -127,43 +127,36 @@ Fp8BlockTensor quantize_fp8_block(const float* x, int64_t rows, int64_t cols, Bl
   return t;
 }
 
-std::vector<float> dequantize(const Mxfp8Tensor& t) {
-  std::vector<float> out(t.data.size());
+namespace {
+// out[r, c] = decode(element index r*cols + c, its block's scale).
+template <class Tensor, class Decode>
+std::vector<float> dequantize_blocks(const Tensor& t, Decode decode) {
+  std::vector<float> out(size_t(t.rows * t.cols));
   const int64_t scale_cols = ceil_div(t.cols, t.block.cols);
-  for (int64_t r = 0; r < t.rows; ++r) {
-    for (int64_t c = 0; c < t.cols; ++c) {
-      const uint8_t s = t.scales[size_t((r / t.block.rows) * scale_cols + c / t.block.cols)];
-      out[size_t(r * t.cols + c)] =
-          fmt::e4m3_to_float(t.data[size_t(r * t.cols + c)]) * fmt::e8m0_to_float(s);
-    }
-  }
+  for (int64_t r = 0; r < t.rows; ++r)
+    for (int64_t c = 0; c < t.cols; ++c)
+      out[size_t(r * t.cols + c)] = decode(
+          r * t.cols + c, t.scales[size_t((r / t.block.rows) * scale_cols + c / t.block.cols)]);
   return out;
+}
+}  // namespace
+
+std::vector<float> dequantize(const Mxfp8Tensor& t) {
+  return dequantize_blocks(t, [&](int64_t i, uint8_t s) {
+    return fmt::e4m3_to_float(t.data[size_t(i)]) * fmt::e8m0_to_float(s);
+  });
 }
 
 std::vector<float> dequantize(const Nvfp4Tensor& t) {
-  std::vector<float> out(size_t(t.rows * t.cols));
-  const int64_t scale_cols = ceil_div(t.cols, t.block.cols);
-  for (int64_t r = 0; r < t.rows; ++r) {
-    for (int64_t c = 0; c < t.cols; ++c) {
-      const uint8_t byte = t.data[size_t((r * t.cols + c) / 2)];
-      const uint8_t q = uint8_t(c % 2 == 0 ? byte & 0xF : byte >> 4);
-      const uint8_t s = t.scales[size_t((r / t.block.rows) * scale_cols + c / t.block.cols)];
-      out[size_t(r * t.cols + c)] = fmt::nvfp4_decode(q, s, t.s_dec);
-    }
-  }
-  return out;
+  return dequantize_blocks(t, [&](int64_t i, uint8_t s) {
+    const uint8_t byte = t.data[size_t(i / 2)];  // cols is even: element i is in byte i / 2
+    return fmt::nvfp4_decode(uint8_t(i % 2 == 0 ? byte & 0xF : byte >> 4), s, t.s_dec);
+  });
 }
 
 std::vector<float> dequantize(const Fp8BlockTensor& t) {
-  std::vector<float> out(t.data.size());
-  const int64_t scale_cols = ceil_div(t.cols, t.block.cols);
-  for (int64_t r = 0; r < t.rows; ++r) {
-    for (int64_t c = 0; c < t.cols; ++c) {
-      const float s = t.scales[size_t((r / t.block.rows) * scale_cols + c / t.block.cols)];
-      out[size_t(r * t.cols + c)] = fmt::e4m3_to_float(t.data[size_t(r * t.cols + c)]) * s;
-    }
-  }
-  return out;
+  return dequantize_blocks(
+      t, [&](int64_t i, float s) { return fmt::e4m3_to_float(t.data[size_t(i)]) * s; });
 }
 
 void encode_e4m3(const float* x, uint8_t* out, int64_t n) {
