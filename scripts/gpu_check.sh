@@ -10,13 +10,15 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOK_WERROR=ON \
   -DMOK_GTEST_SOURCE="$PWD/.device/googletest" >"$out/configure.log" 2>&1 || { tail -30 "$out/configure.log"; exit 1; }
 cmake --build build-gpu -j 16 >"$out/build.log" 2>&1 || { tail -40 "$out/build.log"; exit 1; }
 status=0
-step() { echo "== $*"; "$@" 2>&1 | tail -25; local rc=${PIPESTATUS[0]}; echo "-> rc=$rc"; [ "$rc" -eq 0 ] || status=1; }
+step() { echo "== $*"; "$@" 2>&1 | tee -a "$out/steps.log" | tail -8; local rc=${PIPESTATUS[0]}; echo "-> rc=$rc"; [ "$rc" -eq 0 ] || status=1; }
 step ./build-gpu/mok info
-step ./build-gpu/tests/test_formats_gpu
-step ./build-gpu/tests/test_schedule_gpu
-step compute-sanitizer --tool memcheck --error-exitcode 1 ./build-gpu/tests/test_schedule_gpu
-step compute-sanitizer --tool racecheck --error-exitcode 1 ./build-gpu/tests/test_schedule_gpu
-step compute-sanitizer --tool memcheck --error-exitcode 1 ./build-gpu/tests/test_formats_gpu
+for t in build-gpu/tests/test_*_gpu; do
+  step "$t"
+  step compute-sanitizer --tool memcheck --error-exitcode 1 "$t"
+  step compute-sanitizer --tool racecheck --error-exitcode 1 "$t"
+done
+echo "== SASS: wgmma instructions (HGMMA) in the primitives test"
+cuobjdump --dump-sass build-gpu/tests/test_primitives_gpu | grep -c HGMMA
 step ./build-gpu/mok run --preset tiny
 cuobjdump --list-elf build-gpu/libmok_cuda.a 2>&1 | head -5
 exit $status

@@ -7,7 +7,7 @@ cd "$root"
 MOK_WERROR=ON "$root/scripts/build.sh"
 
 echo "== formatting (clang-format)"
-git ls-files '*.cpp' '*.hpp' '*.cu' | xargs clang-format --dry-run --Werror
+git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
 
 echo "== C++ tests"
 (cd build && ctest -j "$(nproc)" --output-on-failure)
