@@ -21,4 +21,14 @@ echo "== SASS: wgmma instructions (HGMMA) in the primitives test"
 cuobjdump --dump-sass build-gpu/tests/test_primitives_gpu | grep -c HGMMA
 step ./build-gpu/mok run --preset tiny
 cuobjdump --list-elf build-gpu/libmok_cuda.a 2>&1 | head -5
+if [ "${MOK_BENCH:-0}" = 1 ]; then
+  echo "== grouped GEMM vs one cuBLAS GEMM of the same FLOPs (rows per expert = T*K/E)"
+  nvidia-smi --query-gpu=power.draw,clocks.sm,temperature.gpu --format=csv,noheader
+  ./build-gpu/grouped_gemm_bench 256 256 4096 7168 swiglu || status=1  # dsv3 T=8192, gate|up
+  ./build-gpu/grouped_gemm_bench 256 256 7168 2048 || status=1         # dsv3 T=8192, down
+  ./build-gpu/grouped_gemm_bench 256 128 4096 7168 swiglu || status=1  # dsv3 T=4096, gate|up
+  ./build-gpu/grouped_gemm_bench 128 512 1536 2048 swiglu || status=1  # qwen3-30b, gate|up
+  ./build-gpu/grouped_gemm_bench 128 512 2048 768 || status=1          # qwen3-30b, down
+  nvidia-smi --query-gpu=power.draw,clocks.sm,temperature.gpu --format=csv,noheader
+fi
 exit $status

@@ -1,0 +1,117 @@
+// Times the BF16 grouped GEMM on an MoE shape against one cuBLAS GEMM of the same FLOPs (the dense
+// BF16 ceiling), round by round in the same process (the H200 is power-capped: compare within a
+// run). Usage: grouped_gemm_bench EXPERTS ROWS_PER_EXPERT N K [swiglu]
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mok/gpu/grouped_gemm.hpp"
+
+#define CHECK(x)                                                                  \
+  do {                                                                            \
+    auto r_ = (x);                                                                \
+    if (r_ != 0) {                                                                \
+      std::fprintf(stderr, "%s failed (%d) at line %d\n", #x, int(r_), __LINE__); \
+      std::exit(1);                                                               \
+    }                                                                             \
+  } while (0)
+
+namespace {
+template <class F>
+double median_ms(F f, int iters) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  std::vector<float> t;
+  for (int i = 0; i < iters; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 5) {
+    std::fprintf(stderr, "usage: %s EXPERTS ROWS_PER_EXPERT N K [swiglu]\n", argv[0]);
+    return 2;
+  }
+  const int E = std::atoi(argv[1]), R = std::atoi(argv[2]), N = std::atoi(argv[3]),
+            K = std::atoi(argv[4]);
+  const bool swiglu = argc > 5 && std::string(argv[5]) == "swiglu";
+  const int64_t rows = int64_t(E) * ((R + 127) / 128 * 128);
+  std::vector<__nv_bfloat16> ha(size_t(rows * K)), hb(size_t(E) * N * K);
+  std::mt19937 rng(1);
+  std::uniform_real_distribution<float> u(-1, 1);
+  for (auto& v : ha) v = __float2bfloat16(u(rng));
+  for (auto& v : hb) v = __float2bfloat16(u(rng) * 0.05f);
+  std::vector<int32_t> tiles;
+  for (int e = 0; e < E; ++e)
+    for (int t = 0; t < (R + 127) / 128; ++t) tiles.push_back(e);
+
+  __nv_bfloat16 *a, *b, *out, *dense_out;
+  int32_t* tile_expert;
+  int* error;
+  CHECK(cudaMalloc(&a, ha.size() * 2));
+  CHECK(cudaMalloc(&b, hb.size() * 2));
+  CHECK(cudaMalloc(&out, size_t(rows) * N * 2));
+  CHECK(cudaMalloc(&dense_out, size_t(rows) * N * 2));
+  CHECK(cudaMalloc(&tile_expert, tiles.size() * 4));
+  CHECK(cudaMalloc(&error, 4));
+  CHECK(cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(tile_expert, tiles.data(), tiles.size() * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemset(error, 0, 4));
+
+  mok::gpu::GroupedGemmArgs args;
+  args.a = a;
+  args.b = b;
+  args.tile_expert = tile_expert;
+  args.out = out;
+  args.rows = rows;
+  args.n = N;
+  args.k = K;
+  args.experts = E;
+  args.epilogue = swiglu ? mok::gpu::GemmEpilogue::swiglu : mok::gpu::GemmEpilogue::store;
+  args.error = error;
+  cublasHandle_t h;
+  CHECK(cublasCreate(&h));
+  const float one = 1, zero = 0;
+  auto mok_gemm = [&] { CHECK(mok::gpu::grouped_gemm_bf16(args, nullptr)); };
+  // Column-major view: C^T[N, rows] = B0[N, K] * A^T[K, rows], i.e. C = A * B0^T row-major.
+  auto dense = [&] {
+    CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, N, int(rows), K, &one, b, CUDA_R_16BF, K, a,
+                       CUDA_R_16BF, K, &zero, dense_out, CUDA_R_16BF, N, CUBLAS_COMPUTE_32F,
+                       CUBLAS_GEMM_DEFAULT));
+  };
+  for (int i = 0; i < 5; ++i) mok_gemm(), dense();
+  CHECK(cudaDeviceSynchronize());
+  const double flops = 2.0 * double(rows) * N * K;
+  std::vector<double> mine, theirs;
+  for (int round = 0; round < 6; ++round) {
+    mine.push_back(flops / median_ms(mok_gemm, 20) * 1e-9);
+    theirs.push_back(flops / median_ms(dense, 20) * 1e-9);
+  }
+  int err = 0;
+  CHECK(cudaMemcpy(&err, error, 4, cudaMemcpyDeviceToHost));
+  std::sort(mine.begin(), mine.end());
+  std::sort(theirs.begin(), theirs.end());
+  std::printf(
+      "grouped GEMM E=%d rows/expert=%d N=%d K=%d %s: mok %.0f TFLOP/s (rounds %.0f-%.0f), "
+      "cuBLAS dense same FLOPs %.0f (%.0f-%.0f), ratio %.2f, error flag %d\n",
+      E, R, N, K, swiglu ? "swiglu" : "store", mine[3], mine.front(), mine.back(), theirs[3],
+      theirs.front(), theirs.back(), mine[3] / theirs[3], err);
+  return err;
+}

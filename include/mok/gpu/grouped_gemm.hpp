@@ -1,0 +1,41 @@
+// BF16 grouped GEMM over the routed-row layout (experts' rows back to back, each segment padded to
+// 128 rows): out[rows, ...] = epilogue(A[rows, K] * B[expert(m-tile), N, K]^T), FP32 accumulation.
+// A persistent, warp-specialised TMA + wgmma kernel (src/kernels/grouped_gemm_bf16.cu); the
+// megakernel's GEMM roles are built from its mainloop and epilogues.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace mok::gpu {
+
+enum class GemmEpilogue {
+  store,   // out [rows, N] = acc, BF16
+  swiglu,  // B holds gate and up interleaved in 64-row blocks (interleave_gate_up);
+           // out [rows, N/2] = silu(gate acc) * (up acc), BF16
+};
+
+struct GroupedGemmArgs {
+  const __nv_bfloat16* a = nullptr;      // [rows, k]
+  const __nv_bfloat16* b = nullptr;      // [experts, n, k]
+  const int32_t* tile_expert = nullptr;  // [rows / 128]: expert of each m-tile, -1: no work
+  __nv_bfloat16* out = nullptr;
+  int64_t rows = 0;  // multiple of 128
+  int n = 0;         // multiple of 128
+  int k = 0;         // multiple of 64
+  int experts = 0;
+  GemmEpilogue epilogue = GemmEpilogue::store;
+  int* error = nullptr;  // set to a nonzero code if a bounded wait expired; never left hanging
+  int max_ctas = 0;      // 0: one per SM
+};
+
+// cudaErrorInvalidValue for shapes or alignments the kernel does not take.
+cudaError_t grouped_gemm_bf16(const GroupedGemmArgs& args, cudaStream_t stream);
+
+// Host helper: [E, I, H] gate and up -> [E, 2I, H] with rows 128j..128j+63 = gate 64j..64j+63 and
+// rows 128j+64..128j+127 = up 64j..64j+63 (I a multiple of 64), the B of GemmEpilogue::swiglu.
+void interleave_gate_up(const uint16_t* gate, const uint16_t* up, int experts, int intermediate,
+                        int hidden, uint16_t* out);
+
+}  // namespace mok::gpu
