@@ -77,7 +77,8 @@ int main(int argc, char** argv) {
 
   mok::gpu::GroupedGemmArgs args;
   args.a = a;
-  args.b = b;
+  args.b = b;  // swiglu: gate = first half of the experts' rows, up = second half
+  args.b_up = b + size_t(E) * (N / 2) * K;
   args.tile_expert = tile_expert;
   args.out = out;
   args.rows = rows;

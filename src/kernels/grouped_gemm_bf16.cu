@@ -3,7 +3,6 @@
 // thread issues every TMA load). Both roles walk the same (tile, k-block) sequence, so the
 // ring's stage and phase stay in step with no other synchronisation (hopper-gemm.md, 1 and 5).
 #include <algorithm>
-#include <cstring>
 
 #include "mok/device/mbarrier.cuh"
 #include "mok/device/sync.cuh"
@@ -54,8 +53,8 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], const GroupedGemm
           __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
     }
   } else {
-    // Columns 0-63 of the tile are gate rows, 64-127 the up rows of the same 64 outputs: the same
-    // thread holds both halves (registers 4j+q and 4(j+8)+q).
+    // Columns 0-63 of the tile come from gate rows, 64-127 from the up rows of the same 64
+    // outputs: the same thread holds both halves (registers 4j+q and 4(j+8)+q).
     const int64_t width = p.n / 2;
     __nv_bfloat16* out = p.out + col_tile * (kBlockN / 2);
 #pragma unroll
@@ -74,7 +73,8 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], const GroupedGemm
 template <GemmEpilogue kEpilogue>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
-                        const __grid_constant__ CUtensorMap b_map, const GroupedGemmArgs p) {
+                        const __grid_constant__ CUtensorMap b_map,
+                        const __grid_constant__ CUtensorMap b_up_map, const GroupedGemmArgs p) {
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -100,6 +100,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x % 128 >= 32 || !dev::elect_one()) return;
     dev::tma_prefetch_map(&a_map);
     dev::tma_prefetch_map(&b_map);
+    if constexpr (kEpilogue == GemmEpilogue::swiglu) dev::tma_prefetch_map(&b_up_map);
     for (int64_t t = blockIdx.x; t < sched.count(); t += gridDim.x) {
       const int expert = p.tile_expert[sched.m_tile(t)];
       if (expert < 0) continue;
@@ -111,8 +112,17 @@ __global__ void __launch_bounds__(kThreads, 1)
         dev::mbar_arrive_expect_tx(&full[ring.stage], kTileBytesA + kTileBytesB);
         dev::tma_load_2d(tiles_a + ring.stage * kTileBytesA, &a_map, &full[ring.stage],
                          kb * kBlockK, int32_t(sched.m_tile(t) * kBlockM));
-        dev::tma_load_3d(tiles_b + ring.stage * kTileBytesB, &b_map, &full[ring.stage],
-                         kb * kBlockK, int32_t(sched.n_tile(t) * kBlockN), expert);
+        uint8_t* tile_b = tiles_b + ring.stage * kTileBytesB;
+        if constexpr (kEpilogue == GemmEpilogue::swiglu) {
+          // 64 gate rows then the 64 up rows of the same outputs: the epilogue pairs them.
+          const int32_t row = int32_t(sched.n_tile(t) * (kBlockN / 2));
+          dev::tma_load_3d(tile_b, &b_map, &full[ring.stage], kb * kBlockK, row, expert);
+          dev::tma_load_3d(tile_b + kTileBytesB / 2, &b_up_map, &full[ring.stage], kb * kBlockK,
+                           row, expert);
+        } else {
+          dev::tma_load_3d(tile_b, &b_map, &full[ring.stage], kb * kBlockK,
+                           int32_t(sched.n_tile(t) * kBlockN), expert);
+        }
       }
     }
     return;
@@ -155,13 +165,21 @@ bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 cudaError_t grouped_gemm_bf16(const GroupedGemmArgs& args, cudaStream_t stream) {
   if (args.rows < 0 || args.rows % kBlockM != 0 || args.n <= 0 || args.n % kBlockN != 0 ||
       args.k <= 0 || args.k % kBlockK != 0 || args.experts <= 0 || !args.error ||
-      !args.tile_expert || !aligned16(args.a) || !aligned16(args.b) || !aligned16(args.out))
+      !args.tile_expert || !aligned16(args.a) || !aligned16(args.b) || !aligned16(args.out) ||
+      (args.epilogue == GemmEpilogue::swiglu && (!args.b_up || !aligned16(args.b_up))))
     return cudaErrorInvalidValue;
   if (args.rows == 0) return cudaSuccess;
   const CUtensorMap a_map = dev::make_bf16_map_2d(args.a, uint64_t(args.rows), uint64_t(args.k),
                                                   uint64_t(args.k), kBlockM);
-  const CUtensorMap b_map = dev::make_bf16_map_3d(args.b, uint64_t(args.experts), uint64_t(args.n),
-                                                  uint64_t(args.k), kBlockN);
+  const bool swiglu = args.epilogue == GemmEpilogue::swiglu;
+  // Swiglu: gate and up are [experts, n/2, k] each, read in boxes of 64 rows.
+  const uint64_t b_rows = swiglu ? uint64_t(args.n / 2) : uint64_t(args.n);
+  const uint32_t b_box = swiglu ? kBlockN / 2 : kBlockN;
+  const CUtensorMap b_map =
+      dev::make_bf16_map_3d(args.b, uint64_t(args.experts), b_rows, uint64_t(args.k), b_box);
+  const CUtensorMap b_up_map = swiglu ? dev::make_bf16_map_3d(args.b_up, uint64_t(args.experts),
+                                                              b_rows, uint64_t(args.k), b_box)
+                                      : b_map;
   int device = 0, sms = 0;
   if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
   if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
@@ -176,22 +194,8 @@ cudaError_t grouped_gemm_bf16(const GroupedGemmArgs& args, cudaStream_t stream) 
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
       e != cudaSuccess)
     return e;
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(a_map, b_map, args);
+  kernel<<<grid, kThreads, kSmemBytes, stream>>>(a_map, b_map, b_up_map, args);
   return cudaGetLastError();
-}
-
-void interleave_gate_up(const uint16_t* gate, const uint16_t* up, int experts, int intermediate,
-                        int hidden, uint16_t* out) {
-  const size_t row = size_t(hidden) * sizeof(uint16_t);
-  for (int e = 0; e < experts; ++e) {
-    const size_t base = size_t(e) * size_t(intermediate) * size_t(hidden);
-    for (int i = 0; i < intermediate; ++i) {
-      const int block = i / 64, within = i % 64;
-      uint16_t* dst_gate = out + 2 * base + (size_t(block) * 128 + size_t(within)) * size_t(hidden);
-      std::memcpy(dst_gate, gate + base + size_t(i) * size_t(hidden), row);
-      std::memcpy(dst_gate + 64 * size_t(hidden), up + base + size_t(i) * size_t(hidden), row);
-    }
-  }
 }
 
 }  // namespace mok::gpu

@@ -52,12 +52,14 @@ double dot_bf16(const uint16_t* x, const uint16_t* y, int k) {
 std::vector<uint16_t> run(const Data& d, const Problem& pr, mok::gpu::GemmEpilogue epi,
                           int out_cols, int max_ctas) {
   DeviceBuffer<uint16_t> a(d.a), b(d.b);
+  const size_t half = d.b.size() / 2;  // swiglu: gate is the first half of b, up the second
   DeviceBuffer<int32_t> tiles(d.tile_expert);
   DeviceBuffer<uint16_t> out(size_t(d.rows * out_cols), 0xFF);  // BF16 NaN poison
   DeviceBuffer<int> error(1, 0);
   mok::gpu::GroupedGemmArgs args;
   args.a = reinterpret_cast<const __nv_bfloat16*>(a.ptr);
   args.b = reinterpret_cast<const __nv_bfloat16*>(b.ptr);
+  args.b_up = reinterpret_cast<const __nv_bfloat16*>(b.ptr + half);
   args.tile_expert = tiles.ptr;
   args.out = reinterpret_cast<__nv_bfloat16*>(out.ptr);
   args.rows = d.rows;
@@ -109,12 +111,10 @@ TEST(GroupedGemmGpu, SwigluEpilogueMatchesFp64AndRepeatsBitwise) {
   const int I = 192, H = 320;  // 3 blocks of 64 outputs, K = 5 blocks of 64
   const Problem pr{{130, 256, 0, 64}, 2 * I, H};
   Data d = make(pr, 2, 2 * I);
-  // Separate gate and up [E, I, H], interleaved into B as the kernel wants it.
+  // d.b holds [gate of all experts | up of all experts], each [E, I, H].
   const size_t per = size_t(I) * H;
-  std::vector<uint16_t> gate(d.b.begin(), d.b.begin() + long(pr.expert_rows.size() * per));
-  std::vector<uint16_t> up(d.b.begin() + long(pr.expert_rows.size() * per), d.b.end());
-  mok::gpu::interleave_gate_up(gate.data(), up.data(), int(pr.expert_rows.size()), I, H,
-                               d.b.data());
+  const std::vector<uint16_t> gate(d.b.begin(), d.b.begin() + long(pr.expert_rows.size() * per));
+  const std::vector<uint16_t> up(d.b.begin() + long(pr.expert_rows.size() * per), d.b.end());
   const std::vector<uint16_t> out = run(d, pr, mok::gpu::GemmEpilogue::swiglu, I, 0);
   for (int64_t r = 0; r < d.rows; ++r) {
     const int e = d.tile_expert[size_t(r / 128)];

@@ -12,13 +12,14 @@ namespace mok::gpu {
 
 enum class GemmEpilogue {
   store,   // out [rows, N] = acc, BF16
-  swiglu,  // B holds gate and up interleaved in 64-row blocks (interleave_gate_up);
-           // out [rows, N/2] = silu(gate acc) * (up acc), BF16
+  swiglu,  // B = gate [experts, N/2, k], b_up = up [experts, N/2, k]; a 128-wide tile loads 64
+           // rows of each; out [rows, N/2] = silu(x gate^T) * (x up^T), BF16
 };
 
 struct GroupedGemmArgs {
   const __nv_bfloat16* a = nullptr;      // [rows, k]
-  const __nv_bfloat16* b = nullptr;      // [experts, n, k]
+  const __nv_bfloat16* b = nullptr;      // [experts, n, k]; the gate weights for swiglu
+  const __nv_bfloat16* b_up = nullptr;   // swiglu only: the up weights
   const int32_t* tile_expert = nullptr;  // [rows / 128]: expert of each m-tile, -1: no work
   __nv_bfloat16* out = nullptr;
   int64_t rows = 0;  // multiple of 128
@@ -32,10 +33,5 @@ struct GroupedGemmArgs {
 
 // cudaErrorInvalidValue for shapes or alignments the kernel does not take.
 cudaError_t grouped_gemm_bf16(const GroupedGemmArgs& args, cudaStream_t stream);
-
-// Host helper: [E, I, H] gate and up -> [E, 2I, H] with rows 128j..128j+63 = gate 64j..64j+63 and
-// rows 128j+64..128j+127 = up 64j..64j+63 (I a multiple of 64), the B of GemmEpilogue::swiglu.
-void interleave_gate_up(const uint16_t* gate, const uint16_t* up, int experts, int intermediate,
-                        int hidden, uint16_t* out);
 
 }  // namespace mok::gpu
