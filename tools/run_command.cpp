@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "gpu_forward_check.hpp"
 #include "layer_data.hpp"
 #include "mok/build_info.hpp"
 #include "mok/ep_sim.hpp"
@@ -178,8 +179,8 @@ int run_command(const RunOptions& o) {
   std::printf("mok run: preset %s, T=%lld tokens, %s\n", o.preset.c_str(), (long long)T,
               c.describe().c_str());
   const BuildInfo info = build_info();
-  std::printf("  device: %s; the GPU layer is not built yet, so this runs the CPU reference\n",
-              info.gpus.empty() ? info.gpu_status.c_str() : (info.gpus[0].name).c_str());
+  std::printf("  device: %s\n",
+              info.gpus.empty() ? info.gpu_status.c_str() : info.gpus[0].name.c_str());
   const double fwd_flops = forward_flops(c, T);
   const double param_bytes =
       8.0 * 3 * c.hidden * (double(c.num_experts) * c.intermediate + c.shared_width());
@@ -203,12 +204,12 @@ int run_command(const RunOptions& o) {
   ro.quant = operand_quant_for(c.precision);
   ro.mx_scale_rule = c.mx_scale_rule;
 
-  std::printf("  [1/4] forward + backward, FP32 reference with %s operands\n",
+  std::printf("  [1/5] forward + backward, FP32 reference with %s operands\n",
               operand_quant_name(ro.quant));
   const Run first = run_reference(c, p, b, d_out, ro);
-  std::printf("  [2/4] again, for determinism\n");
+  std::printf("  [2/5] again, for determinism\n");
   const Run second = run_reference(c, p, b, d_out, ro);
-  std::printf("  [3/4] FP64 reference without quantization, for the error\n");
+  std::printf("  [3/5] FP64 reference without quantization, for the error\n");
   ReferenceOptions exact;
   exact.numerics = Numerics::fp64;
   const Run oracle = run_reference(c, p, b, d_out, exact);
@@ -228,7 +229,7 @@ int run_command(const RunOptions& o) {
   ok &= same;
   line("determinism: two runs", same, same ? "bitwise identical" : "bits differ");
   if (o.ep > 1) {
-    std::printf("  [4/4] EP=%d simulation (threads, injected delays)\n", o.ep);
+    std::printf("  [4/5] EP=%d simulation (threads, injected delays)\n", o.ep);
     Run sim = run_simulated(c, p, b, d_out, ro, o.ep);
     const bool equal = bitwise_equal(sim, first, false);
     ok &= equal;
@@ -236,12 +237,37 @@ int run_command(const RunOptions& o) {
          equal ? "bitwise identical" : "bits differ");
   }
 
+  // The GPU forward (staged, EP = 1) against the reference output; the GPU backward is not built.
+  GpuForwardReport gpu;
+  if (c.precision == Precision::bf16) {
+    std::printf(
+        "  [5/5] GPU forward (staged, EP=1): against the reference, 20 repeats, 50 timed runs\n");
+    gpu = gpu_forward_check(c, p, b, first.out);
+  } else {
+    gpu.skipped_because = std::string("the GPU forward is BF16 only for now");
+  }
+  if (gpu.ran) {
+    const bool close = gpu.relative_error <= relative_error_bound(OperandQuant::bf16);
+    ok &= close && gpu.bitwise_repeatable;
+    line(
+        "GPU forward vs reference (relative L2)", close,
+        sci(gpu.relative_error) + " (bound " + sci(relative_error_bound(OperandQuant::bf16)) + ")");
+    line("GPU forward: 21 runs", gpu.bitwise_repeatable,
+         gpu.bitwise_repeatable ? "bitwise identical" : "bits differ");
+  } else {
+    std::printf("  GPU forward: not run (%s); the CPU reference stands in\n",
+                gpu.skipped_because.c_str());
+  }
+
   const double fwd_s = first.forward_s, bwd_s = first.backward_s;
-  std::printf("\nthroughput (CPU reference, one thread; GPU numbers come from `mok bench`)\n");
-  std::printf("  forward   %8.3f s  %8.3f GFLOP/s  (%s FLOPs)\n", fwd_s, fwd_flops / fwd_s * 1e-9,
-              sci(fwd_flops).c_str());
-  std::printf("  backward  %8.3f s  %8.3f GFLOP/s  (%s FLOPs)\n", bwd_s,
-              2 * fwd_flops / bwd_s * 1e-9, sci(2 * fwd_flops).c_str());
+  std::printf("\nthroughput\n");
+  if (gpu.ran)
+    std::printf("  GPU forward (staged)  %8.3f ms  %8.2f TFLOP/s  (median of 50)\n", gpu.median_ms,
+                fwd_flops / (gpu.median_ms * 1e-3) * 1e-12);
+  std::printf("  CPU reference forward  %8.3f s  %8.3f GFLOP/s  (%s FLOPs, one thread)\n", fwd_s,
+              fwd_flops / fwd_s * 1e-9, sci(fwd_flops).c_str());
+  std::printf("  CPU reference backward %8.3f s  %8.3f GFLOP/s  (%s FLOPs; no GPU backward yet)\n",
+              bwd_s, 2 * fwd_flops / bwd_s * 1e-9, sci(2 * fwd_flops).c_str());
   std::printf("\n%s\n", ok ? "mok run: all checks passed" : "mok run: CHECKS FAILED");
   return ok ? 0 : 1;
 }

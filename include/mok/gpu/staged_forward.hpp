@@ -1,0 +1,53 @@
+// The layer's forward on one GPU (EP = 1) as a sequence of launches: device schedule, gather,
+// grouped GEMM with the SwiGLU epilogue, grouped GEMM, the shared experts, and the fixed-order
+// combine. No host synchronisation: every size comes from the device schedule, and the grids cover
+// the configured capacity. It is the correctness baseline the persistent megakernel replaces.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "mok/config.hpp"
+
+namespace mok::gpu {
+
+struct DeviceLayerWeights {                    // BF16, layouts of mok/layer.hpp
+  const __nv_bfloat16* shared_gate = nullptr;  // [S*Is, H]
+  const __nv_bfloat16* shared_up = nullptr;    // [S*Is, H]
+  const __nv_bfloat16* shared_down = nullptr;  // [H, S*Is]
+  const __nv_bfloat16* gate = nullptr;         // [E, I, H]
+  const __nv_bfloat16* up = nullptr;           // [E, I, H]
+  const __nv_bfloat16* down = nullptr;         // [E, H, I]
+};
+
+struct DeviceBatch {
+  int64_t tokens = 0;
+  const __nv_bfloat16* x = nullptr;     // [T, H]
+  const int32_t* topk_ids = nullptr;    // [T, K]
+  const float* topk_weights = nullptr;  // [T, K]
+};
+
+class StagedForward {
+ public:
+  // Throws mok::Error for configurations it does not take (ep_size != 1, H not a multiple of 128,
+  // precision other than bf16) and for allocation failures.
+  explicit StagedForward(const Config& c);
+  ~StagedForward();
+  StagedForward(const StagedForward&) = delete;
+  StagedForward& operator=(const StagedForward&) = delete;
+
+  // out [T, H] BF16. Asynchronous on `stream`; capturable in a CUDA graph.
+  void forward(const DeviceBatch& batch, const DeviceLayerWeights& w, __nv_bfloat16* out,
+               cudaStream_t stream);
+  // After the stream has finished: throws mok::Error if the last forward found an expert id out of
+  // range, needed more routed rows than the capacity (naming how many), or a wait expired.
+  void check(cudaStream_t stream);
+
+ private:
+  struct Workspace;
+  Config config_;
+  Workspace* ws_;
+};
+
+}  // namespace mok::gpu
