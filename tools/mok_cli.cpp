@@ -7,6 +7,7 @@
 
 #include "mok/build_info.hpp"
 #include "mok/error.hpp"
+#include "bench_command.hpp"
 #include "run_command.hpp"
 
 namespace {
@@ -22,6 +23,10 @@ const char* kUsage =
     "      [--ep N]                 EP size of the simulated group checked against EP=1\n"
     "                               (default 4; 1 skips the check)\n"
     "      [--seed S]               inputs' seed (default 1)\n"
+    "  bench [--preset NAME|all]    the GPU forward timed on the standard shapes, with the\n"
+    "      [--tokens T]             BF16 peak, HBM bandwidth and roofline bound measured "
+    "alongside\n"
+    "      [--iterations N]\n"
     "presets: tiny, dsv3, mok-default, qwen3-30b, fine\n";
 
 int info() {
@@ -49,6 +54,7 @@ int main(int argc, char** argv) {
   try {
     if (args[0] == "info") return info();
     if (args[0] == "run") return mok::tools::run_command(mok::tools::parse_run_options(args));
+    if (args[0] == "bench") return mok::tools::bench_command(mok::tools::parse_bench_options(args));
     std::fprintf(stderr, "mok: unknown command '%s'\n\n%s", args[0].c_str(), kUsage);
     return 2;
   } catch (const mok::tools::UsageError& e) {

@@ -1,0 +1,91 @@
+"""The MoE forward a PyTorch user writes on one GPU, timed on the standard shapes of design.md.
+
+sort rows by expert -> gather -> torch._grouped_mm (gate|up) -> silu(gate) * up ->
+torch._grouped_mm (down) -> scale by the routing weight -> index_add into the shared expert's output.
+Median of many runs after warm-up, TFLOP/s by design.md's formula. Run on the GPU machine:
+    python3 bench/torch_moe_forward.py [--shape all|dsv3|...] [--iterations 20]
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+SHAPES = {  # name: (H, I, E, K, shared width, tokens)
+    "dsv3": (7168, 2048, 256, 8, 2048, 4096),
+    "dsv3-8k": (7168, 2048, 256, 8, 2048, 8192),
+    "mok-default": (7168, 3072, 384, 6, 3072, 2048),
+    "qwen3-30b": (2048, 768, 128, 8, 0, 8192),
+    "fine": (2048, 512, 512, 10, 512, 4096),
+}
+
+
+def make(h, i, e, k, s, t, gen):
+    dev, bf = "cuda", torch.bfloat16
+    p = {
+        "w13": (torch.rand(e, 2 * i, h, device=dev, generator=gen) * 2 - 1).to(bf) / h**0.5,
+        "w2": (torch.rand(e, h, i, device=dev, generator=gen) * 2 - 1).to(bf) / i**0.5,
+    }
+    if s:
+        p["s13"] = (torch.rand(2 * s, h, device=dev, generator=gen) * 2 - 1).to(bf) / h**0.5
+        p["s2"] = (torch.rand(h, s, device=dev, generator=gen) * 2 - 1).to(bf) / s**0.5
+    x = (torch.rand(t, h, device=dev, generator=gen) * 2 - 1).to(bf)
+    logits = torch.randn(t, e, device=dev, generator=gen)
+    w, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
+    return p, x, ids.to(torch.int32), (w / w.sum(-1, keepdim=True)).float()
+
+
+def forward(p, x, ids, w, k):
+    flat = ids.view(-1)
+    order = torch.argsort(flat, stable=True)
+    token = order // k
+    offs = torch.cumsum(torch.bincount(flat, minlength=p["w13"].shape[0]), 0).to(torch.int32)
+    xs = x[token]
+    hgu = torch._grouped_mm(xs, p["w13"].transpose(-2, -1), offs=offs)
+    g, u = hgu.chunk(2, dim=-1)
+    y = torch._grouped_mm(F.silu(g) * u, p["w2"].transpose(-2, -1), offs=offs)
+    y = y * w.view(-1)[order].unsqueeze(-1).to(y.dtype)
+    if "s13" in p:
+        sg, su = (x @ p["s13"].T).chunk(2, dim=-1)
+        out = (F.silu(sg) * su) @ p["s2"].T
+    else:
+        out = torch.zeros_like(x)
+    return out.index_add_(0, token, y)
+
+
+def median_ms(fn, iterations):
+    times = []
+    for _ in range(iterations):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    return sorted(times)[len(times) // 2]
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shape", default="all")
+    ap.add_argument("--iterations", type=int, default=20)
+    args = ap.parse_args()
+    names = list(SHAPES) if args.shape == "all" else [args.shape]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: the unfused MoE forward")
+    print("| shape | T | forward ms | TFLOP/s |\n|---|---|---|---|")
+    for name in names:
+        h, i, e, k, s, t = SHAPES[name]
+        p, x, ids, w = make(h, i, e, k, s, t, gen)
+        run = lambda: forward(p, x, ids, w, k)  # noqa: E731
+        for _ in range(5):
+            run()
+        torch.cuda.synchronize()
+        ms = median_ms(run, args.iterations)
+        flops = 6 * h * i * t * k + 6 * h * s * t
+        print(f"| {name} | {t} | {ms:.3f} | {flops / ms * 1e-9:.0f} |", flush=True)
+        del p, x, ids, w
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()

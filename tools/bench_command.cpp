@@ -1,0 +1,209 @@
+// `mok bench`: the GPU forward timed on the standard shapes, next to the ceilings measured in the
+// same run (dense BF16 GEMM by cuBLAS, HBM copy bandwidth) and each shape's roofline bound.
+#include "bench_command.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cmath>
+#include <functional>
+
+#include "mok/config.hpp"
+#include "mok/error.hpp"
+#include "run_command.hpp"
+
+#if defined(MOK_WITH_CUDA_KERNELS)
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include "mok/gpu/random_fill.hpp"
+#include "mok/gpu/staged_forward.hpp"
+#endif
+
+namespace mok::tools {
+
+BenchOptions parse_bench_options(const std::vector<std::string>& args) {
+  BenchOptions o;
+  for (size_t i = 1; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
+    const std::string& v = args[++i];
+    if (a == "--preset")
+      o.preset = v;
+    else if (a == "--tokens")
+      o.tokens = std::atoll(v.c_str());
+    else if (a == "--iterations")
+      o.iterations = std::max(1, std::atoi(v.c_str()));
+    else
+      throw UsageError("unknown option '" + a + "' for bench");
+  }
+  return o;
+}
+
+#if defined(MOK_WITH_CUDA_KERNELS)
+namespace {
+
+void ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(ErrorCode::unsupported, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+template <class T>
+struct Device {
+  T* ptr = nullptr;
+  explicit Device(size_t n) {
+    ok(cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)),
+       "cudaMalloc");
+  }
+  ~Device() { cudaFree(ptr); }
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+};
+
+double median_ms(const std::function<void()>& f, int iterations) {
+  cudaEvent_t a, b;
+  ok(cudaEventCreate(&a), "cudaEventCreate");
+  ok(cudaEventCreate(&b), "cudaEventCreate");
+  std::vector<float> t;
+  for (int i = 0; i < iterations; ++i) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(b);
+    ok(cudaEventSynchronize(b), "timed work");
+    float ms = 0;
+    cudaEventElapsedTime(&ms, a, b);
+    t.push_back(ms);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+struct Ceilings {
+  double bf16_tflops = 0, hbm_tbps = 0;
+};
+
+// Dense BF16 GEMM 8192^3 (cuBLAS) and a device-to-device copy of 2 GiB, measured now.
+Ceilings measure_ceilings(cublasHandle_t h) {
+  const int n = 8192;
+  Device<__nv_bfloat16> a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n);
+  ok(gpu::fill_uniform_bf16(a.ptr, int64_t(n) * n, 1, 1.0f, nullptr), "fill");
+  ok(gpu::fill_uniform_bf16(b.ptr, int64_t(n) * n, 2, 1.0f, nullptr), "fill");
+  const float one = 1, zero = 0;
+  auto gemm = [&] {
+    cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, b.ptr, CUDA_R_16BF, n, a.ptr,
+                 CUDA_R_16BF, n, &zero, c.ptr, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
+                 CUBLAS_GEMM_DEFAULT);
+  };
+  median_ms(gemm, 3);
+  Ceilings r;
+  r.bf16_tflops = 2.0 * n * double(n) * n / (median_ms(gemm, 10) * 1e-3) * 1e-12;
+  const size_t bytes = size_t(1) << 31;
+  Device<uint8_t> src(bytes), dst(bytes);
+  ok(cudaMemset(src.ptr, 1, bytes), "cudaMemset");
+  auto copy = [&] { cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice); };
+  median_ms(copy, 2);
+  r.hbm_tbps = 2.0 * double(bytes) / (median_ms(copy, 10) * 1e-3) * 1e-12;  // read + write
+  return r;
+}
+
+struct Row {
+  std::string name;
+  int64_t tokens;
+  double rows_per_expert, ms, tflops, pct_peak, bound_ms, pct_bound;
+  const char* bound_by;
+};
+
+Row bench_shape(const std::string& name, Config c, int64_t tokens, int iterations,
+                const Ceilings& ceil) {
+  c.max_tokens_per_rank = int(tokens);
+  const int64_t H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
+                K = c.top_k;
+  Device<__nv_bfloat16> sg(size_t(S * H)), su(size_t(S * H)), sd(size_t(H * S)),
+      g(size_t(E * I * H)), u(size_t(E * I * H)), d(size_t(E * H * I)), x(size_t(tokens * H)),
+      out(size_t(tokens * H));
+  Device<int32_t> ids(size_t(tokens * K));
+  Device<float> w(size_t(tokens * K));
+  const float bh = 1.0f / std::sqrt(float(H)), bi = 1.0f / std::sqrt(float(I));
+  ok(gpu::fill_uniform_bf16(sg.ptr, S * H, 11, bh, nullptr), "fill");
+  ok(gpu::fill_uniform_bf16(su.ptr, S * H, 12, bh, nullptr), "fill");
+  ok(gpu::fill_uniform_bf16(sd.ptr, S * H, 13, S ? 1.0f / std::sqrt(float(S)) : 0.0f, nullptr),
+     "fill");
+  ok(gpu::fill_uniform_bf16(g.ptr, E * I * H, 14, bh, nullptr), "fill");
+  ok(gpu::fill_uniform_bf16(u.ptr, E * I * H, 15, bh, nullptr), "fill");
+  ok(gpu::fill_uniform_bf16(d.ptr, E * I * H, 16, bi, nullptr), "fill");
+  ok(gpu::fill_uniform_bf16(x.ptr, tokens * H, 17, 1.0f, nullptr), "fill");
+  ok(gpu::random_topk(ids.ptr, w.ptr, tokens, int(E), int(K), 18, nullptr), "random_topk");
+  gpu::StagedForward f(c);
+  const gpu::DeviceLayerWeights weights{sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr};
+  const gpu::DeviceBatch batch{tokens, x.ptr, ids.ptr, w.ptr};
+  auto run = [&] { f.forward(batch, weights, out.ptr, nullptr); };
+  median_ms(run, 3);
+  f.check(nullptr);
+  Row r;
+  r.name = name;
+  r.tokens = tokens;
+  r.rows_per_expert = double(tokens * K) / double(E);
+  r.ms = median_ms(run, iterations);
+  f.check(nullptr);
+  const double flops = forward_flops(c, tokens);
+  const double bytes =
+      2.0 * (3.0 * double(E * I * H) + 3.0 * double(S * H)) + 2.0 * 2.0 * double(tokens * H);
+  const double compute_ms = flops / (ceil.bf16_tflops * 1e12) * 1e3,
+               memory_ms = bytes / (ceil.hbm_tbps * 1e12) * 1e3;
+  r.tflops = flops / (r.ms * 1e-3) * 1e-12;
+  r.pct_peak = 100.0 * r.tflops / ceil.bf16_tflops;
+  r.bound_ms = std::max(compute_ms, memory_ms);
+  r.bound_by = compute_ms >= memory_ms ? "compute" : "weights";
+  r.pct_bound = 100.0 * r.bound_ms / r.ms;
+  return r;
+}
+
+}  // namespace
+
+int bench_command(const BenchOptions& o) {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
+    throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");
+  cudaDeviceProp prop{};
+  ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::vector<std::pair<std::string, int64_t>> shapes;
+  if (o.preset == "all") {
+    shapes = {
+        {"dsv3", 4096}, {"dsv3", 8192}, {"mok-default", 2048}, {"qwen3-30b", 8192}, {"fine", 4096}};
+  } else {
+    shapes = {{o.preset, o.tokens >= 0 ? o.tokens : preset(o.preset).max_tokens_per_rank}};
+  }
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+    throw Error(ErrorCode::unsupported, "cublasCreate failed");
+  std::printf(
+      "mok bench: staged GPU forward (EP=1, BF16) on %s; medians of %d runs; ceilings re-measured "
+      "before each shape\n\n",
+      prop.name, o.iterations);
+  std::printf(
+      "| shape | T | rows/expert | forward ms | TFLOP/s | %% of BF16 peak | roofline ms (bound) | "
+      "%% of roofline "
+      "| peak TFLOP/s, HBM TB/s measured |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& [name, tokens] : shapes) {
+    const Ceilings ceil = measure_ceilings(h);
+    const Row r = bench_shape(name, preset(name), tokens, o.iterations, ceil);
+    std::printf("| %s | %lld | %.0f | %.3f | %.0f | %.0f%% | %.3f (%s) | %.0f%% | %.0f, %.2f |\n",
+                r.name.c_str(), (long long)r.tokens, r.rows_per_expert, r.ms, r.tflops, r.pct_peak,
+                r.bound_ms, r.bound_by, r.pct_bound, ceil.bf16_tflops, ceil.hbm_tbps);
+    std::fflush(stdout);
+  }
+  cublasDestroy(h);
+  return 0;
+}
+
+#else
+
+int bench_command(const BenchOptions&) {
+  throw Error(ErrorCode::unsupported, "mok bench needs a build with CUDA (nvcc) and a GPU");
+}
+
+#endif
+
+}  // namespace mok::tools

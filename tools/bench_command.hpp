@@ -1,0 +1,17 @@
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mok::tools {
+
+struct BenchOptions {
+  std::string preset = "all";  // a preset name, or "all": every standard shape of design.md
+  int64_t tokens = -1;         // tokens per rank (default: the preset's)
+  int iterations = 20;
+};
+
+BenchOptions parse_bench_options(const std::vector<std::string>& args);
+int bench_command(const BenchOptions& o);
+
+}  // namespace mok::tools
