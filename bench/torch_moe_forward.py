@@ -21,14 +21,15 @@ SHAPES = {  # name: (H, I, E, K, shared width, tokens)
 
 def make(h, i, e, k, s, t, gen):
     dev, bf = "cuda", torch.bfloat16
-    p = {
-        "w13": (torch.rand(e, 2 * i, h, device=dev, generator=gen) * 2 - 1).to(bf) / h**0.5,
-        "w2": (torch.rand(e, h, i, device=dev, generator=gen) * 2 - 1).to(bf) / i**0.5,
-    }
+
+    def uniform(*shape, bound):  # drawn in BF16 directly: FP32 temporaries of 50 GB do not fit
+        return torch.empty(*shape, device=dev, dtype=bf).uniform_(-bound, bound, generator=gen)
+
+    p = {"w13": uniform(e, 2 * i, h, bound=h**-0.5), "w2": uniform(e, h, i, bound=i**-0.5)}
     if s:
-        p["s13"] = (torch.rand(2 * s, h, device=dev, generator=gen) * 2 - 1).to(bf) / h**0.5
-        p["s2"] = (torch.rand(h, s, device=dev, generator=gen) * 2 - 1).to(bf) / s**0.5
-    x = (torch.rand(t, h, device=dev, generator=gen) * 2 - 1).to(bf)
+        p["s13"] = uniform(2 * s, h, bound=h**-0.5)
+        p["s2"] = uniform(h, s, bound=s**-0.5)
+    x = uniform(t, h, bound=1.0)
     logits = torch.randn(t, e, device=dev, generator=gen)
     w, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
     return p, x, ids.to(torch.int32), (w / w.sum(-1, keepdim=True)).float()
