@@ -7,11 +7,11 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "mok/gpu/grouped_gemm.hpp"
+#include "mok/gpu/random_fill.hpp"
 
 #define CHECK(x)                                                                  \
   do {                                                                            \
@@ -52,11 +52,6 @@ int main(int argc, char** argv) {
             K = std::atoi(argv[4]);
   const bool swiglu = argc > 5 && std::string(argv[5]) == "swiglu";
   const int64_t rows = int64_t(E) * ((R + 127) / 128 * 128);
-  std::vector<__nv_bfloat16> ha(size_t(rows * K)), hb(size_t(E) * N * K);
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> u(-1, 1);
-  for (auto& v : ha) v = __float2bfloat16(u(rng));
-  for (auto& v : hb) v = __float2bfloat16(u(rng) * 0.05f);
   std::vector<int32_t> tiles;
   for (int e = 0; e < E; ++e)
     for (int t = 0; t < (R + 127) / 128; ++t) tiles.push_back(e);
@@ -64,14 +59,17 @@ int main(int argc, char** argv) {
   __nv_bfloat16 *a, *b, *out, *dense_out;
   int32_t* tile_expert;
   int* error;
-  CHECK(cudaMalloc(&a, ha.size() * 2));
-  CHECK(cudaMalloc(&b, hb.size() * 2));
+  const size_t a_elems = size_t(rows) * K, b_elems = size_t(E) * N * K;
+  CHECK(cudaMalloc(&a, a_elems * 2));
+  CHECK(cudaMalloc(&b, b_elems * 2));
   CHECK(cudaMalloc(&out, size_t(rows) * N * 2));
   CHECK(cudaMalloc(&dense_out, size_t(rows) * N * 2));
   CHECK(cudaMalloc(&tile_expert, tiles.size() * 4));
   CHECK(cudaMalloc(&error, 4));
-  CHECK(cudaMemcpy(a, ha.data(), ha.size() * 2, cudaMemcpyHostToDevice));
-  CHECK(cudaMemcpy(b, hb.data(), hb.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(
+      mok::gpu::fill_uniform_bf16(a, int64_t(a_elems), 1, 1.0f, nullptr));  // on the device: 15 GB
+  CHECK(mok::gpu::fill_uniform_bf16(b, int64_t(b_elems), 2, 0.05f,
+                                    nullptr));  // would take minutes on the host
   CHECK(cudaMemcpy(tile_expert, tiles.data(), tiles.size() * 4, cudaMemcpyHostToDevice));
   CHECK(cudaMemset(error, 0, 4));
 
