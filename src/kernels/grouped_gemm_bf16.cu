@@ -132,7 +132,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = threadIdx.x / 128;
   const bool arrives = threadIdx.x % 32 == 0;
   float d[64];
-  uint32_t previous_stage = 0;
   for (int64_t t = blockIdx.x; t < sched.count(); t += gridDim.x) {
     if (p.tile_expert[sched.m_tile(t)] < 0) continue;
     for (int kb = 0; kb < k_blocks; ++kb, ring.advance()) {
@@ -151,16 +150,10 @@ __global__ void __launch_bounds__(kThreads, 1)
         dev::wgmma_m64n128k16_bf16(d, dev::smem_desc_advance(da, 32 * k),
                                    dev::smem_desc_advance(db, 32 * k), kb > 0 || k > 0);
       dev::wgmma_commit();
-      // Keep one k-block in flight: once at most one group is pending, the previous k-block's
-      // stage has been read and can go back to the producer.
-      dev::wgmma_wait<1>();
+      dev::wgmma_wait<0>();
       dev::fence_accumulators(d);
-      if (kb > 0 && arrives) dev::mbar_arrive(&empty[previous_stage]);
-      previous_stage = ring.stage;
+      if (arrives) dev::mbar_arrive(&empty[ring.stage]);
     }
-    dev::wgmma_wait<0>();
-    dev::fence_accumulators(d);
-    if (arrives) dev::mbar_arrive(&empty[previous_stage]);
     epilogue<kEpilogue>(d, p, sched.m_tile(t) * kBlockM + wg * 64, sched.n_tile(t));
   }
 }
