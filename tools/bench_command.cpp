@@ -16,6 +16,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include "cuda_util.hpp"
 #include "mok/gpu/random_fill.hpp"
 #include "mok/gpu/staged_forward.hpp"
 #endif
@@ -43,43 +44,6 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
 #if defined(MOK_WITH_CUDA_KERNELS)
 namespace {
 
-void ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw Error(ErrorCode::unsupported, std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-template <class T>
-struct Device {
-  T* ptr = nullptr;
-  explicit Device(size_t n) {
-    ok(cudaMalloc(reinterpret_cast<void**>(&ptr), std::max<size_t>(n, 1) * sizeof(T)),
-       "cudaMalloc");
-  }
-  ~Device() { cudaFree(ptr); }
-  Device(const Device&) = delete;
-  Device& operator=(const Device&) = delete;
-};
-
-double median_ms(const std::function<void()>& f, int iterations) {
-  cudaEvent_t a, b;
-  ok(cudaEventCreate(&a), "cudaEventCreate");
-  ok(cudaEventCreate(&b), "cudaEventCreate");
-  std::vector<float> t;
-  for (int i = 0; i < iterations; ++i) {
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    ok(cudaEventSynchronize(b), "timed work");
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 struct Ceilings {
   double bf16_tflops = 0, hbm_tbps = 0;
 };
@@ -87,9 +51,9 @@ struct Ceilings {
 // Dense BF16 GEMM 8192^3 (cuBLAS) and a device-to-device copy of 2 GiB, measured now.
 Ceilings measure_ceilings(cublasHandle_t h) {
   const int n = 8192;
-  Device<__nv_bfloat16> a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n);
-  ok(gpu::fill_uniform_bf16(a.ptr, int64_t(n) * n, 1, 1.0f, nullptr), "fill");
-  ok(gpu::fill_uniform_bf16(b.ptr, int64_t(n) * n, 2, 1.0f, nullptr), "fill");
+  DeviceArray<__nv_bfloat16> a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n);
+  cuda_ok(gpu::fill_uniform_bf16(a.ptr, int64_t(n) * n, 1, 1.0f, nullptr), "fill");
+  cuda_ok(gpu::fill_uniform_bf16(b.ptr, int64_t(n) * n, 2, 1.0f, nullptr), "fill");
   const float one = 1, zero = 0;
   auto gemm = [&] {
     cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, n, n, &one, b.ptr, CUDA_R_16BF, n, a.ptr,
@@ -100,8 +64,8 @@ Ceilings measure_ceilings(cublasHandle_t h) {
   Ceilings r;
   r.bf16_tflops = 2.0 * n * double(n) * n / (median_ms(gemm, 10) * 1e-3) * 1e-12;
   const size_t bytes = size_t(1) << 31;
-  Device<uint8_t> src(bytes), dst(bytes);
-  ok(cudaMemset(src.ptr, 1, bytes), "cudaMemset");
+  DeviceArray<uint8_t> src(bytes), dst(bytes);
+  cuda_ok(cudaMemset(src.ptr, 1, bytes), "cudaMemset");
   auto copy = [&] { cudaMemcpyAsync(dst.ptr, src.ptr, bytes, cudaMemcpyDeviceToDevice); };
   median_ms(copy, 2);
   r.hbm_tbps = 2.0 * double(bytes) / (median_ms(copy, 10) * 1e-3) * 1e-12;  // read + write
@@ -120,21 +84,21 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   c.max_tokens_per_rank = int(tokens);
   const int64_t H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
                 K = c.top_k;
-  Device<__nv_bfloat16> sg(size_t(S * H)), su(size_t(S * H)), sd(size_t(H * S)),
+  DeviceArray<__nv_bfloat16> sg(size_t(S * H)), su(size_t(S * H)), sd(size_t(H * S)),
       g(size_t(E * I * H)), u(size_t(E * I * H)), d(size_t(E * H * I)), x(size_t(tokens * H)),
       out(size_t(tokens * H));
-  Device<int32_t> ids(size_t(tokens * K));
-  Device<float> w(size_t(tokens * K));
+  DeviceArray<int32_t> ids(size_t(tokens * K));
+  DeviceArray<float> w(size_t(tokens * K));
   const float bh = 1.0f / std::sqrt(float(H)), bi = 1.0f / std::sqrt(float(I));
-  ok(gpu::fill_uniform_bf16(sg.ptr, S * H, 11, bh, nullptr), "fill");
-  ok(gpu::fill_uniform_bf16(su.ptr, S * H, 12, bh, nullptr), "fill");
-  ok(gpu::fill_uniform_bf16(sd.ptr, S * H, 13, S ? 1.0f / std::sqrt(float(S)) : 0.0f, nullptr),
-     "fill");
-  ok(gpu::fill_uniform_bf16(g.ptr, E * I * H, 14, bh, nullptr), "fill");
-  ok(gpu::fill_uniform_bf16(u.ptr, E * I * H, 15, bh, nullptr), "fill");
-  ok(gpu::fill_uniform_bf16(d.ptr, E * I * H, 16, bi, nullptr), "fill");
-  ok(gpu::fill_uniform_bf16(x.ptr, tokens * H, 17, 1.0f, nullptr), "fill");
-  ok(gpu::random_topk(ids.ptr, w.ptr, tokens, int(E), int(K), 18, nullptr), "random_topk");
+  cuda_ok(gpu::fill_uniform_bf16(sg.ptr, S * H, 11, bh, nullptr), "fill");
+  cuda_ok(gpu::fill_uniform_bf16(su.ptr, S * H, 12, bh, nullptr), "fill");
+  cuda_ok(gpu::fill_uniform_bf16(sd.ptr, S * H, 13, S ? 1.0f / std::sqrt(float(S)) : 0.0f, nullptr),
+          "fill");
+  cuda_ok(gpu::fill_uniform_bf16(g.ptr, E * I * H, 14, bh, nullptr), "fill");
+  cuda_ok(gpu::fill_uniform_bf16(u.ptr, E * I * H, 15, bh, nullptr), "fill");
+  cuda_ok(gpu::fill_uniform_bf16(d.ptr, E * I * H, 16, bi, nullptr), "fill");
+  cuda_ok(gpu::fill_uniform_bf16(x.ptr, tokens * H, 17, 1.0f, nullptr), "fill");
+  cuda_ok(gpu::random_topk(ids.ptr, w.ptr, tokens, int(E), int(K), 18, nullptr), "random_topk");
   gpu::StagedForward f(c);
   const gpu::DeviceLayerWeights weights{sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr};
   const gpu::DeviceBatch batch{tokens, x.ptr, ids.ptr, w.ptr};
@@ -167,7 +131,7 @@ int bench_command(const BenchOptions& o) {
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
     throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");
   cudaDeviceProp prop{};
-  ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::vector<std::pair<std::string, int64_t>> shapes;
   if (o.preset == "all") {
     shapes = {

@@ -56,18 +56,7 @@ __global__ void segments_kernel(const int32_t* counts, int experts, int64_t capa
   const bool ok = !failed(st);
   for (int64_t m = threadIdx.x; m < routed_tiles; m += blockDim.x) {
     const int64_t row = m * kTile;
-    int e = -1;
-    if (ok && row < seg_begin[experts]) {
-      int lo = 0, hi = experts;  // seg_begin[lo] <= row < seg_begin[hi]
-      while (hi - lo > 1) {
-        const int mid = (lo + hi) / 2;
-        if (seg_begin[mid] <= row)
-          lo = mid;
-        else
-          hi = mid;
-      }
-      e = lo;
-    }
+    const int e = ok ? sched::segment_of_row(row, seg_begin, experts) : -1;
     tile_expert[m] = e;
   }
   for (int64_t m = threadIdx.x; m < shared_tile_count; m += blockDim.x)
@@ -85,15 +74,8 @@ __global__ void gather_kernel(const uint4* x, int64_t row_vecs, const int32_t* c
   const int lane = threadIdx.x % 32;
   for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; row < rows;
        row += warps) {
-    if (row >= seg_begin[experts]) return;  // rows only grow along this warp's walk
-    int lo = 0, hi = experts;
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) / 2;
-      if (seg_begin[mid] <= row)
-        lo = mid;
-      else
-        hi = mid;
-    }
+    const int lo = sched::segment_of_row(row, seg_begin, experts);
+    if (lo < 0) return;  // past the last segment; rows only grow along this warp's walk
     const int64_t offset = row - seg_begin[lo];
     uint4* dst = routed + row * row_vecs;
     if (offset < counts[lo]) {

@@ -96,11 +96,10 @@ struct RoutedRow {
   int64_t index_in_source_group;  // position among the source's rows for this expert
 };
 
-MOK_HD RoutedRow locate_routed_row(int64_t row, const int64_t* segment_begin,
-                                   const int64_t* segment_rows, const int64_t* source_begin,
-                                   int experts_per_rank, int ep_size) {
-  int lo = 0, hi = experts_per_rank;  // find l with segment_begin[l] <= row < segment_begin[l+1]
-  if (row < 0 || row >= segment_begin[experts_per_rank]) return {-1, -1, 0};
+// The segment l with segment_begin[l] <= row < segment_begin[l + 1], or -1 past the last one.
+MOK_HD int segment_of_row(int64_t row, const int64_t* segment_begin, int segments) {
+  if (row < 0 || row >= segment_begin[segments]) return -1;
+  int lo = 0, hi = segments;
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
     if (segment_begin[mid] <= row)
@@ -108,6 +107,14 @@ MOK_HD RoutedRow locate_routed_row(int64_t row, const int64_t* segment_begin,
     else
       hi = mid;
   }
+  return lo;
+}
+
+MOK_HD RoutedRow locate_routed_row(int64_t row, const int64_t* segment_begin,
+                                   const int64_t* segment_rows, const int64_t* source_begin,
+                                   int experts_per_rank, int ep_size) {
+  const int lo = segment_of_row(row, segment_begin, experts_per_rank);
+  if (lo < 0) return {-1, -1, 0};
   const int64_t offset = row - segment_begin[lo];
   if (offset >= segment_rows[lo]) return {lo, -1, 0};
   const int64_t* sb = source_begin + int64_t(lo) * (ep_size + 1);
