@@ -3,6 +3,7 @@
 // thread issues every TMA load). Both roles walk the same (tile, k-block) sequence, so the
 // ring's stage and phase stay in step with no other synchronisation (hopper-gemm.md, 1 and 5).
 #include <algorithm>
+#include <mutex>
 
 #include "mok/device/mbarrier.cuh"
 #include "mok/device/sync.cuh"
@@ -180,20 +181,33 @@ cudaError_t grouped_gemm_bf16(const GroupedGemmArgs& args, cudaStream_t stream) 
   const CUtensorMap b_up_map = swiglu ? dev::make_bf16_map_3d(args.b_up, uint64_t(args.experts),
                                                               b_rows, uint64_t(args.k), b_box)
                                       : b_map;
-  int device = 0, sms = 0;
-  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess) return e;
-  if (cudaError_t e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-      e != cudaSuccess)
-    return e;
+  // Per device, once: the SM count and the shared-memory opt-in (not repeated per call, so
+  // calls inside a CUDA graph capture make no device queries).
+  struct DeviceSetup {
+    std::once_flag once;
+    int sms = 0;
+    cudaError_t status = cudaSuccess;
+  };
+  static DeviceSetup setups[64];
+  int device = 0;
+  if (cudaError_t e = cudaGetDevice(&device); e != cudaSuccess || device >= 64)
+    return e != cudaSuccess ? e : cudaErrorInvalidDevice;
+  DeviceSetup& setup = setups[device];
+  std::call_once(setup.once, [&] {
+    setup.status = cudaDeviceGetAttribute(&setup.sms, cudaDevAttrMultiProcessorCount, device);
+    for (auto k :
+         {grouped_gemm_kernel<GemmEpilogue::store>, grouped_gemm_kernel<GemmEpilogue::swiglu>})
+      if (setup.status == cudaSuccess)
+        setup.status =
+            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  });
+  if (setup.status != cudaSuccess) return setup.status;
+  const int sms = setup.sms;
   const int64_t tiles = (args.rows / kBlockM) * (args.n / kBlockN);
   const int grid =
       int(std::min<int64_t>(tiles, args.max_ctas > 0 ? std::min(args.max_ctas, sms) : sms));
   auto kernel = args.epilogue == GemmEpilogue::store ? grouped_gemm_kernel<GemmEpilogue::store>
                                                      : grouped_gemm_kernel<GemmEpilogue::swiglu>;
-  if (cudaError_t e =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-      e != cudaSuccess)
-    return e;
   kernel<<<grid, kThreads, kSmemBytes, stream>>>(a_map, b_map, b_up_map, args);
   return cudaGetLastError();
 }
