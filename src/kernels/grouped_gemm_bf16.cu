@@ -1,5 +1,6 @@
 // BF16 grouped GEMM, sm_90a: one CTA per SM, 384 threads = 2 consumer warpgroups (64 rows of the
-// 128x128 tile each, wgmma into FP32 registers, then the epilogue) + 1 producer warpgroup (one
+// 128xN tile each, N = 128 or 256, wgmma into FP32 registers, then the epilogue) + 1 producer
+// warpgroup (one
 // thread issues every TMA load). Both roles walk the same (tile, k-block) sequence, so the
 // ring's stage and phase stay in step with no other synchronisation (hopper-gemm.md, 1 and 5).
 #include <algorithm>
@@ -15,15 +16,22 @@
 namespace mok::gpu {
 namespace {
 
-constexpr int kBlockM = 128, kBlockN = 128, kBlockK = 64;  // K: one 128-byte swizzle span
-constexpr int kStages = 6;
+constexpr int kBlockM = 128, kBlockK = 64;  // K: one 128-byte swizzle span
 constexpr int kConsumers = 2, kThreads = (kConsumers + 1) * 128;
-constexpr uint32_t kTileBytesA = kBlockM * kBlockK * 2, kTileBytesB = kBlockN * kBlockK * 2;
-constexpr int kSmemBytes = kStages * int(kTileBytesA + kTileBytesB) + 1024;  // + alignment slack
-constexpr uint64_t kWaitCycles = 4'000'000'000ull;                           // ~2 s at 1.98 GHz
-static_assert(kSmemBytes <= 232448, "dynamic shared memory of one CTA");
-static_assert(kTileBytesA % 1024 == 0 && kTileBytesB % 1024 == 0, "tiles stay 1024-byte aligned");
+constexpr uint32_t kTileBytesA = kBlockM * kBlockK * 2;
+constexpr uint64_t kWaitCycles = 4'000'000'000ull;  // ~2 s at 1.98 GHz
 static_assert(128 * 40 + kConsumers * 128 * 232 <= kThreads * 168, "setmaxnreg budget");
+
+// Per tile width: as many ring stages as the shared memory holds.
+template <int kBlockN>
+struct Tile {
+  static_assert(kBlockN == 128 || kBlockN == 256, "wgmma m64n128 or m64n256");
+  static constexpr uint32_t kBytesB = kBlockN * kBlockK * 2;
+  static constexpr int kStages = kBlockN == 128 ? 6 : 4;
+  static constexpr int kSmemBytes = kStages * int(kTileBytesA + kBytesB) + 1024;  // + alignment
+  static_assert(kSmemBytes <= 232448, "dynamic shared memory of one CTA");
+  static_assert(kTileBytesA % 1024 == 0 && kBytesB % 1024 == 0, "tiles stay 1024-byte aligned");
+};
 
 enum ErrorCode : int { kProducerTimeout = 1, kConsumerTimeout = 2 };
 
@@ -38,15 +46,15 @@ struct TileScheduler {
 __device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
 
 // Accumulator (row, col) of thread (warp w, lane l) for register 4j + q (hopper-gemm.md, 6).
-template <GemmEpilogue kEpilogue>
-__device__ __forceinline__ void epilogue(const float (&d)[64], const GroupedGemmArgs& p,
+template <GemmEpilogue kEpilogue, int kBlockN>
+__device__ __forceinline__ void epilogue(const float (&d)[kBlockN / 2], const GroupedGemmArgs& p,
                                          int64_t row0, int64_t col_tile) {
   const int w = (threadIdx.x / 32) % 4, l = threadIdx.x % 32;
   const int64_t r_lo = row0 + 16 * w + l / 4, r_hi = r_lo + 8;
   if constexpr (kEpilogue == GemmEpilogue::store) {
     __nv_bfloat16* out = p.out + col_tile * kBlockN;
 #pragma unroll
-    for (int j = 0; j < 16; ++j) {
+    for (int j = 0; j < kBlockN / 8; ++j) {
       const int c = 8 * j + 2 * (l % 4);
       *reinterpret_cast<__nv_bfloat162*>(out + r_lo * p.n + c) =
           __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
@@ -54,15 +62,15 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], const GroupedGemm
           __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
     }
   } else {
-    // Columns 0-63 of the tile come from gate rows, 64-127 from the up rows of the same 64
-    // outputs: the same thread holds both halves (registers 4j+q and 4(j+8)+q).
+    // The first half of the tile's columns come from gate rows, the second from the up rows of
+    // the same outputs: the same thread holds both (registers 4j+q and 4(j+N/16)+q).
     const int64_t width = p.n / 2;
     __nv_bfloat16* out = p.out + col_tile * (kBlockN / 2);
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
+    for (int j = 0; j < kBlockN / 16; ++j) {
       const int c = 8 * j + 2 * (l % 4);
       const float* g = &d[4 * j];
-      const float* u = &d[4 * (j + 8)];
+      const float* u = &d[4 * (j + kBlockN / 16)];
       *reinterpret_cast<__nv_bfloat162*>(out + r_lo * width + c) =
           __floats2bfloat162_rn(silu(g[0]) * u[0], silu(g[1]) * u[1]);
       *reinterpret_cast<__nv_bfloat162*>(out + r_hi * width + c) =
@@ -71,7 +79,7 @@ __device__ __forceinline__ void epilogue(const float (&d)[64], const GroupedGemm
   }
 }
 
-template <GemmEpilogue kEpilogue>
+template <GemmEpilogue kEpilogue, int kBlockN>
 __global__ void __launch_bounds__(kThreads, 1)
     grouped_gemm_kernel(const __grid_constant__ CUtensorMap a_map,
                         const __grid_constant__ CUtensorMap b_map,
@@ -79,6 +87,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem =
       reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  constexpr int kStages = Tile<kBlockN>::kStages;
+  constexpr uint32_t kTileBytesB = Tile<kBlockN>::kBytesB;
   uint8_t* tiles_a = smem;
   uint8_t* tiles_b = smem + kStages * kTileBytesA;
   __shared__ uint64_t full[kStages], empty[kStages];
@@ -115,7 +125,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                          kb * kBlockK, int32_t(sched.m_tile(t) * kBlockM));
         uint8_t* tile_b = tiles_b + ring.stage * kTileBytesB;
         if constexpr (kEpilogue == GemmEpilogue::swiglu) {
-          // 64 gate rows then the 64 up rows of the same outputs: the epilogue pairs them.
+          // N/2 gate rows then the N/2 up rows of the same outputs: the epilogue pairs them.
           const int32_t row = int32_t(sched.n_tile(t) * (kBlockN / 2));
           dev::tma_load_3d(tile_b, &b_map, &full[ring.stage], kb * kBlockK, row, expert);
           dev::tma_load_3d(tile_b + kTileBytesB / 2, &b_up_map, &full[ring.stage], kb * kBlockK,
@@ -132,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
   const int wg = threadIdx.x / 128;
   const bool arrives = threadIdx.x % 32 == 0;
-  float d[64];
+  float d[kBlockN / 2];
   for (int64_t t = blockIdx.x; t < sched.count(); t += gridDim.x) {
     if (p.tile_expert[sched.m_tile(t)] < 0) continue;
     for (int kb = 0; kb < k_blocks; ++kb, ring.advance()) {
@@ -148,41 +158,22 @@ __global__ void __launch_bounds__(kThreads, 1)
       dev::wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kBlockK / 16; ++k)
-        dev::wgmma_m64n128k16_bf16(d, dev::smem_desc_advance(da, 32 * k),
-                                   dev::smem_desc_advance(db, 32 * k), kb > 0 || k > 0);
+        dev::wgmma_bf16<kBlockN>(d, dev::smem_desc_advance(da, 32 * k),
+                                 dev::smem_desc_advance(db, 32 * k), kb > 0 || k > 0);
       dev::wgmma_commit();
       dev::wgmma_wait<0>();
       dev::fence_accumulators(d);
       if (arrives) dev::mbar_arrive(&empty[ring.stage]);
     }
-    epilogue<kEpilogue>(d, p, sched.m_tile(t) * kBlockM + wg * 64, sched.n_tile(t));
+    epilogue<kEpilogue, kBlockN>(d, p, sched.m_tile(t) * kBlockM + wg * 64, sched.n_tile(t));
   }
 }
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-}  // namespace
-
-cudaError_t grouped_gemm_bf16(const GroupedGemmArgs& args, cudaStream_t stream) {
-  if (args.rows < 0 || args.rows % kBlockM != 0 || args.n <= 0 || args.n % kBlockN != 0 ||
-      args.k <= 0 || args.k % kBlockK != 0 || args.experts <= 0 || !args.error ||
-      !args.tile_expert || !aligned16(args.a) || !aligned16(args.b) || !aligned16(args.out) ||
-      (args.epilogue == GemmEpilogue::swiglu && (!args.b_up || !aligned16(args.b_up))))
-    return cudaErrorInvalidValue;
-  if (args.rows == 0) return cudaSuccess;
-  const CUtensorMap a_map = dev::make_bf16_map_2d(args.a, uint64_t(args.rows), uint64_t(args.k),
-                                                  uint64_t(args.k), kBlockM);
-  const bool swiglu = args.epilogue == GemmEpilogue::swiglu;
-  // Swiglu: gate and up are [experts, n/2, k] each, read in boxes of 64 rows.
-  const uint64_t b_rows = swiglu ? uint64_t(args.n / 2) : uint64_t(args.n);
-  const uint32_t b_box = swiglu ? kBlockN / 2 : kBlockN;
-  const CUtensorMap b_map =
-      dev::make_bf16_map_3d(args.b, uint64_t(args.experts), b_rows, uint64_t(args.k), b_box);
-  const CUtensorMap b_up_map = swiglu ? dev::make_bf16_map_3d(args.b_up, uint64_t(args.experts),
-                                                              b_rows, uint64_t(args.k), b_box)
-                                      : b_map;
-  // Per device, once: the SM count and the shared-memory opt-in (not repeated per call, so
-  // calls inside a CUDA graph capture make no device queries).
+// Per device, once: the SM count and the shared-memory opt-ins (not repeated per call, so calls
+// inside a CUDA graph capture make no device queries).
+cudaError_t device_setup(int* sms) {
   struct DeviceSetup {
     std::once_flag once;
     int sms = 0;
@@ -194,22 +185,60 @@ cudaError_t grouped_gemm_bf16(const GroupedGemmArgs& args, cudaStream_t stream) 
     return e != cudaSuccess ? e : cudaErrorInvalidDevice;
   DeviceSetup& setup = setups[device];
   std::call_once(setup.once, [&] {
-    setup.status = cudaDeviceGetAttribute(&setup.sms, cudaDevAttrMultiProcessorCount, device);
-    for (auto k :
-         {grouped_gemm_kernel<GemmEpilogue::store>, grouped_gemm_kernel<GemmEpilogue::swiglu>})
+    auto opt_in = [&](const void* kernel, int bytes) {
       if (setup.status == cudaSuccess)
         setup.status =
-            cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
+    };
+    setup.status = cudaDeviceGetAttribute(&setup.sms, cudaDevAttrMultiProcessorCount, device);
+    opt_in((const void*)grouped_gemm_kernel<GemmEpilogue::store, 128>, Tile<128>::kSmemBytes);
+    opt_in((const void*)grouped_gemm_kernel<GemmEpilogue::swiglu, 128>, Tile<128>::kSmemBytes);
+    opt_in((const void*)grouped_gemm_kernel<GemmEpilogue::store, 256>, Tile<256>::kSmemBytes);
+    opt_in((const void*)grouped_gemm_kernel<GemmEpilogue::swiglu, 256>, Tile<256>::kSmemBytes);
   });
-  if (setup.status != cudaSuccess) return setup.status;
-  const int sms = setup.sms;
+  *sms = setup.sms;
+  return setup.status;
+}
+
+template <int kBlockN>
+cudaError_t launch(const GroupedGemmArgs& args, int sms, cudaStream_t stream) {
+  const bool swiglu = args.epilogue == GemmEpilogue::swiglu;
+  const CUtensorMap a_map = dev::make_bf16_map_2d(args.a, uint64_t(args.rows), uint64_t(args.k),
+                                                  uint64_t(args.k), kBlockM);
+  // Swiglu: gate and up are [experts, n/2, k] each, read in boxes of N/2 rows.
+  const uint64_t b_rows = swiglu ? uint64_t(args.n / 2) : uint64_t(args.n);
+  const uint32_t b_box = swiglu ? kBlockN / 2 : kBlockN;
+  const CUtensorMap b_map =
+      dev::make_bf16_map_3d(args.b, uint64_t(args.experts), b_rows, uint64_t(args.k), b_box);
+  const CUtensorMap b_up_map = swiglu ? dev::make_bf16_map_3d(args.b_up, uint64_t(args.experts),
+                                                              b_rows, uint64_t(args.k), b_box)
+                                      : b_map;
   const int64_t tiles = (args.rows / kBlockM) * (args.n / kBlockN);
   const int grid =
       int(std::min<int64_t>(tiles, args.max_ctas > 0 ? std::min(args.max_ctas, sms) : sms));
-  auto kernel = args.epilogue == GemmEpilogue::store ? grouped_gemm_kernel<GemmEpilogue::store>
-                                                     : grouped_gemm_kernel<GemmEpilogue::swiglu>;
-  kernel<<<grid, kThreads, kSmemBytes, stream>>>(a_map, b_map, b_up_map, args);
+  auto kernel = swiglu ? grouped_gemm_kernel<GemmEpilogue::swiglu, kBlockN>
+                       : grouped_gemm_kernel<GemmEpilogue::store, kBlockN>;
+  kernel<<<grid, kThreads, Tile<kBlockN>::kSmemBytes, stream>>>(a_map, b_map, b_up_map, args);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t grouped_gemm_bf16(const GroupedGemmArgs& args, cudaStream_t stream) {
+  if (args.rows < 0 || args.rows % kBlockM != 0 || args.n <= 0 || args.n % 128 != 0 ||
+      args.k <= 0 || args.k % kBlockK != 0 || args.experts <= 0 || !args.error ||
+      !args.tile_expert || !aligned16(args.a) || !aligned16(args.b) || !aligned16(args.out) ||
+      (args.epilogue == GemmEpilogue::swiglu && (!args.b_up || !aligned16(args.b_up))) ||
+      (args.block_n != 0 && args.block_n != 128 && args.block_n != 256) ||
+      (args.block_n == 256 && args.n % 256 != 0))
+    return cudaErrorInvalidValue;
+  if (args.rows == 0) return cudaSuccess;
+  int sms = 0;
+  if (cudaError_t e = device_setup(&sms); e != cudaSuccess) return e;
+  // Wider tiles when N allows them and they still give every SM work (wave quantisation).
+  const bool wide = args.block_n == 256 || (args.block_n == 0 && args.n % 256 == 0 &&
+                                            (args.rows / kBlockM) * (args.n / 256) >= 2 * sms);
+  return wide ? launch<256>(args, sms, stream) : launch<128>(args, sms, stream);
 }
 
 }  // namespace mok::gpu

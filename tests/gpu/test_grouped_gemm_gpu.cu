@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "gpu_test_util.hpp"
 #include "mok/formats/codecs.hpp"
@@ -50,7 +52,7 @@ double dot_bf16(const uint16_t* x, const uint16_t* y, int k) {
 }
 
 std::vector<uint16_t> run(const Data& d, const Problem& pr, mok::gpu::GemmEpilogue epi,
-                          int out_cols, int max_ctas) {
+                          int out_cols, int max_ctas, int block_n = 128) {
   DeviceBuffer<uint16_t> a(d.a), b(d.b);
   const size_t half = d.b.size() / 2;  // swiglu: gate is the first half of b, up the second
   DeviceBuffer<int32_t> tiles(d.tile_expert);
@@ -69,6 +71,7 @@ std::vector<uint16_t> run(const Data& d, const Problem& pr, mok::gpu::GemmEpilog
   args.epilogue = epi;
   args.error = error.ptr;
   args.max_ctas = max_ctas;
+  args.block_n = block_n;
   EXPECT_EQ(mok::gpu::grouped_gemm_bf16(args, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(error.to_host()[0], 0);
@@ -88,8 +91,10 @@ TEST(GroupedGemmGpu, StoreEpilogueMatchesFp64) {
   MOK_REQUIRE_GPU();
   const Problem pr{{128, 0, 300, 256, 1}, 256, 1024};  // 16 k-blocks through a 6-stage ring
   const Data d = make(pr, 1, pr.n);
-  for (int ctas : {0, 3}) {
-    const std::vector<uint16_t> out = run(d, pr, mok::gpu::GemmEpilogue::store, pr.n, ctas);
+  for (auto [ctas, block_n] : {std::pair{0, 128}, {3, 128}, {0, 256}, {3, 256}}) {
+    SCOPED_TRACE("ctas " + std::to_string(ctas) + ", block_n " + std::to_string(block_n));
+    const std::vector<uint16_t> out =
+        run(d, pr, mok::gpu::GemmEpilogue::store, pr.n, ctas, block_n);
     for (int64_t r = 0; r < d.rows; ++r) {
       const int e = d.tile_expert[size_t(r / 128)];
       for (int c = 0; c < pr.n; ++c) {
@@ -106,16 +111,15 @@ TEST(GroupedGemmGpu, StoreEpilogueMatchesFp64) {
   }
 }
 
-TEST(GroupedGemmGpu, SwigluEpilogueMatchesFp64AndRepeatsBitwise) {
-  MOK_REQUIRE_GPU();
-  const int I = 192, H = 320;  // 3 blocks of 64 outputs, K = 5 blocks of 64
+void check_swiglu(int I, int block_n) {
+  const int H = 320;  // K = 5 blocks of 64
   const Problem pr{{130, 256, 0, 64}, 2 * I, H};
   Data d = make(pr, 2, 2 * I);
   // d.b holds [gate of all experts | up of all experts], each [E, I, H].
   const size_t per = size_t(I) * H;
   const std::vector<uint16_t> gate(d.b.begin(), d.b.begin() + long(pr.expert_rows.size() * per));
   const std::vector<uint16_t> up(d.b.begin() + long(pr.expert_rows.size() * per), d.b.end());
-  const std::vector<uint16_t> out = run(d, pr, mok::gpu::GemmEpilogue::swiglu, I, 0);
+  const std::vector<uint16_t> out = run(d, pr, mok::gpu::GemmEpilogue::swiglu, I, 0, block_n);
   for (int64_t r = 0; r < d.rows; ++r) {
     const int e = d.tile_expert[size_t(r / 128)];
     for (int i = 0; i < I; ++i) {
@@ -129,8 +133,14 @@ TEST(GroupedGemmGpu, SwigluEpilogueMatchesFp64AndRepeatsBitwise) {
       expect_close(got, g / (1 + std::exp(-g)) * u, double(H) / 16, "swiglu", r, i);
     }
   }
-  EXPECT_EQ(run(d, pr, mok::gpu::GemmEpilogue::swiglu, I, 0), out);
-  EXPECT_EQ(run(d, pr, mok::gpu::GemmEpilogue::swiglu, I, 2), out);  // another grid, same bits
+  EXPECT_EQ(run(d, pr, mok::gpu::GemmEpilogue::swiglu, I, 0, block_n), out);
+  EXPECT_EQ(run(d, pr, mok::gpu::GemmEpilogue::swiglu, I, 2, block_n), out);  // another grid
+}
+
+TEST(GroupedGemmGpu, SwigluEpilogueMatchesFp64AndRepeatsBitwise) {
+  MOK_REQUIRE_GPU();
+  check_swiglu(192, 128);  // 3 blocks of 64 outputs
+  check_swiglu(256, 256);  // one 256-wide tile: 128 gate rows + 128 up rows
 }
 
 TEST(GroupedGemmGpu, RejectsShapesItDoesNotTake) {

@@ -23,12 +23,13 @@ struct GroupedGemmArgs {
   const int32_t* tile_expert = nullptr;  // [rows / 128]: expert of each m-tile, -1: no work
   __nv_bfloat16* out = nullptr;
   int64_t rows = 0;  // multiple of 128
-  int n = 0;         // multiple of 128
+  int n = 0;         // multiple of 128 (of 256 for block_n = 256)
   int k = 0;         // multiple of 64
   int experts = 0;
   GemmEpilogue epilogue = GemmEpilogue::store;
   int* error = nullptr;  // set to a nonzero code if a bounded wait expired; never left hanging
   int max_ctas = 0;      // 0: one per SM
+  int block_n = 0;       // tile width 128 or 256; 0: 256 when n allows it and tiles fill the GPU
 };
 
 // cudaErrorInvalidValue for shapes or alignments the kernel does not take.
