@@ -52,10 +52,14 @@ __device__ __forceinline__ void epilogue(const float (&d)[kBlockN / 2], const Gr
   const int w = (threadIdx.x / 32) % 4, l = threadIdx.x % 32;
   const int64_t r_lo = row0 + 16 * w + l / 4, r_hi = r_lo + 8;
   if constexpr (kEpilogue == GemmEpilogue::store) {
+    // n may end halfway through the last tile (n % 128 == 64): TMA zero-filled the missing B
+    // rows, and their columns are not stored.
     __nv_bfloat16* out = p.out + col_tile * kBlockN;
+    const int64_t valid = p.n - col_tile * kBlockN;
 #pragma unroll
     for (int j = 0; j < kBlockN / 8; ++j) {
       const int c = 8 * j + 2 * (l % 4);
+      if (c >= valid) break;
       *reinterpret_cast<__nv_bfloat162*>(out + r_lo * p.n + c) =
           __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
       *reinterpret_cast<__nv_bfloat162*>(out + r_hi * p.n + c) =
@@ -102,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  const TileScheduler sched{p.rows / kBlockM, p.n / kBlockN};
+  const TileScheduler sched{p.rows / kBlockM, (p.n + kBlockN - 1) / kBlockN};
   const int k_blocks = p.k / kBlockK;
   dev::RingCursor<kStages> ring;
 
@@ -213,7 +217,7 @@ cudaError_t launch(const GroupedGemmArgs& args, int sms, cudaStream_t stream) {
   const CUtensorMap b_up_map = swiglu ? dev::make_bf16_map_3d(args.b_up, uint64_t(args.experts),
                                                               b_rows, uint64_t(args.k), b_box)
                                       : b_map;
-  const int64_t tiles = (args.rows / kBlockM) * (args.n / kBlockN);
+  const int64_t tiles = (args.rows / kBlockM) * ((args.n + kBlockN - 1) / kBlockN);
   const int grid =
       int(std::min<int64_t>(tiles, args.max_ctas > 0 ? std::min(args.max_ctas, sms) : sms));
   auto kernel = swiglu ? grouped_gemm_kernel<GemmEpilogue::swiglu, kBlockN>
@@ -225,9 +229,11 @@ cudaError_t launch(const GroupedGemmArgs& args, int sms, cudaStream_t stream) {
 }  // namespace
 
 cudaError_t grouped_gemm_bf16(const GroupedGemmArgs& args, cudaStream_t stream) {
-  if (args.rows < 0 || args.rows % kBlockM != 0 || args.n <= 0 || args.n % 128 != 0 ||
-      args.k <= 0 || args.k % kBlockK != 0 || args.experts <= 0 || !args.error ||
-      !args.tile_expert || !aligned16(args.a) || !aligned16(args.b) || !aligned16(args.out) ||
+  const bool swiglu_args = args.epilogue == GemmEpilogue::swiglu;
+  if (args.rows < 0 || args.rows % kBlockM != 0 || args.n <= 0 ||
+      args.n % (swiglu_args ? 128 : 64) != 0 || args.k <= 0 || args.k % kBlockK != 0 ||
+      args.experts <= 0 || !args.error || !args.tile_expert || !aligned16(args.a) ||
+      !aligned16(args.b) || !aligned16(args.out) ||
       (args.epilogue == GemmEpilogue::swiglu && (!args.b_up || !aligned16(args.b_up))) ||
       (args.block_n != 0 && args.block_n != 128 && args.block_n != 256) ||
       (args.block_n == 256 && args.n % 256 != 0))

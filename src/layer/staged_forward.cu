@@ -160,9 +160,6 @@ StagedForward::StagedForward(const Config& c) : config_(c), ws_(nullptr) {
   if (c.ep_size != 1)
     throw Error(ErrorCode::unsupported, "StagedForward runs one GPU (ep_size = 1), got ep_size = " +
                                             std::to_string(c.ep_size));
-  if (c.hidden % 128 != 0)
-    throw Error(ErrorCode::unsupported, "hidden = " + std::to_string(c.hidden) +
-                                            ": the GPU forward needs a multiple of 128 for now");
   if (c.precision != Precision::bf16)
     throw Error(ErrorCode::unsupported, std::string("precision ") + precision_name(c.precision) +
                                             ": the GPU forward is BF16 only for now");

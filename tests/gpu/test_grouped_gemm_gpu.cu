@@ -143,6 +143,28 @@ TEST(GroupedGemmGpu, SwigluEpilogueMatchesFp64AndRepeatsBitwise) {
   check_swiglu(256, 256);  // one 256-wide tile: 128 gate rows + 128 up rows
 }
 
+// n = 192: the last 128-wide tile is half outside B (TMA fills zeros) and half its columns are
+// not stored; the column after the output must stay untouched.
+TEST(GroupedGemmGpu, StoreEpilogueWithNotAMultipleOf128) {
+  MOK_REQUIRE_GPU();
+  const Problem pr{{256, 130}, 192, 256};
+  const Data d = make(pr, 3, pr.n);
+  const std::vector<uint16_t> out = run(d, pr, mok::gpu::GemmEpilogue::store, pr.n, 0);
+  for (int64_t r = 0; r < d.rows; ++r) {
+    const int e = d.tile_expert[size_t(r / 128)];
+    for (int c = 0; c < pr.n; ++c) {
+      const float got = bf16_to_float(out[size_t(r * pr.n + c)]);
+      if (e < 0) {
+        ASSERT_TRUE(std::isnan(got));
+        continue;
+      }
+      const double want =
+          dot_bf16(&d.a[size_t(r * pr.k)], &d.b[(size_t(e) * pr.n + size_t(c)) * pr.k], pr.k);
+      expect_close(got, want, std::sqrt(double(pr.k)), "store n=192", r, c);
+    }
+  }
+}
+
 TEST(GroupedGemmGpu, RejectsShapesItDoesNotTake) {
   MOK_REQUIRE_GPU();
   mok::gpu::GroupedGemmArgs args;
@@ -156,7 +178,11 @@ TEST(GroupedGemmGpu, RejectsShapesItDoesNotTake) {
   args.tile_expert = reinterpret_cast<const int32_t*>(error);
   EXPECT_EQ(mok::gpu::grouped_gemm_bf16(args, nullptr), cudaErrorInvalidValue);
   args.rows = 128;
-  args.n = 192;  // not a multiple of 128
+  args.n = 96;  // not a multiple of 64
+  EXPECT_EQ(mok::gpu::grouped_gemm_bf16(args, nullptr), cudaErrorInvalidValue);
+  args.n = 192;  // swiglu needs whole 128-wide tiles (64 gate + 64 up rows)
+  args.epilogue = mok::gpu::GemmEpilogue::swiglu;
+  args.b_up = reinterpret_cast<const __nv_bfloat16*>(error);  // present, so only n is wrong
   EXPECT_EQ(mok::gpu::grouped_gemm_bf16(args, nullptr), cudaErrorInvalidValue);
   cudaFree(error);
 }

@@ -90,19 +90,24 @@ TEST(StagedForwardGpu, MatchesTheReferenceOnRandomAndOddRoutings) {
   EXPECT_TRUE(gpu_forward(f, c, layer, empty).empty());
 }
 
-TEST(StagedForwardGpu, NoSharedExpertsAndAnotherShape) {
+TEST(StagedForwardGpu, AnotherShapeWithAndWithoutSharedExperts) {
   MOK_REQUIRE_GPU();
-  mok::Config c;
-  c.hidden = 384;
-  c.intermediate = 192;
-  c.num_experts = 12;
-  c.top_k = 3;
-  c.max_tokens_per_rank = 333;
-  const mok::LayerParams p = mok::tools::random_params(c, 4);
-  const GpuLayer layer(p);
-  mok::gpu::StagedForward f(c);
-  const mok::Batch b = mok::tools::random_batch(c, 333, 5);
-  expect_matches_reference(c, p, b, gpu_forward(f, c, layer, b));
+  for (int shared : {0, 1}) {
+    SCOPED_TRACE("shared experts: " + std::to_string(shared));
+    mok::Config c;
+    c.hidden = 320;  // a multiple of 64, not of 128: the down GEMMs' last tile is half wide
+    c.intermediate = 192;
+    c.num_experts = 12;
+    c.top_k = 3;
+    c.num_shared_experts = shared;
+    c.shared_intermediate = 128;
+    c.max_tokens_per_rank = 333;
+    const mok::LayerParams p = mok::tools::random_params(c, 4);
+    const GpuLayer layer(p);
+    mok::gpu::StagedForward f(c);
+    const mok::Batch b = mok::tools::random_batch(c, 333, 5);
+    expect_matches_reference(c, p, b, gpu_forward(f, c, layer, b));
+  }
 }
 
 TEST(StagedForwardGpu, BitwiseIdenticalAcrossRuns) {

@@ -23,7 +23,7 @@ struct GroupedGemmArgs {
   const int32_t* tile_expert = nullptr;  // [rows / 128]: expert of each m-tile, -1: no work
   __nv_bfloat16* out = nullptr;
   int64_t rows = 0;  // multiple of 128
-  int n = 0;         // multiple of 128 (of 256 for block_n = 256)
+  int n = 0;         // store: multiple of 64; swiglu: of 128; block_n = 256: of 256
   int k = 0;         // multiple of 64
   int experts = 0;
   GemmEpilogue epilogue = GemmEpilogue::store;

@@ -30,8 +30,8 @@ struct DeviceBatch {
 
 class StagedForward {
  public:
-  // Throws mok::Error for configurations it does not take (ep_size != 1, H not a multiple of 128,
-  // precision other than bf16) and for allocation failures.
+  // Throws mok::Error for configurations it does not take (ep_size != 1, precision other than
+  // bf16) and for allocation failures.
   explicit StagedForward(const Config& c);
   ~StagedForward();
   StagedForward(const StagedForward&) = delete;
