@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda_util.hpp"
 #include "mok/gpu/grouped_gemm.hpp"
 #include "mok/gpu/random_fill.hpp"
 
@@ -21,27 +22,6 @@
       std::exit(1);                                                               \
     }                                                                             \
   } while (0)
-
-namespace {
-template <class F>
-double median_ms(F f, int iters) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  std::vector<float> t;
-  for (int i = 0; i < iters; ++i) {
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float ms = 0;
-    cudaEventElapsedTime(&ms, a, b);
-    t.push_back(ms);
-  }
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-}  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 5) {
@@ -103,8 +83,8 @@ int main(int argc, char** argv) {
   const double flops = 2.0 * double(rows) * N * K;
   std::vector<double> mine, theirs;
   for (int round = 0; round < 6; ++round) {
-    mine.push_back(flops / median_ms(mok_gemm, 20) * 1e-9);
-    theirs.push_back(flops / median_ms(dense, 20) * 1e-9);
+    mine.push_back(flops / mok::tools::median_ms(mok_gemm, 20) * 1e-9);
+    theirs.push_back(flops / mok::tools::median_ms(dense, 20) * 1e-9);
   }
   int err = 0;
   CHECK(cudaMemcpy(&err, error, 4, cudaMemcpyDeviceToHost));

@@ -144,6 +144,43 @@ int grid_for(int64_t work, int per_block) {
   return int(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, 4 * 132));
 }
 
+// One SwiGLU MLP per m-tile's expert, as two grouped GEMMs: act = silu(x gate^T) * (x up^T)
+// with the fused epilogue, then y = act down^T. The routed and the shared experts both use it.
+struct MlpLaunch {
+  const __nv_bfloat16* x;  // [rows, H]
+  const __nv_bfloat16 *gate, *up, *down;
+  const int32_t* tile_expert;
+  int64_t rows;
+  int experts, width;  // width: the intermediate size
+  __nv_bfloat16* act;  // [rows, width]
+  __nv_bfloat16* y;    // [rows, H]
+};
+
+void run_swiglu_mlp(const MlpLaunch& m, int hidden, int* error, cudaStream_t stream,
+                    const char* what) {
+  GroupedGemmArgs g;
+  g.a = m.x;
+  g.b = m.gate;
+  g.b_up = m.up;
+  g.tile_expert = m.tile_expert;
+  g.out = m.act;
+  g.rows = m.rows;
+  g.n = 2 * m.width;
+  g.k = hidden;
+  g.experts = m.experts;
+  g.epilogue = GemmEpilogue::swiglu;
+  g.error = error;
+  check_cuda(grouped_gemm_bf16(g, stream), (std::string(what) + ": gate/up GEMM").c_str());
+  g.a = m.act;
+  g.b = m.down;
+  g.b_up = nullptr;
+  g.out = m.y;
+  g.n = hidden;
+  g.k = m.width;
+  g.epilogue = GemmEpilogue::store;
+  check_cuda(grouped_gemm_bf16(g, stream), (std::string(what) + ": down GEMM").c_str());
+}
+
 }  // namespace
 
 struct StagedForward::Workspace {
@@ -227,52 +264,16 @@ void StagedForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, 
       int(K), w.capacity, reinterpret_cast<uint4*>(w.routed_x), w.slot_row, w.status);
   check_cuda(cudaGetLastError(), "schedule and gather kernels");
 
-  GroupedGemmArgs g1;
-  g1.a = w.routed_x;
-  g1.b = wt.gate;
-  g1.b_up = wt.up;
-  g1.tile_expert = w.tile_expert;
-  g1.out = w.act;
-  g1.rows = w.capacity;
-  g1.n = 2 * c.intermediate;
-  g1.k = c.hidden;
-  g1.experts = E;
-  g1.epilogue = GemmEpilogue::swiglu;
-  g1.error = w.gemm_error;
-  check_cuda(grouped_gemm_bf16(g1, stream), "routed gate/up GEMM");
-  GroupedGemmArgs g2 = g1;
-  g2.a = w.act;
-  g2.b = wt.down;
-  g2.b_up = nullptr;
-  g2.out = w.y;
-  g2.n = c.hidden;
-  g2.k = c.intermediate;
-  g2.epilogue = GemmEpilogue::store;
-  check_cuda(grouped_gemm_bf16(g2, stream), "routed down GEMM");
-
+  run_swiglu_mlp({w.routed_x, wt.gate, wt.up, wt.down, w.tile_expert, w.capacity, E, c.intermediate,
+                  w.act, w.y},
+                 c.hidden, w.gemm_error, stream, "routed experts");
   if (S > 0 && T > 0) {
     const int64_t rows = sched::pad_to_tile(T, kTile);
     pad_rows_kernel<<<grid_for(rows * row_vecs, 256), 256, 0, stream>>>(
         reinterpret_cast<const uint4*>(b.x), row_vecs, T, rows, reinterpret_cast<uint4*>(w.x_pad));
-    GroupedGemmArgs s1 = g1;
-    s1.a = w.x_pad;
-    s1.b = wt.shared_gate;
-    s1.b_up = wt.shared_up;
-    s1.tile_expert = w.shared_tiles;
-    s1.out = w.act_shared;
-    s1.rows = rows;
-    s1.n = int(2 * S);
-    s1.experts = 1;
-    check_cuda(grouped_gemm_bf16(s1, stream), "shared gate/up GEMM");
-    GroupedGemmArgs s2 = s1;
-    s2.a = w.act_shared;
-    s2.b = wt.shared_down;
-    s2.b_up = nullptr;
-    s2.out = w.y_shared;
-    s2.n = c.hidden;
-    s2.k = int(S);
-    s2.epilogue = GemmEpilogue::store;
-    check_cuda(grouped_gemm_bf16(s2, stream), "shared down GEMM");
+    run_swiglu_mlp({w.x_pad, wt.shared_gate, wt.shared_up, wt.shared_down, w.shared_tiles, rows, 1,
+                    int(S), w.act_shared, w.y_shared},
+                   c.hidden, w.gemm_error, stream, "shared experts");
   }
   if (T > 0)
     combine_kernel<<<grid_for(T * 32, 256), 256, 0, stream>>>(w.y, S > 0 ? w.y_shared : nullptr,

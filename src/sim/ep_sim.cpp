@@ -43,7 +43,6 @@ struct Window {
 
 struct Failure {
   int rank;
-  std::string role;
   ErrorCode code;
   std::string message;
 };
@@ -57,10 +56,10 @@ struct Group {
   std::mutex failures_mutex;
   std::vector<Failure> failures;
 
-  void fail(int rank, const std::string& role, ErrorCode code, const std::string& message) {
+  void fail(int rank, ErrorCode code, const std::string& message) {
     {
       std::lock_guard<std::mutex> lock(failures_mutex);
-      failures.push_back({rank, role, code, message});
+      failures.push_back({rank, code, message});
     }
     abort.store(true, std::memory_order_release);
   }
@@ -116,9 +115,9 @@ bool guarded(Group& g, int rank, const char* role, F&& f) {
     f();
     return true;
   } catch (const Error& e) {
-    g.fail(rank, role, e.code(), who + e.what());
+    g.fail(rank, e.code(), who + e.what());
   } catch (const std::exception& e) {
-    g.fail(rank, role, ErrorCode::invalid_argument, who + e.what());
+    g.fail(rank, ErrorCode::invalid_argument, who + e.what());
   }
   return false;
 }

@@ -152,7 +152,7 @@ TEST(Reference, ZeroTokensEmptyExpertsAndOneHotRouting) {
     for (size_t i = 0; i < n; ++i) nonzero |= r.g.d_params.gate[size_t(e) * n + i] != 0.0;
     EXPECT_EQ(nonzero, e == 3) << e;
   }
-  // With one expert per token and weights summing to 1, out = shared + expert3(x).
+  // Duplicate ids in a token are legal: the output is still finite everywhere.
   for (double v : r.out) ASSERT_TRUE(std::isfinite(v));
 }
 
