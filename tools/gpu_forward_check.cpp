@@ -12,7 +12,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda_util.hpp"
-#include "mok/gpu/staged_forward.hpp"
+#include "mok/gpu/moe_forward.hpp"
 #endif
 
 namespace mok::tools {
@@ -39,9 +39,9 @@ GpuForwardReport gpu_forward_check(const Config& c, const LayerParams& p, const 
     r.skipped_because = "no GPU";
     return r;
   }
-  std::unique_ptr<gpu::StagedForward> f;
+  std::unique_ptr<gpu::MoeForward> f;
   try {
-    f = std::make_unique<gpu::StagedForward>(c);
+    f = std::make_unique<gpu::MoeForward>(c);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::unsupported) throw;
     r.skipped_because = e.what();

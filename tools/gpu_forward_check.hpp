@@ -1,4 +1,4 @@
-// `mok run` on a machine with a GPU: the staged GPU forward against the CPU reference's output,
+// `mok run` on a machine with a GPU: the GPU forward megakernel against the CPU reference's output,
 // bitwise repeatability over 20 runs, and its median time.
 #pragma once
 #include <string>

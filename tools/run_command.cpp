@@ -237,11 +237,13 @@ int run_command(const RunOptions& o) {
          equal ? "bitwise identical" : "bits differ");
   }
 
-  // The GPU forward (staged, EP = 1) against the reference output; the GPU backward is not built.
+  // The GPU forward (the megakernel, EP = 1) against the reference output; the GPU backward is not
+  // built.
   GpuForwardReport gpu;
   if (c.precision == Precision::bf16) {
     std::printf(
-        "  [5/5] GPU forward (staged, EP=1): against the reference, 20 repeats, 50 timed runs\n");
+        "  [5/5] GPU forward (megakernel, EP=1): against the reference, 20 repeats, 50 timed "
+        "runs\n");
     gpu = gpu_forward_check(c, p, b, first.out);
   } else {
     gpu.skipped_because = std::string("the GPU forward is BF16 only for now");
@@ -262,7 +264,7 @@ int run_command(const RunOptions& o) {
   const double fwd_s = first.forward_s, bwd_s = first.backward_s;
   std::printf("\nthroughput\n");
   if (gpu.ran)
-    std::printf("  GPU forward (staged)  %8.3f ms  %8.2f TFLOP/s  (median of 50)\n", gpu.median_ms,
+    std::printf("  GPU forward (mega)    %8.3f ms  %8.2f TFLOP/s  (median of 50)\n", gpu.median_ms,
                 fwd_flops / (gpu.median_ms * 1e-3) * 1e-12);
   std::printf("  CPU reference forward  %8.3f s  %8.3f GFLOP/s  (%s FLOPs, one thread)\n", fwd_s,
               fwd_flops / fwd_s * 1e-9, sci(fwd_flops).c_str());

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "mok/config.hpp"
-#include "mok/gpu/staged_forward.hpp"
+#include "mok/gpu/device_layer.hpp"
 
 namespace mok::bench {
 

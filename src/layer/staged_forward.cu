@@ -5,62 +5,20 @@
 
 #include "mok/error.hpp"
 #include "mok/gpu/grouped_gemm.hpp"
-#include "mok/gpu/schedule_gpu.hpp"
+#include "layer/forward_schedule.hpp"
 #include "mok/gpu/staged_forward.hpp"
 #include "mok/schedule/routing_layout.hpp"
 
 namespace mok::gpu {
 namespace {
 
-constexpr int kTile = 128;  // routed rows per tile: the GEMM's BLOCK_M
-
-enum StatusCode : int { kOk = 0, kBadExpertId = 1, kCapacityExceeded = 2 };
-
-struct Status {
-  int code;
-  int token, k, id;  // kBadExpertId
-  long long needed_rows;
-};
+using detail::check_cuda;
+using detail::device_alloc;
+using detail::kTileRows;
+using detail::Status;
 
 __device__ bool failed(const Status* st) {
-  return *reinterpret_cast<const volatile int*>(&st->code) != kOk;
-}
-
-__global__ void check_ids_kernel(const int32_t* ids, int64_t slots, int top_k, int experts,
-                                 Status* st) {
-  for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < slots;
-       s += int64_t(gridDim.x) * blockDim.x) {
-    const int32_t id = ids[s];
-    if ((id < 0 || id >= experts) && atomicCAS(&st->code, kOk, kBadExpertId) == kOk) {
-      st->token = int(s / top_k);
-      st->k = int(s % top_k);
-      st->id = id;
-    }
-  }
-}
-
-// Padded expert segments (EP = 1: one source), the capacity check, and the m-tile tables of the
-// routed and the shared GEMMs.
-__global__ void segments_kernel(const int32_t* counts, int experts, int64_t capacity,
-                                int64_t* seg_begin, int32_t* tile_expert, int64_t routed_tiles,
-                                int64_t tokens, int32_t* shared_tiles, int64_t shared_tile_count,
-                                Status* st) {
-  if (threadIdx.x == 0) {
-    seg_begin[0] = 0;
-    for (int e = 0; e < experts; ++e)
-      seg_begin[e + 1] = seg_begin[e] + sched::pad_to_tile(counts[e], kTile);
-    if (seg_begin[experts] > capacity && atomicCAS(&st->code, kOk, kCapacityExceeded) == kOk)
-      st->needed_rows = seg_begin[experts];
-  }
-  __syncthreads();
-  const bool ok = !failed(st);
-  for (int64_t m = threadIdx.x; m < routed_tiles; m += blockDim.x) {
-    const int64_t row = m * kTile;
-    const int e = ok ? sched::segment_of_row(row, seg_begin, experts) : -1;
-    tile_expert[m] = e;
-  }
-  for (int64_t m = threadIdx.x; m < shared_tile_count; m += blockDim.x)
-    shared_tiles[m] = ok && m * kTile < tokens ? 0 : -1;
+  return *reinterpret_cast<const volatile int*>(&st->code) != detail::kOk;
 }
 
 // One warp per routed row: the token row in (token, k) order inside its expert, or zeros for
@@ -74,12 +32,11 @@ __global__ void gather_kernel(const uint4* x, int64_t row_vecs, const int32_t* c
   const int lane = threadIdx.x % 32;
   for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; row < rows;
        row += warps) {
-    const int lo = sched::segment_of_row(row, seg_begin, experts);
-    if (lo < 0) return;  // past the last segment; rows only grow along this warp's walk
-    const int64_t offset = row - seg_begin[lo];
+    const int e = sched::segment_of_row(row, seg_begin, experts);
+    if (e < 0) return;  // past the last segment; rows only grow along this warp's walk
+    const int64_t slot = sched::routed_row_slot(row, e, seg_begin, counts, offsets, sorted);
     uint4* dst = routed + row * row_vecs;
-    if (offset < counts[lo]) {
-      const int32_t slot = sorted[offsets[lo] + offset];
+    if (slot >= 0) {
       const uint4* src = x + sched::slot_token(slot, top_k) * row_vecs;
       for (int64_t v = lane; v < row_vecs; v += 32) dst[v] = src[v];
       if (lane == 0) slot_row[slot] = int32_t(row);
@@ -127,19 +84,6 @@ __global__ void combine_kernel(const __nv_bfloat16* y, const __nv_bfloat16* y_sh
   }
 }
 
-void check_cuda(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw Error(ErrorCode::unsupported, std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-template <class T>
-T* device_alloc(size_t count) {
-  void* p = nullptr;
-  check_cuda(cudaMalloc(&p, std::max<size_t>(count, 1) * sizeof(T)),
-             "cudaMalloc (StagedForward workspace)");
-  return static_cast<T*>(p);
-}
-
 int grid_for(int64_t work, int per_block) {
   return int(std::clamp<int64_t>((work + per_block - 1) / per_block, 1, 4 * 132));
 }
@@ -184,11 +128,9 @@ void run_swiglu_mlp(const MlpLaunch& m, int hidden, int* error, cudaStream_t str
 }  // namespace
 
 struct StagedForward::Workspace {
-  int64_t capacity = 0, token_rows = 0;  // routed rows, shared rows (both multiples of 128)
-  int32_t *counts, *offsets, *sorted, *tile_expert, *shared_tiles, *slot_row;
-  int64_t* seg_begin;
+  detail::ScheduleBuffers sched;
+  int32_t* slot_row;
   __nv_bfloat16 *routed_x, *act, *y, *x_pad, *act_shared, *y_shared;
-  Status* status;
   int* gemm_error;
 };
 
@@ -200,38 +142,29 @@ StagedForward::StagedForward(const Config& c) : config_(c), ws_(nullptr) {
   if (c.precision != Precision::bf16)
     throw Error(ErrorCode::unsupported, std::string("precision ") + precision_name(c.precision) +
                                             ": the GPU forward is BF16 only for now");
-  const int64_t E = c.num_experts, K = c.top_k, H = c.hidden, I = c.intermediate,
-                S = c.shared_width();
+  const int64_t K = c.top_k, H = c.hidden, I = c.intermediate, S = c.shared_width();
   auto* w = new Workspace{};
   ws_ = w;
-  w->capacity = sched::pad_to_tile(c.capacity_rows(), kTile);
-  w->token_rows = sched::pad_to_tile(c.max_tokens_per_rank, kTile);
-  const int64_t slots = int64_t(c.max_tokens_per_rank) * K;
-  w->counts = device_alloc<int32_t>(size_t(E));
-  w->offsets = device_alloc<int32_t>(size_t(E + 1));
-  w->sorted = device_alloc<int32_t>(size_t(slots));
-  w->slot_row = device_alloc<int32_t>(size_t(slots));
-  w->seg_begin = device_alloc<int64_t>(size_t(E + 1));
-  w->tile_expert = device_alloc<int32_t>(size_t(w->capacity / kTile));
-  w->shared_tiles = device_alloc<int32_t>(size_t(w->token_rows / kTile));
-  w->routed_x = device_alloc<__nv_bfloat16>(size_t(w->capacity * H));
-  w->act = device_alloc<__nv_bfloat16>(size_t(w->capacity * I));
-  w->y = device_alloc<__nv_bfloat16>(size_t(w->capacity * H));
-  w->x_pad = S ? device_alloc<__nv_bfloat16>(size_t(w->token_rows * H)) : nullptr;
-  w->act_shared = S ? device_alloc<__nv_bfloat16>(size_t(w->token_rows * S)) : nullptr;
-  w->y_shared = S ? device_alloc<__nv_bfloat16>(size_t(w->token_rows * H)) : nullptr;
-  w->status = device_alloc<Status>(1);
-  w->gemm_error = device_alloc<int>(1);
+  const char* what = "cudaMalloc (StagedForward workspace)";
+  w->sched.allocate(c);
+  const int64_t capacity = w->sched.capacity, token_rows = w->sched.token_rows;
+  w->slot_row = device_alloc<int32_t>(size_t(int64_t(c.max_tokens_per_rank) * K), what);
+  w->routed_x = device_alloc<__nv_bfloat16>(size_t(capacity * H), what);
+  w->act = device_alloc<__nv_bfloat16>(size_t(capacity * I), what);
+  w->y = device_alloc<__nv_bfloat16>(size_t(capacity * H), what);
+  w->x_pad = S ? device_alloc<__nv_bfloat16>(size_t(token_rows * H), what) : nullptr;
+  w->act_shared = S ? device_alloc<__nv_bfloat16>(size_t(token_rows * S), what) : nullptr;
+  w->y_shared = S ? device_alloc<__nv_bfloat16>(size_t(token_rows * H), what) : nullptr;
+  w->gemm_error = device_alloc<int>(1, what);
   check_cuda(cudaMemset(w->gemm_error, 0, sizeof(int)), "cudaMemset");
 }
 
 StagedForward::~StagedForward() {
   if (!ws_) return;
+  ws_->sched.release();
   for (void* p :
-       {(void*)ws_->counts, (void*)ws_->offsets, (void*)ws_->sorted, (void*)ws_->slot_row,
-        (void*)ws_->seg_begin, (void*)ws_->tile_expert, (void*)ws_->shared_tiles,
-        (void*)ws_->routed_x, (void*)ws_->act, (void*)ws_->y, (void*)ws_->x_pad,
-        (void*)ws_->act_shared, (void*)ws_->y_shared, (void*)ws_->status, (void*)ws_->gemm_error})
+       {(void*)ws_->slot_row, (void*)ws_->routed_x, (void*)ws_->act, (void*)ws_->y,
+        (void*)ws_->x_pad, (void*)ws_->act_shared, (void*)ws_->y_shared, (void*)ws_->gemm_error})
     cudaFree(p);
   delete ws_;
 }
@@ -240,70 +173,51 @@ void StagedForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, 
                             cudaStream_t stream) {
   const Config& c = config_;
   Workspace& w = *ws_;
+  const detail::ScheduleBuffers& s = w.sched;
   if (b.tokens < 0 || b.tokens > c.max_tokens_per_rank)
     throw Error(ErrorCode::invalid_argument, "tokens = " + std::to_string(b.tokens) +
                                                  " is outside [0, max_tokens_per_rank = " +
                                                  std::to_string(c.max_tokens_per_rank) + "]");
   const int64_t T = b.tokens, K = c.top_k, H = c.hidden, S = c.shared_width();
   const int E = c.num_experts;
-  check_cuda(cudaMemsetAsync(w.status, 0, sizeof(Status), stream), "cudaMemsetAsync");
   check_cuda(cudaMemsetAsync(w.slot_row, 0xFF,
                              sizeof(int32_t) * size_t(std::max<int64_t>(T * K, 1)), stream),
              "cudaMemsetAsync");
-  if (T > 0)
-    check_ids_kernel<<<grid_for(T * K, 256), 256, 0, stream>>>(b.topk_ids, T * K, int(K), E,
-                                                               w.status);
-  check_cuda(build_source_schedule(b.topk_ids, T, int(K), E, w.counts, w.offsets, w.sorted, stream),
-             "schedule");
-  segments_kernel<<<1, 256, 0, stream>>>(w.counts, E, w.capacity, w.seg_begin, w.tile_expert,
-                                         w.capacity / kTile, T, w.shared_tiles,
-                                         w.token_rows / kTile, w.status);
+  detail::build_forward_schedule(b, int(K), E, s, stream);
   const int64_t row_vecs = H * 2 / 16;
-  gather_kernel<<<grid_for(w.capacity * 32, 256), 256, 0, stream>>>(
-      reinterpret_cast<const uint4*>(b.x), row_vecs, w.counts, w.offsets, w.sorted, w.seg_begin, E,
-      int(K), w.capacity, reinterpret_cast<uint4*>(w.routed_x), w.slot_row, w.status);
-  check_cuda(cudaGetLastError(), "schedule and gather kernels");
+  gather_kernel<<<grid_for(s.capacity * 32, 256), 256, 0, stream>>>(
+      reinterpret_cast<const uint4*>(b.x), row_vecs, s.counts, s.offsets, s.sorted, s.seg_begin, E,
+      int(K), s.capacity, reinterpret_cast<uint4*>(w.routed_x), w.slot_row, s.status);
+  check_cuda(cudaGetLastError(), "gather kernel");
 
-  run_swiglu_mlp({w.routed_x, wt.gate, wt.up, wt.down, w.tile_expert, w.capacity, E, c.intermediate,
+  run_swiglu_mlp({w.routed_x, wt.gate, wt.up, wt.down, s.tile_expert, s.capacity, E, c.intermediate,
                   w.act, w.y},
                  c.hidden, w.gemm_error, stream, "routed experts");
   if (S > 0 && T > 0) {
-    const int64_t rows = sched::pad_to_tile(T, kTile);
+    const int64_t rows = sched::pad_to_tile(T, kTileRows);
     pad_rows_kernel<<<grid_for(rows * row_vecs, 256), 256, 0, stream>>>(
         reinterpret_cast<const uint4*>(b.x), row_vecs, T, rows, reinterpret_cast<uint4*>(w.x_pad));
-    run_swiglu_mlp({w.x_pad, wt.shared_gate, wt.shared_up, wt.shared_down, w.shared_tiles, rows, 1,
+    run_swiglu_mlp({w.x_pad, wt.shared_gate, wt.shared_up, wt.shared_down, s.shared_tiles, rows, 1,
                     int(S), w.act_shared, w.y_shared},
                    c.hidden, w.gemm_error, stream, "shared experts");
   }
   if (T > 0)
     combine_kernel<<<grid_for(T * 32, 256), 256, 0, stream>>>(w.y, S > 0 ? w.y_shared : nullptr,
                                                               w.slot_row, b.topk_weights, T, int(K),
-                                                              int(H), out, w.status);
+                                                              int(H), out, s.status);
   check_cuda(cudaGetLastError(), "combine kernel");
 }
 
 void StagedForward::check(cudaStream_t stream) {
   Status st{};
   int gemm_error = 0;
-  check_cuda(cudaMemcpyAsync(&st, ws_->status, sizeof st, cudaMemcpyDeviceToHost, stream),
+  check_cuda(cudaMemcpyAsync(&st, ws_->sched.status, sizeof st, cudaMemcpyDeviceToHost, stream),
              "cudaMemcpyAsync");
   check_cuda(cudaMemcpyAsync(&gemm_error, ws_->gemm_error, sizeof gemm_error,
                              cudaMemcpyDeviceToHost, stream),
              "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
-  if (st.code == kBadExpertId) {
-    throw Error(ErrorCode::invalid_argument,
-                "topk_ids[" + std::to_string(st.token) + ", " + std::to_string(st.k) +
-                    "] = " + std::to_string(st.id) + " is not an expert id (allowed: 0 to " +
-                    std::to_string(config_.num_experts - 1) + "); the output is NaN");
-  }
-  if (st.code == kCapacityExceeded) {
-    throw Error(ErrorCode::capacity_exceeded,
-                "the batch needs " + std::to_string(st.needed_rows) +
-                    " padded routed rows but the capacity is " + std::to_string(ws_->capacity) +
-                    " (set routed_capacity_rows >= " + std::to_string(st.needed_rows) +
-                    "); the output is NaN");
-  }
+  detail::throw_on_status(st, config_.num_experts, ws_->sched.capacity);
   if (gemm_error != 0)
     throw Error(ErrorCode::peer_timeout,
                 "a GEMM's pipeline wait expired (code " + std::to_string(gemm_error) + ")");

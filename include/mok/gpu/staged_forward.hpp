@@ -1,7 +1,8 @@
 // The layer's forward on one GPU (EP = 1) as a sequence of launches: device schedule, gather,
 // grouped GEMM with the SwiGLU epilogue, grouped GEMM, the shared experts, and the fixed-order
 // combine. No host synchronisation: every size comes from the device schedule, and the grids cover
-// the configured capacity. It is the correctness baseline the persistent megakernel replaces.
+// the configured capacity. The persistent megakernel (mok/gpu/moe_forward.hpp) replaces it; it
+// stays as the second GPU implementation the megakernel is checked against, bit for bit.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -9,24 +10,9 @@
 #include <cstdint>
 
 #include "mok/config.hpp"
+#include "mok/gpu/device_layer.hpp"
 
 namespace mok::gpu {
-
-struct DeviceLayerWeights {                    // BF16, layouts of mok/layer.hpp
-  const __nv_bfloat16* shared_gate = nullptr;  // [S*Is, H]
-  const __nv_bfloat16* shared_up = nullptr;    // [S*Is, H]
-  const __nv_bfloat16* shared_down = nullptr;  // [H, S*Is]
-  const __nv_bfloat16* gate = nullptr;         // [E, I, H]
-  const __nv_bfloat16* up = nullptr;           // [E, I, H]
-  const __nv_bfloat16* down = nullptr;         // [E, H, I]
-};
-
-struct DeviceBatch {
-  int64_t tokens = 0;
-  const __nv_bfloat16* x = nullptr;     // [T, H]
-  const int32_t* topk_ids = nullptr;    // [T, K]
-  const float* topk_weights = nullptr;  // [T, K]
-};
 
 class StagedForward {
  public:

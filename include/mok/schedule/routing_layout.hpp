@@ -123,6 +123,16 @@ MOK_HD RoutedRow locate_routed_row(int64_t row, const int64_t* segment_begin,
   return {lo, src, offset - sb[src]};
 }
 
+// EP = 1: the (token, k) slot that padded routed row `row` of `expert`'s segment holds, or -1 for a
+// padding row. counts / offsets / sorted are build_source_schedule's; segment_begin the padded
+// segments. Rows keep slot order inside each expert (the counting sort is stable).
+MOK_HD int64_t routed_row_slot(int64_t row, int expert, const int64_t* segment_begin,
+                               const int32_t* counts, const int32_t* offsets,
+                               const int32_t* sorted) {
+  const int64_t offset = row - segment_begin[expert];
+  return offset < counts[expert] ? sorted[offsets[expert] + offset] : -1;
+}
+
 // ---- Token ring
 // ---------------------------------------------------------------------------------- Routed tile b
 // (tile_rows rows of the padded layout) lives in ring tile b % num_tiles during generation b /

@@ -1,79 +1,26 @@
-// The GPU forward (EP = 1) against the CPU reference with BF16 operands, on fresh random inputs
-// and odd routings, outputs poisoned first; bitwise repeatability; bad ids and capacity overflow.
-#include <cmath>
-#include <cstring>
-
-#include "gpu_test_util.hpp"
-#include "layer_data.hpp"
-#include "mok/compare.hpp"
-#include "mok/error.hpp"
-#include "mok/formats/codecs.hpp"
+// The GPU forwards (the staged pipeline and the megakernel, each test run on both) against the
+// CPU reference with BF16 operands, on fresh random inputs and odd routings, outputs poisoned
+// first; bitwise repeatability; bad ids and capacity overflow; CUDA graph capture; a standard shape
+// against the unfused cuBLAS pipeline.
 #include "baseline/unfused_forward.hpp"
+#include "forward_test_util.hpp"
+#include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/random_fill.hpp"
 #include "mok/gpu/staged_forward.hpp"
 
-namespace {
+using namespace fwd_test;
 
-std::vector<uint16_t> to_bf16(const std::vector<double>& v) {
-  std::vector<uint16_t> out(v.size());
-  for (size_t i = 0; i < v.size(); ++i) out[i] = mok::fmt::bf16_from_float(float(v[i]));
-  return out;
-}
+template <class Forward>
+class ForwardGpu : public ::testing::Test {};
+using Forwards = ::testing::Types<mok::gpu::StagedForward, mok::gpu::MoeForward>;
+TYPED_TEST_SUITE(ForwardGpu, Forwards);
 
-struct GpuLayer {
-  DeviceBuffer<uint16_t> sg, su, sd, g, u, d;
-  GpuLayer(const mok::LayerParams& p)
-      : sg(to_bf16(p.shared_gate)),
-        su(to_bf16(p.shared_up)),
-        sd(to_bf16(p.shared_down)),
-        g(to_bf16(p.gate)),
-        u(to_bf16(p.up)),
-        d(to_bf16(p.down)) {}
-  mok::gpu::DeviceLayerWeights weights() const {
-    auto bf = [](const DeviceBuffer<uint16_t>& b) {
-      return reinterpret_cast<const __nv_bfloat16*>(b.ptr);
-    };
-    return {bf(sg), bf(su), bf(sd), bf(g), bf(u), bf(d)};
-  }
-};
-
-// Runs the GPU forward; returns out as doubles (NaN where unwritten: the poison is BF16 NaN).
-std::vector<double> gpu_forward(mok::gpu::StagedForward& f, const mok::Config& c,
-                                const GpuLayer& layer, const mok::Batch& b, bool check = true) {
-  DeviceBuffer<uint16_t> x(to_bf16(b.x));
-  DeviceBuffer<int32_t> ids(b.topk_ids);
-  std::vector<float> wf(b.topk_weights.begin(), b.topk_weights.end());
-  DeviceBuffer<float> w(wf);
-  DeviceBuffer<uint16_t> out(size_t(b.tokens * c.hidden), 0xFF);
-  f.forward({b.tokens, reinterpret_cast<const __nv_bfloat16*>(x.ptr), ids.ptr, w.ptr},
-            layer.weights(), reinterpret_cast<__nv_bfloat16*>(out.ptr), nullptr);
-  if (check) f.check(nullptr);
-  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<double> r;
-  for (uint16_t v : out.to_host()) r.push_back(mok::fmt::bf16_to_float(v));
-  return r;
-}
-
-void expect_matches_reference(const mok::Config& c, const mok::LayerParams& p, const mok::Batch& b,
-                              const std::vector<double>& got) {
-  mok::ReferenceOptions o;
-  o.quant = mok::OperandQuant::bf16;
-  const std::vector<double> want = mok::reference_forward(c, p, b, o).out;
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) ASSERT_FALSE(std::isnan(got[i])) << "unwritten at " << i;
-  // The GPU also rounds y and the output to BF16 (the reference keeps FP32): a few 2^-9 steps.
-  const double err = mok::relative_l2_error(got, want);
-  EXPECT_LT(err, 1e-2) << "relative L2 error " << err;
-}
-
-}  // namespace
-
-TEST(StagedForwardGpu, MatchesTheReferenceOnRandomAndOddRoutings) {
+TYPED_TEST(ForwardGpu, MatchesTheReferenceOnRandomAndOddRoutings) {
   MOK_REQUIRE_GPU();
   mok::Config c = mok::preset("tiny");
   const mok::LayerParams p = mok::tools::random_params(c, 3);
   const GpuLayer layer(p);
-  mok::gpu::StagedForward f(c);
+  TypeParam f(c);
   for (int64_t T : {512, 37, 1}) {
     SCOPED_TRACE("T = " + std::to_string(T));
     const mok::Batch b = mok::tools::random_batch(c, T, uint64_t(T));
@@ -90,7 +37,7 @@ TEST(StagedForwardGpu, MatchesTheReferenceOnRandomAndOddRoutings) {
   EXPECT_TRUE(gpu_forward(f, c, layer, empty).empty());
 }
 
-TEST(StagedForwardGpu, AnotherShapeWithAndWithoutSharedExperts) {
+TYPED_TEST(ForwardGpu, AnotherShapeWithAndWithoutSharedExperts) {
   MOK_REQUIRE_GPU();
   for (int shared : {0, 1}) {
     SCOPED_TRACE("shared experts: " + std::to_string(shared));
@@ -104,18 +51,18 @@ TEST(StagedForwardGpu, AnotherShapeWithAndWithoutSharedExperts) {
     c.max_tokens_per_rank = 333;
     const mok::LayerParams p = mok::tools::random_params(c, 4);
     const GpuLayer layer(p);
-    mok::gpu::StagedForward f(c);
+    TypeParam f(c);
     const mok::Batch b = mok::tools::random_batch(c, 333, 5);
     expect_matches_reference(c, p, b, gpu_forward(f, c, layer, b));
   }
 }
 
-TEST(StagedForwardGpu, BitwiseIdenticalAcrossRuns) {
+TYPED_TEST(ForwardGpu, BitwiseIdenticalAcrossRuns) {
   MOK_REQUIRE_GPU();
   mok::Config c = mok::preset("tiny");
   const mok::LayerParams p = mok::tools::random_params(c, 6);
   const GpuLayer layer(p);
-  mok::gpu::StagedForward f(c);
+  TypeParam f(c);
   const mok::Batch b = mok::tools::random_batch(c, 512, 7);
   const std::vector<double> first = gpu_forward(f, c, layer, b);
   for (int run = 0; run < 20; ++run) {
@@ -125,13 +72,13 @@ TEST(StagedForwardGpu, BitwiseIdenticalAcrossRuns) {
   }
 }
 
-TEST(StagedForwardGpu, BadIdsAndCapacityOverflowAreErrorsAndTheOutputIsNaN) {
+TYPED_TEST(ForwardGpu, BadIdsAndCapacityOverflowAreErrorsAndTheOutputIsNaN) {
   MOK_REQUIRE_GPU();
   mok::Config c = mok::preset("tiny");
   const mok::LayerParams p = mok::tools::random_params(c, 8);
   const GpuLayer layer(p);
   {
-    mok::gpu::StagedForward f(c);
+    TypeParam f(c);
     mok::Batch b = mok::tools::random_batch(c, 64, 1);
     b.topk_ids[4 * 10 + 2] = 16;
     const std::vector<double> out = gpu_forward(f, c, layer, b, false);
@@ -146,7 +93,7 @@ TEST(StagedForwardGpu, BadIdsAndCapacityOverflowAreErrorsAndTheOutputIsNaN) {
   }
   {
     c.routed_capacity_rows = 256;
-    mok::gpu::StagedForward f(c);
+    TypeParam f(c);
     mok::Batch b = mok::tools::random_batch(c, 100, 2);
     for (int32_t& id : b.topk_ids) id = 0;  // 400 rows on one expert: 512 padded rows needed
     const std::vector<double> out = gpu_forward(f, c, layer, b, false);
@@ -165,12 +112,12 @@ TEST(StagedForwardGpu, BadIdsAndCapacityOverflowAreErrorsAndTheOutputIsNaN) {
 
 // No host synchronisation inside the forward: it captures into a CUDA graph, and replaying the
 // graph after new routings are written into the same buffers gives the direct run's bits.
-TEST(StagedForwardGpu, CapturesIntoACudaGraphAndReplaysNewRoutings) {
+TYPED_TEST(ForwardGpu, CapturesIntoACudaGraphAndReplaysNewRoutings) {
   MOK_REQUIRE_GPU();
   mok::Config c = mok::preset("tiny");
   const mok::LayerParams p = mok::tools::random_params(c, 12);
   const GpuLayer layer(p);
-  mok::gpu::StagedForward f(c);
+  TypeParam f(c);
   const int64_t T = 300;
   const mok::Batch first = mok::tools::random_batch(c, T, 13);
   DeviceBuffer<uint16_t> x(to_bf16(first.x));
@@ -219,7 +166,7 @@ TEST(StagedForwardGpu, CapturesIntoACudaGraphAndReplaysNewRoutings) {
 // A standard shape (qwen3-30b, T = 2048; too large for the CPU reference): the staged forward and
 // the unfused cuBLAS pipeline, two independent implementations, agree to BF16 rounding, and the
 // output is fully written. Short enough to run under compute-sanitizer.
-TEST(StagedForwardGpu, StandardShapeAgreesWithTheCublasPipeline) {
+TYPED_TEST(ForwardGpu, StandardShapeAgreesWithTheCublasPipeline) {
   MOK_REQUIRE_GPU();
   mok::Config c = mok::preset("qwen3-30b");
   c.max_tokens_per_rank = 2048;
@@ -240,7 +187,7 @@ TEST(StagedForwardGpu, StandardShapeAgreesWithTheCublasPipeline) {
   MOK_CUDA_OK(mok::gpu::random_topk(ids.ptr, w.ptr, T, int(E), int(K), 5, nullptr));
   const mok::gpu::DeviceLayerWeights weights{nullptr, nullptr, nullptr, bf(g), bf(u), bf(d)};
   const mok::gpu::DeviceBatch batch{T, bf(x), ids.ptr, w.ptr};
-  mok::gpu::StagedForward f(c);
+  TypeParam f(c);
   f.forward(batch, weights, bf(out), nullptr);
   f.check(nullptr);
   mok::bench::UnfusedForward baseline(c);

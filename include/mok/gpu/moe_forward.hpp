@@ -1,0 +1,66 @@
+// The layer's forward on one GPU (EP = 1, BF16 operands, FP32 accumulation) as one persistent
+// megakernel after a few small schedule kernels: dispatch CTAs gather routed rows block by block,
+// GEMM CTAs run gate/up with the SwiGLU epilogue and down as soon as their inputs are published,
+// and every idle warp combines finished tokens. No host synchronisation; capturable in a CUDA
+// graph. The kernels live in src/kernels/moe_forward/.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "mok/config.hpp"
+#include "mok/gpu/device_layer.hpp"
+
+namespace mok::gpu {
+
+struct ForwardOptions {
+  int dispatch_ctas = 0;  // CTAs that gather rows (then combine); 0: num_dispatch_ctas(SMs)
+  int block_n = 0;        // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128
+  int max_ctas = 0;       // persistent grid; 0: one CTA per SM
+  // Bound of every wait on another CTA or on the TMA; expiry is an error, not a hang. 0: the
+  // environment's MOK_WAIT_SECONDS if set (sanitizer runs are ~100x slower), else 2 s.
+  double wait_seconds = 0;
+  // Tests only. Each dispatched row block is published after a pseudo-random delay below
+  // dispatch_delay_ns (the bits must not change); block never_publish_block >= 0 is never published
+  // (a stopped dispatch: the forward must end in an error within wait_seconds).
+  uint32_t dispatch_delay_ns = 0, delay_seed = 0;
+  int64_t never_publish_block = -1;
+};
+
+// Dispatch CTAs for a GPU of `sms` SMs: enough to gather rows faster than the GEMM CTAs consume
+// them (a 128-row block of H = 7168 is 1.8 MB to move, against ~7.5 GFLOP of gate/up work).
+constexpr int num_dispatch_ctas(int sms) { return sms >= 64 ? sms / 16 : 1; }
+
+class MoeForward {
+ public:
+  // Throws mok::Error for configurations it does not take (ep_size != 1, precision other than
+  // bf16, H or I or S not multiples of 64, options out of range) and for allocation failures.
+  explicit MoeForward(const Config& c, const ForwardOptions& options = {});
+  ~MoeForward();
+  MoeForward(const MoeForward&) = delete;
+  MoeForward& operator=(const MoeForward&) = delete;
+
+  // out [T, H] BF16. Asynchronous on `stream`; capturable in a CUDA graph. Throws mok::Error for
+  // T out of range and for pointers that are null or not 16-byte aligned.
+  void forward(const DeviceBatch& batch, const DeviceLayerWeights& w, __nv_bfloat16* out,
+               cudaStream_t stream);
+  // After the stream has finished: throws mok::Error if the last forward found an expert id out of
+  // range or needed more routed rows than the capacity (naming how many; the output is then NaN),
+  // or if a wait expired (naming the role and what it waited for).
+  void check(cudaStream_t stream);
+
+  int block_n() const { return block_n_; }
+  int dispatch_ctas() const { return dispatch_ctas_; }
+  int grid() const { return grid_; }
+
+ private:
+  struct Workspace;
+  Config config_;
+  ForwardOptions options_;
+  int block_n_ = 0, dispatch_ctas_ = 0, grid_ = 0;
+  uint64_t wait_cycles_ = 0;
+  Workspace* ws_;
+};
+
+}  // namespace mok::gpu

@@ -1,0 +1,153 @@
+// The BF16 GEMM pipeline every sm_90a kernel of mok is built from: a 128 x kBlockN output tile per
+// CTA step, one producer thread issuing TMA loads into a ring of shared-memory stages, and two
+// consumer warpgroups (64 rows each) accumulating with wgmma into FP32 registers. Producer and
+// consumers walk the same (tile, k-block) sequence, so the ring's stage and phase stay in step with
+// no other synchronisation (hopper-gemm.md, sections 1 and 5).
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "mok/device/mbarrier.cuh"
+#include "mok/device/sync.cuh"
+#include "mok/device/tma.cuh"
+#include "mok/device/wgmma.cuh"
+
+namespace mok::kern {
+
+constexpr int kBlockM = 128, kBlockK = 64;  // K: one 128-byte swizzle span
+constexpr int kConsumers = 2, kThreads = (kConsumers + 1) * 128;
+constexpr int kProducerRegs = 40, kConsumerRegs = 232;
+constexpr uint32_t kTileBytesA = kBlockM * kBlockK * 2;
+static_assert(128 * kProducerRegs + kConsumers * 128 * kConsumerRegs <= kThreads * 168,
+              "setmaxnreg budget: the pool of 384 threads x 168 registers (pitfall 4)");
+
+// Per tile width: as many ring stages as the shared memory holds.
+template <int kBlockN>
+struct TileShape {
+  static_assert(kBlockN == 128 || kBlockN == 256, "wgmma m64n128 or m64n256");
+  static constexpr uint32_t kBytesB = kBlockN * kBlockK * 2;
+  static constexpr int kStages = kBlockN == 128 ? 6 : 4;
+  static constexpr int kAccumulators = kBlockN / 2;  // FP32 registers per consumer thread
+  static constexpr int kSmemBytes = kStages * int(kTileBytesA + kBytesB) + 1024;  // + alignment
+  static_assert(kSmemBytes <= 232448, "dynamic shared memory of one CTA");
+  static_assert(kTileBytesA % 1024 == 0 && kBytesB % 1024 == 0, "tiles stay 1024-byte aligned");
+};
+
+// The ring in shared memory: kStages (A, B) tile pairs and their full / empty barriers.
+template <int kBlockN>
+struct SmemRing {
+  static constexpr int kStages = TileShape<kBlockN>::kStages;
+  uint8_t* tiles_a;
+  uint8_t* tiles_b;
+  uint64_t* full;   // the producer's arrive_expect_tx + TMA bytes
+  uint64_t* empty;  // one arrival per consumer warp
+
+  __device__ uint8_t* a(int stage) const { return tiles_a + stage * kTileBytesA; }
+  __device__ uint8_t* b(int stage) const { return tiles_b + stage * TileShape<kBlockN>::kBytesB; }
+
+  // By the whole CTA, before any role starts.
+  __device__ static SmemRing make(uint8_t* smem_raw, uint64_t* full, uint64_t* empty) {
+    uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
+                                               ~uintptr_t(1023));
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < kStages; ++s) {
+        dev::mbar_init(&full[s], 1);
+        dev::mbar_init(&empty[s], kConsumers * 4);
+      }
+      dev::mbar_fence_init();
+    }
+    return {smem, smem + kStages * kTileBytesA, full, empty};
+  }
+};
+
+// Producer side of one k-block: waits for a free stage, announces the bytes, and returns the stage
+// the caller TMA-loads A and B into (false: the bounded wait expired).
+template <int kBlockN>
+__device__ __forceinline__ bool acquire_stage(const SmemRing<kBlockN>& ring,
+                                              const dev::RingCursor<TileShape<kBlockN>::kStages>& c,
+                                              uint64_t wait_cycles) {
+  if (!dev::mbar_wait(&ring.empty[c.stage], c.phase ^ 1u, wait_cycles)) return false;
+  dev::mbar_arrive_expect_tx(&ring.full[c.stage], kTileBytesA + TileShape<kBlockN>::kBytesB);
+  return true;
+}
+
+// Consumer side of a whole tile: d = A[64 rows of this warpgroup] * B^T over k_blocks stages.
+// Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
+template <int kBlockN>
+__device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
+                                         dev::RingCursor<TileShape<kBlockN>::kStages>& c,
+                                         int k_blocks, int wg, uint64_t wait_cycles) {
+  const bool arrives = threadIdx.x % 32 == 0;
+  for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
+    if (!dev::mbar_wait(&ring.full[c.stage], c.phase, wait_cycles)) return false;
+    // This warpgroup's 64 rows start 64 * 128 bytes into the A tile.
+    const uint64_t da =
+        dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage) + wg * 64 * 128));
+    const uint64_t db = dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.b(c.stage)));
+    dev::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kBlockK / 16; ++k)
+      dev::wgmma_bf16<kBlockN>(d, dev::smem_desc_advance(da, 32 * k),
+                               dev::smem_desc_advance(db, 32 * k), kb > 0 || k > 0);
+    dev::wgmma_commit();
+    dev::wgmma_wait<0>();
+    dev::fence_accumulators(d);
+    if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
+  }
+  return true;
+}
+
+// Where accumulator register 4j + q of this thread lands (hopper-gemm.md, 6): rows `lo` (q = 0, 1)
+// and `lo + 8` (q = 2, 3) of the warpgroup's 64, columns 8j + 2(l % 4) + {0, 1}.
+struct Fragment {
+  int row_lo, col0;
+  __device__ static Fragment mine() {
+    const int w = (threadIdx.x / 32) % 4, l = threadIdx.x % 32;
+    return {16 * w + l / 4, 2 * (l % 4)};
+  }
+};
+
+__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+
+// Store epilogue: rows [row0, row0 + 64) of a BF16 [*, ld] matrix, columns [col_base, col_base +
+// valid) of this tile (valid < kBlockN when the last tile is half wide: TMA zero-filled the rest).
+// row_ptr(r) gives the destination row (nullptr: the row is padding and is not stored).
+template <int kBlockN, class RowPtr>
+__device__ __forceinline__ void store_tile(const float (&d)[kBlockN / 2], int row0, int valid,
+                                           RowPtr row_ptr) {
+  const Fragment f = Fragment::mine();
+  __nv_bfloat16* lo = row_ptr(row0 + f.row_lo);
+  __nv_bfloat16* hi = row_ptr(row0 + f.row_lo + 8);
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {
+    const int c = 8 * j + f.col0;
+    if (c >= valid) break;
+    if (lo)
+      *reinterpret_cast<__nv_bfloat162*>(lo + c) = __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
+    if (hi)
+      *reinterpret_cast<__nv_bfloat162*>(hi + c) =
+          __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
+  }
+}
+
+// SwiGLU epilogue: the tile's first kBlockN/2 columns are gate rows, the second half the up rows of
+// the same outputs, so one thread holds both (registers 4j+q and 4(j + kBlockN/16)+q).
+// out_lo / out_hi: this thread's two destination rows, already offset to the tile's first column.
+template <int kBlockN>
+__device__ __forceinline__ void swiglu_tile(const float (&d)[kBlockN / 2], __nv_bfloat16* out_lo,
+                                            __nv_bfloat16* out_hi) {
+  const Fragment f = Fragment::mine();
+#pragma unroll
+  for (int j = 0; j < kBlockN / 16; ++j) {
+    const int c = 8 * j + f.col0;
+    const float* g = &d[4 * j];
+    const float* u = &d[4 * (j + kBlockN / 16)];
+    *reinterpret_cast<__nv_bfloat162*>(out_lo + c) =
+        __floats2bfloat162_rn(silu(g[0]) * u[0], silu(g[1]) * u[1]);
+    *reinterpret_cast<__nv_bfloat162*>(out_hi + c) =
+        __floats2bfloat162_rn(silu(g[2]) * u[2], silu(g[3]) * u[3]);
+  }
+}
+
+}  // namespace mok::kern

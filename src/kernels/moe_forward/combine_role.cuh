@@ -1,0 +1,73 @@
+// Combine role: every warp left without GEMM work (the dispatch CTAs once dispatch is done, the
+// GEMM consumers after their last tile) takes the next token from a queue, waits until every down
+// tile that writes one of its rows has published, and reduces
+//   out[t] = shared[t] + sum_k w[t,k] * y[t,k]
+// in FP32 in fixed k order, stored as BF16. The queue only decides who reduces a token, never the
+// order of its sum, so the bits do not depend on timing. A failed batch gives NaN everywhere.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/moe_forward/tile_schedule.cuh"
+
+namespace mok::kern {
+
+__device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(h[i]);
+    f[2 * i] = x.x, f[2 * i + 1] = x.y;
+  }
+}
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  uint4 v;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return v;
+}
+
+template <int kBlockN>
+__device__ __forceinline__ void combine_role(const ForwardParams& p) {
+  const int lane = threadIdx.x % 32;
+  const bool ok = batch_ok(p);
+  const uint32_t expected = token_contributions<kBlockN>(p);
+  const float nan = __int_as_float(0x7FC00000);
+  for (;;) {
+    int64_t t = 0;
+    if (lane == 0) t = atomicAdd(p.combine_next, 1u);
+    t = __shfl_sync(0xFFFFFFFFu, t, 0);
+    if (t >= p.tokens) return;
+    bool ready = true;
+    if (ok && lane == 0) {
+      ready = wait_unless_faulted(
+          p, [&] { return dev::load_acquire_gpu(p.token_done + t) >= expected; });
+      if (!ready) record_fault(p, kRoleCombine, t);
+    }
+    if (!__shfl_sync(0xFFFFFFFFu, ready, 0)) return;
+    if (ok) (void)dev::load_acquire_gpu(p.token_done + t);  // each lane orders its own reads
+    // 8 columns (16 bytes) per lane per step; H is a multiple of 64.
+    const uint4* y = reinterpret_cast<const uint4*>(p.y_slots + t * p.top_k * p.hidden);
+    uint4* out = reinterpret_cast<uint4*>(p.out + t * p.hidden);
+    const int vecs = p.hidden / 8;
+    for (int v = lane; v < vecs; v += 32) {
+      float acc[8];
+      if (ok && p.shared_width > 0)
+        unpack8(reinterpret_cast<const uint4*>(p.y_shared + t * p.hidden)[v], acc);
+      else
+        for (float& a : acc) a = ok ? 0.0f : nan;
+      for (int k = 0; ok && k < p.top_k; ++k) {
+        const float w = p.topk_weights[t * p.top_k + k];
+        float yk[8];
+        unpack8(y[int64_t(k) * vecs + v], yk);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w, yk[i], acc[i]);
+      }
+      out[v] = pack8(acc);
+    }
+  }
+}
+
+}  // namespace mok::kern

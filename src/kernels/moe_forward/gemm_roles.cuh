@@ -1,0 +1,133 @@
+// The GEMM roles of the forward megakernel, on the CTAs after the dispatch ones:
+//  - producer (one thread): for each tile, waits until its A rows are published (dispatched rows
+//    for gate/up, finished activations for down; acquire, then the proxy fence, since the loads go
+//    through the async proxy), then TMA-loads A and B k-block by k-block into the ring;
+//  - consumers (two warpgroups): wgmma over the ring, then the tile's epilogue:
+//      gate/up: SwiGLU into act, then +1 on the row block's act counter (per warpgroup);
+//      down:    each row into its (token, k) slot of y_slots (shared: y_shared), then +1 on the
+//               counter of every token it wrote, which the combine waits for.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/gemm/bf16_pipeline.cuh"
+#include "kernels/moe_forward/tile_schedule.cuh"
+#include "mok/schedule/routing_layout.hpp"
+
+namespace mok::kern {
+
+template <int kBlockN>
+__device__ __forceinline__ void producer_role(const ForwardMaps& maps, const ForwardParams& p,
+                                              const SmemRing<kBlockN>& ring, int cta, int ctas) {
+  const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
+  dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
+  for (int64_t t = cta; t < tiles.count(); t += ctas) {
+    const TileWork w = tiles.at(t, p);
+    const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
+    const uint32_t* ready = nullptr;
+    uint32_t needed = 0;
+    ForwardRole role = kRoleNone;
+    switch (w.kind) {
+      case TileKind::shared_gate_up:
+        a_map = &maps.x, b_map = &maps.shared_gate, b_up_map = &maps.shared_up;
+        break;
+      case TileKind::routed_gate_up:
+        a_map = &maps.routed_x, b_map = &maps.gate, b_up_map = &maps.up;
+        ready = p.x_ready + w.m_block, needed = 1, role = kRoleGateUpProducer;
+        break;
+      case TileKind::shared_down:
+        a_map = &maps.act_shared, b_map = &maps.shared_down;
+        ready = p.act_shared_ready + w.m_block;
+        needed = uint32_t(kConsumers * tiles.shared_gate_up_tiles), role = kRoleSharedDownProducer;
+        break;
+      case TileKind::routed_down:
+        a_map = &maps.act, b_map = &maps.down;
+        ready = p.act_ready + w.m_block;
+        needed = uint32_t(kConsumers * tiles.gate_up_tiles), role = kRoleDownProducer;
+        break;
+    }
+    if (ready) {
+      if (!wait_unless_faulted(p, [&] { return dev::load_acquire_gpu(ready) >= needed; })) {
+        record_fault(p, role, w.m_block);
+        return;
+      }
+      dev::fence_proxy_async_global();  // generic writes of other CTAs -> this thread's TMA reads
+    }
+    const int32_t a_row = int32_t(w.m_block * kBlockM);
+    for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
+      if (!acquire_stage(ring, cursor, p.wait_cycles)) {
+        record_fault(p, kRoleProducerRing, t);
+        return;
+      }
+      uint64_t* bar = &ring.full[cursor.stage];
+      uint8_t* tile_b = ring.b(cursor.stage);
+      dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
+      if (b_up_map) {  // block_n / 2 gate rows, then the up rows of the same outputs
+        const int32_t row = w.n_tile * (kBlockN / 2);
+        dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, row, w.expert);
+        dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, b_up_map, bar, kb * kBlockK, row,
+                         w.expert);
+      } else {
+        dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, w.n_tile * kBlockN, w.expert);
+      }
+    }
+  }
+}
+
+// After a warpgroup's epilogue stores: its 128 threads meet, then one releases the counter.
+__device__ __forceinline__ void publish_warpgroup(uint32_t* counter, int wg) {
+  dev::named_barrier_sync(1 + wg, 128);
+  if (threadIdx.x % 128 == 0) {
+    dev::fence_proxy_async_global();  // cheap; the reader's fence is the one that matters
+    dev::add_release_gpu(counter, 1);
+  }
+}
+
+template <int kBlockN>
+__device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
+                                              int cta, int ctas) {
+  const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
+  dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
+  const int wg = threadIdx.x / 128;
+  float d[kBlockN / 2];
+  for (int64_t t = cta; t < tiles.count(); t += ctas) {
+    const TileWork w = tiles.at(t, p);
+    if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles)) {
+      record_fault(p, kRoleConsumer, t);
+      return false;
+    }
+    int row0 = int(w.m_block * kBlockM + wg * 64);
+    asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
+    const int r = Fragment::mine().row_lo;
+    if (w.kind == TileKind::routed_gate_up || w.kind == TileKind::shared_gate_up) {
+      const bool routed = w.kind == TileKind::routed_gate_up;
+      const int64_t width = routed ? p.intermediate : p.shared_width;
+      __nv_bfloat16* out =
+          (routed ? p.act : p.act_shared) + row0 * width + w.n_tile * (kBlockN / 2);
+      swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
+      publish_warpgroup((routed ? p.act_ready : p.act_shared_ready) + w.m_block, wg);
+      continue;
+    }
+    // Down: the token (and slot) of each of this warpgroup's rows; -1 for padding.
+    const bool routed = w.kind == TileKind::routed_down;
+    auto slot_of = [&](int row) -> int64_t {
+      if (routed)
+        return sched::routed_row_slot(row, w.expert, p.seg_begin, p.counts, p.offsets, p.sorted);
+      return row < p.tokens ? row : -1;  // shared rows are tokens
+    };
+    __nv_bfloat16* base = (routed ? p.y_slots : p.y_shared) + w.n_tile * kBlockN;
+    store_tile<kBlockN>(d, row0, p.hidden - w.n_tile * kBlockN, [&](int row) {
+      const int64_t s = slot_of(row);
+      return s >= 0 ? base + s * p.hidden : nullptr;
+    });
+    dev::named_barrier_sync(1 + wg, 128);
+    if (threadIdx.x % 128 < 64) {
+      const int64_t s = slot_of(row0 + threadIdx.x % 128);
+      if (s >= 0) dev::add_release_gpu(p.token_done + (routed ? s / p.top_k : s), 1);
+    }
+  }
+  return true;
+}
+
+}  // namespace mok::kern

@@ -1,0 +1,72 @@
+// The BF16 forward megakernel, sm_90a: one persistent launch with three roles (dispatch, GEMM,
+// combine) that hand work to each other through counters in global memory. Read the roles in
+// dispatch_role.cuh, gemm_roles.cuh and combine_role.cuh, and the tile order (with the argument
+// that it cannot deadlock) in tile_schedule.cuh.
+#include "kernels/moe_forward/combine_role.cuh"
+#include "kernels/moe_forward/dispatch_role.cuh"
+#include "kernels/moe_forward/gemm_roles.cuh"
+
+namespace mok::kern {
+namespace {
+
+// The producer walks a richer tile sequence than the plain grouped GEMM's (four tile kinds, their
+// counters and maps): at 40 registers it spilled, at 72 it does not; the consumers keep 216.
+constexpr int kForwardProducerRegs = 72, kForwardConsumerRegs = 216;
+static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRegs <=
+                  kThreads * 168,
+              "setmaxnreg budget");
+
+template <int kBlockN>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_forward_kernel(const __grid_constant__ ForwardMaps maps, const ForwardParams p) {
+  if (int(blockIdx.x) < p.dispatch_ctas) {
+    if (batch_ok(p)) dispatch_role(p, int(blockIdx.x), p.dispatch_ctas);
+    combine_role<kBlockN>(p);
+    return;
+  }
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ uint64_t full[TileShape<kBlockN>::kStages], empty[TileShape<kBlockN>::kStages];
+  const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty);
+  __syncthreads();
+  const int cta = int(blockIdx.x) - p.dispatch_ctas, ctas = int(gridDim.x) - p.dispatch_ctas;
+  if (threadIdx.x / 128 == kConsumers) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kForwardProducerRegs));
+    if (threadIdx.x % 128 < 32 && dev::elect_one())
+      producer_role<kBlockN>(maps, p, ring, cta, ctas);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));
+  if (consumer_role<kBlockN>(p, ring, cta, ctas)) combine_role<kBlockN>(p);
+}
+
+template <int kBlockN>
+cudaError_t prepare(int* ctas_per_sm) {
+  constexpr int smem = TileShape<kBlockN>::kSmemBytes;
+  if (cudaError_t e = cudaFuncSetAttribute(moe_forward_kernel<kBlockN>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+      e != cudaSuccess)
+    return e;
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, moe_forward_kernel<kBlockN>,
+                                                       kThreads, smem);
+}
+
+}  // namespace
+
+cudaError_t prepare_moe_forward(int block_n, int* ctas_per_sm) {
+  if (block_n == 256) return prepare<256>(ctas_per_sm);
+  if (block_n == 128) return prepare<128>(ctas_per_sm);
+  return cudaErrorInvalidValue;
+}
+
+cudaError_t launch_moe_forward(const ForwardMaps& maps, const ForwardParams& p, int block_n,
+                               int grid, cudaStream_t stream) {
+  if (block_n == 256)
+    moe_forward_kernel<256><<<grid, kThreads, TileShape<256>::kSmemBytes, stream>>>(maps, p);
+  else if (block_n == 128)
+    moe_forward_kernel<128><<<grid, kThreads, TileShape<128>::kSmemBytes, stream>>>(maps, p);
+  else
+    return cudaErrorInvalidValue;
+  return cudaGetLastError();
+}
+
+}  // namespace mok::kern

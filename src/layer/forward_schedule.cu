@@ -1,0 +1,115 @@
+#include "layer/forward_schedule.hpp"
+
+#include <algorithm>
+
+#include "mok/error.hpp"
+#include "mok/gpu/schedule_gpu.hpp"
+#include "mok/schedule/routing_layout.hpp"
+
+namespace mok::gpu::detail {
+namespace {
+
+__device__ bool failed(const Status* st) {
+  return *reinterpret_cast<const volatile int*>(&st->code) != kOk;
+}
+
+__global__ void check_ids_kernel(const int32_t* ids, int64_t slots, int top_k, int experts,
+                                 Status* st) {
+  for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < slots;
+       s += int64_t(gridDim.x) * blockDim.x) {
+    const int32_t id = ids[s];
+    if ((id < 0 || id >= experts) && atomicCAS(&st->code, kOk, kBadExpertId) == kOk) {
+      st->token = int(s / top_k);
+      st->k = int(s % top_k);
+      st->id = id;
+    }
+  }
+}
+
+// Padded expert segments (EP = 1: one source), the capacity check, and the m-tile tables of the
+// routed and the shared GEMMs.
+__global__ void segments_kernel(const int32_t* counts, int experts, int64_t capacity,
+                                int64_t* seg_begin, int32_t* tile_expert, int64_t routed_tiles,
+                                int64_t tokens, int32_t* shared_tiles, int64_t shared_tile_count,
+                                Status* st) {
+  if (threadIdx.x == 0) {
+    seg_begin[0] = 0;
+    for (int e = 0; e < experts; ++e)
+      seg_begin[e + 1] = seg_begin[e] + sched::pad_to_tile(counts[e], kTileRows);
+    if (seg_begin[experts] > capacity && atomicCAS(&st->code, kOk, kCapacityExceeded) == kOk)
+      st->needed_rows = seg_begin[experts];
+  }
+  __syncthreads();
+  const bool ok = !failed(st);
+  for (int64_t m = threadIdx.x; m < routed_tiles; m += blockDim.x)
+    tile_expert[m] = ok ? sched::segment_of_row(m * kTileRows, seg_begin, experts) : -1;
+  for (int64_t m = threadIdx.x; m < shared_tile_count; m += blockDim.x)
+    shared_tiles[m] = ok && m * kTileRows < tokens ? 0 : -1;
+}
+
+}  // namespace
+
+void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess)
+    throw Error(ErrorCode::unsupported, std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+void* device_alloc_bytes(size_t bytes, const char* what) {
+  void* p = nullptr;
+  check_cuda(cudaMalloc(&p, bytes), what);
+  return p;
+}
+
+void ScheduleBuffers::allocate(const Config& c) {
+  const char* what = "cudaMalloc (forward schedule)";
+  capacity = sched::pad_to_tile(c.capacity_rows(), kTileRows);
+  token_rows = sched::pad_to_tile(c.max_tokens_per_rank, kTileRows);
+  const size_t slots = size_t(c.max_tokens_per_rank) * size_t(c.top_k);
+  counts = device_alloc<int32_t>(size_t(c.num_experts), what);
+  offsets = device_alloc<int32_t>(size_t(c.num_experts) + 1, what);
+  sorted = device_alloc<int32_t>(slots, what);
+  seg_begin = device_alloc<int64_t>(size_t(c.num_experts) + 1, what);
+  tile_expert = device_alloc<int32_t>(size_t(capacity / kTileRows), what);
+  shared_tiles = device_alloc<int32_t>(size_t(token_rows / kTileRows), what);
+  status = device_alloc<Status>(1, what);
+}
+
+void ScheduleBuffers::release() {
+  for (void* p : {(void*)counts, (void*)offsets, (void*)sorted, (void*)seg_begin,
+                  (void*)tile_expert, (void*)shared_tiles, (void*)status})
+    cudaFree(p);
+  *this = ScheduleBuffers{};
+}
+
+void build_forward_schedule(const DeviceBatch& b, int top_k, int experts, const ScheduleBuffers& s,
+                            cudaStream_t stream) {
+  const int64_t T = b.tokens, slots = T * top_k;
+  check_cuda(cudaMemsetAsync(s.status, 0, sizeof(Status), stream), "cudaMemsetAsync");
+  if (T > 0) {
+    const int grid = int(std::clamp<int64_t>((slots + 255) / 256, 1, 4 * 132));
+    check_ids_kernel<<<grid, 256, 0, stream>>>(b.topk_ids, slots, top_k, experts, s.status);
+  }
+  check_cuda(
+      build_source_schedule(b.topk_ids, T, top_k, experts, s.counts, s.offsets, s.sorted, stream),
+      "schedule");
+  segments_kernel<<<1, 256, 0, stream>>>(s.counts, experts, s.capacity, s.seg_begin, s.tile_expert,
+                                         s.capacity / kTileRows, T, s.shared_tiles,
+                                         s.token_rows / kTileRows, s.status);
+  check_cuda(cudaGetLastError(), "schedule kernels");
+}
+
+void throw_on_status(const Status& st, int experts, int64_t capacity) {
+  if (st.code == kBadExpertId)
+    throw Error(ErrorCode::invalid_argument,
+                "topk_ids[" + std::to_string(st.token) + ", " + std::to_string(st.k) +
+                    "] = " + std::to_string(st.id) + " is not an expert id (allowed: 0 to " +
+                    std::to_string(experts - 1) + "); the output is NaN");
+  if (st.code == kCapacityExceeded)
+    throw Error(ErrorCode::capacity_exceeded,
+                "the batch needs " + std::to_string(st.needed_rows) +
+                    " padded routed rows but the capacity is " + std::to_string(capacity) +
+                    " (set routed_capacity_rows >= " + std::to_string(st.needed_rows) +
+                    "); the output is NaN");
+}
+
+}  // namespace mok::gpu::detail

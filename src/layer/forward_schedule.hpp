@@ -1,0 +1,54 @@
+// What every GPU forward does before its GEMMs, on the device and without a host synchronisation:
+// validate the expert ids, build the schedule (counts, offsets, slots sorted by expert, padded
+// segments, the m-tile tables), and check the capacity. The outcome is a Status in device memory
+// that later kernels read (they do nothing harmful once it says the batch failed) and that
+// check() turns into a mok::Error.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <string>
+
+#include "mok/gpu/staged_forward.hpp"
+
+namespace mok::gpu::detail {
+
+constexpr int kTileRows = 128;  // routed rows per m-tile: the GEMMs' BLOCK_M
+
+enum StatusCode : int { kOk = 0, kBadExpertId = 1, kCapacityExceeded = 2 };
+
+struct Status {
+  int code;
+  int token, k, id;  // kBadExpertId
+  long long needed_rows;
+};
+
+// Device buffers of the schedule, sized for the configuration's maximum batch.
+struct ScheduleBuffers {
+  int64_t capacity = 0;    // padded routed rows, a multiple of kTileRows
+  int64_t token_rows = 0;  // max tokens padded to kTileRows (the shared experts' rows)
+  int32_t *counts = nullptr, *offsets = nullptr, *sorted = nullptr;
+  int32_t* tile_expert = nullptr;   // [capacity / 128]: expert of each routed m-tile, -1 unused
+  int32_t* shared_tiles = nullptr;  // [token_rows / 128]: 0 for m-tiles with tokens, else -1
+  int64_t* seg_begin = nullptr;     // [E + 1]
+  Status* status = nullptr;
+
+  void allocate(const Config& c);
+  void release();
+};
+
+// Asynchronous on `stream`; resets the status first.
+void build_forward_schedule(const DeviceBatch& b, int top_k, int experts, const ScheduleBuffers& s,
+                            cudaStream_t stream);
+
+// Throws the mok::Error a failed status stands for (nothing if it is kOk).
+void throw_on_status(const Status& st, int experts, int64_t capacity);
+
+void check_cuda(cudaError_t e, const char* what);
+void* device_alloc_bytes(size_t bytes, const char* what);
+template <class T>
+T* device_alloc(size_t count, const char* what) {
+  return static_cast<T*>(device_alloc_bytes((count ? count : 1) * sizeof(T), what));
+}
+
+}  // namespace mok::gpu::detail

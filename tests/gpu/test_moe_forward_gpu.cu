@@ -1,0 +1,247 @@
+// The forward megakernel beyond what every GPU forward is tested for (test_forward_gpu.cu): it
+// equals the staged pipeline bit for bit under every grid and tile option, its bits do not move
+// when dispatch is delayed at random, a dispatch that stops ends in an error instead of a hang,
+// and on every standard shape of design.md it agrees with the cuBLAS pipeline and, on sampled
+// tokens, with the CPU reference.
+#include <algorithm>
+#include <chrono>
+#include <map>
+
+#include "baseline/unfused_forward.hpp"
+#include "forward_test_util.hpp"
+#include "mok/gpu/moe_forward.hpp"
+#include "mok/gpu/random_fill.hpp"
+#include "mok/gpu/staged_forward.hpp"
+
+using namespace fwd_test;
+using mok::gpu::ForwardOptions;
+using mok::gpu::MoeForward;
+
+namespace {
+
+bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+mok::Config odd_config(int shared) {
+  mok::Config c;
+  c.hidden = 320;        // the down GEMMs' last tile is partly outside H
+  c.intermediate = 192;  // not a multiple of 128: 128-wide tiles only
+  c.num_experts = 12;
+  c.top_k = 3;
+  c.num_shared_experts = shared;
+  c.shared_intermediate = 128;
+  c.max_tokens_per_rank = 333;
+  return c;
+}
+
+}  // namespace
+
+TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
+  MOK_REQUIRE_GPU();
+  std::vector<ForwardOptions> options(6);
+  options[1].block_n = 128;
+  options[2].dispatch_ctas = 1;
+  options[3].max_ctas = 3, options[3].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
+  options[4].dispatch_ctas = 40;
+  options[5].max_ctas = 17, options[5].dispatch_ctas = 16;  // one GEMM CTA
+  for (const mok::Config& c : {mok::preset("tiny"), odd_config(1), odd_config(0)}) {
+    const mok::LayerParams p = mok::tools::random_params(c, 31);
+    const GpuLayer layer(p);
+    mok::gpu::StagedForward staged(c);
+    std::vector<mok::Batch> batches;
+    for (int64_t T : {int64_t(c.max_tokens_per_rank), int64_t(37), int64_t(1)})
+      batches.push_back(mok::tools::random_batch(c, T, uint64_t(T) + 40));
+    batches.push_back(mok::tools::random_batch(c, 200, 41));
+    for (int32_t& id : batches.back().topk_ids) id = c.num_experts - 1;  // one expert
+    for (size_t o = 0; o < options.size(); ++o) {
+      if (c.intermediate % 128 != 0 && options[o].block_n == 0) options[o].block_n = 128;
+      MoeForward mega(c, options[o]);
+      for (size_t i = 0; i < batches.size(); ++i) {
+        SCOPED_TRACE("H = " + std::to_string(c.hidden) + ", option set " + std::to_string(o) +
+                     ", batch " + std::to_string(i) + ", block_n " +
+                     std::to_string(mega.block_n()) + ", grid " + std::to_string(mega.grid()) +
+                     ", dispatch CTAs " + std::to_string(mega.dispatch_ctas()));
+        const std::vector<double> want = gpu_forward(staged, c, layer, batches[i]);
+        const std::vector<double> got = gpu_forward(mega, c, layer, batches[i]);
+        expect_matches_reference(c, p, batches[i], got);
+        EXPECT_TRUE(same_bits(want, got));
+      }
+    }
+  }
+}
+
+// Determinism under timing noise: each published row block waits a pseudo-random time (up to
+// 200 us, a new pattern each run), so GEMM tiles start in a different order every run.
+TEST(MoeForwardGpu, BitwiseIdenticalAcross20RunsWithInjectedDispatchDelays) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset("tiny");
+  const mok::LayerParams p = mok::tools::random_params(c, 32);
+  const GpuLayer layer(p);
+  const mok::Batch b = mok::tools::random_batch(c, 512, 33);
+  MoeForward plain(c);
+  const std::vector<double> want = gpu_forward(plain, c, layer, b);
+  expect_matches_reference(c, p, b, want);
+  for (uint32_t run = 0; run < 20; ++run) {
+    ForwardOptions o;
+    o.dispatch_delay_ns = 200'000;
+    o.delay_seed = run + 1;
+    o.dispatch_ctas = 1 + int(run % 4);
+    o.max_ctas = run % 2 ? 8 : 0;
+    MoeForward delayed(c, o);
+    EXPECT_TRUE(same_bits(want, gpu_forward(delayed, c, layer, b))) << "run " << run;
+  }
+}
+
+TEST(MoeForwardGpu, AStoppedDispatchEndsInAnErrorNotAHang) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset("tiny");
+  const mok::LayerParams p = mok::tools::random_params(c, 34);
+  const GpuLayer layer(p);
+  const mok::Batch b = mok::tools::random_batch(c, 512, 35);
+  ForwardOptions o;
+  o.never_publish_block = 2;
+  o.wait_seconds = 0.25;
+  MoeForward stuck(c, o);
+  const auto start = std::chrono::steady_clock::now();
+  gpu_forward(stuck, c, layer, b, false);
+  try {
+    stuck.check(nullptr);
+    FAIL() << "no error";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.code(), mok::ErrorCode::peer_timeout);
+    EXPECT_NE(std::string(e.what()).find("waiting for dispatched row block 2"), std::string::npos)
+        << e.what();
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("the stopped forward ended after %.2f s (bound 0.25 s per wait)\n", seconds);
+  // The GPU is left usable: a healthy forward right after gives the right answer.
+  MoeForward healthy(c);
+  expect_matches_reference(c, p, b, gpu_forward(healthy, c, layer, b));
+}
+
+TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
+  MOK_REQUIRE_GPU();
+  mok::Config c = odd_config(1);
+  c.hidden = 352;  // not a multiple of 64
+  EXPECT_THROW(MoeForward{c}, mok::Error);
+  ForwardOptions wide;
+  wide.block_n = 256;  // I = 192 is not a multiple of 128
+  EXPECT_THROW(MoeForward(odd_config(1), wide), mok::Error);
+  ForwardOptions all_dispatch;
+  all_dispatch.max_ctas = 4, all_dispatch.dispatch_ctas = 4;
+  EXPECT_THROW(MoeForward(mok::preset("tiny"), all_dispatch), mok::Error);
+}
+
+// Every standard shape, full size, random weights on the device. Three opinions: the staged
+// pipeline (bit for bit), the unfused cuBLAS pipeline (BF16 rounding), and the CPU reference on
+// sampled tokens (each token's experts copied to the host).
+class StandardShape : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(StandardShape, AgreesWithStagedCublasAndTheReference) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset(GetParam());
+  const int64_t T = c.max_tokens_per_rank, H = c.hidden, I = c.intermediate, E = c.num_experts,
+                K = c.top_k, S = c.shared_width();
+  DeviceBuffer<uint16_t> g(size_t(E * I * H), 0), u(size_t(E * I * H), 0), d(size_t(E * H * I), 0),
+      sg(size_t(std::max<int64_t>(S * H, 1)), 0), su(size_t(std::max<int64_t>(S * H, 1)), 0),
+      sd(size_t(std::max<int64_t>(S * H, 1)), 0), x(size_t(T * H), 0), out(size_t(T * H), 0xFF),
+      staged_out(size_t(T * H), 0xFF), base(size_t(T * H), 0xFF);
+  DeviceBuffer<int32_t> ids(size_t(T * K));
+  DeviceBuffer<float> w(size_t(T * K));
+  auto bf = [](const DeviceBuffer<uint16_t>& b) { return reinterpret_cast<__nv_bfloat16*>(b.ptr); };
+  const float wh = 1.0f / std::sqrt(float(H)), wi = 1.0f / std::sqrt(float(I));
+  MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(bf(g), E * I * H, 1, wh, nullptr));
+  MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(bf(u), E * I * H, 2, wh, nullptr));
+  MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(bf(d), E * I * H, 3, wi, nullptr));
+  if (S > 0) {
+    MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(bf(sg), S * H, 6, wh, nullptr));
+    MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(bf(su), S * H, 7, wh, nullptr));
+    MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(bf(sd), S * H, 8, 1.0f / std::sqrt(float(S)), nullptr));
+  }
+  MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(bf(x), T * H, 4, 1.0f, nullptr));
+  MOK_CUDA_OK(mok::gpu::random_topk(ids.ptr, w.ptr, T, int(E), int(K), 5, nullptr));
+  const mok::gpu::DeviceLayerWeights weights{
+      S ? bf(sg) : nullptr, S ? bf(su) : nullptr, S ? bf(sd) : nullptr, bf(g), bf(u), bf(d)};
+  const mok::gpu::DeviceBatch batch{T, bf(x), ids.ptr, w.ptr};
+  auto host = [](const DeviceBuffer<uint16_t>& b) {
+    std::vector<double> r;
+    for (uint16_t v : b.to_host()) r.push_back(mok::fmt::bf16_to_float(v));
+    return r;
+  };
+  std::vector<double> got;
+  {
+    MoeForward mega(c);
+    mega.forward(batch, weights, bf(out), nullptr);
+    mega.check(nullptr);
+    got = host(out);
+  }
+  for (size_t i = 0; i < got.size(); ++i) ASSERT_FALSE(std::isnan(got[i])) << "unwritten at " << i;
+  {
+    mok::gpu::StagedForward staged(c);
+    staged.forward(batch, weights, bf(staged_out), nullptr);
+    staged.check(nullptr);
+    EXPECT_TRUE(same_bits(host(staged_out), got));
+  }
+  {
+    mok::bench::UnfusedForward baseline(c);
+    baseline.forward(batch, weights, bf(base));
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    const double err = mok::relative_l2_error(got, host(base));
+    std::printf("%s: relative L2 error against the cuBLAS pipeline %.2e\n", GetParam(), err);
+    EXPECT_LT(err, 1e-2);
+  }
+  // The CPU reference on sampled tokens: a layer of just that token's experts (ids remapped).
+  const std::vector<int32_t> all_ids = ids.to_host();
+  const std::vector<float> all_w = w.to_host();
+  auto download = [](const uint16_t* src, size_t n) {
+    std::vector<uint16_t> h(n);
+    cudaMemcpy(h.data(), src, n * 2, cudaMemcpyDeviceToHost);
+    std::vector<double> r(n);
+    for (size_t i = 0; i < n; ++i) r[i] = mok::fmt::bf16_to_float(h[i]);
+    return r;
+  };
+  for (int64_t t : {int64_t(0), T / 3, T - 1}) {
+    mok::Config one = c;
+    one.num_experts = int(K);
+    one.max_tokens_per_rank = 1;
+    one.routed_capacity_rows = 0;
+    mok::LayerParams lp = mok::LayerParams::zeros(one);
+    mok::Batch b1;
+    b1.tokens = 1;
+    b1.x = download(x.ptr + t * H, size_t(H));
+    const size_t m = size_t(I * H);
+    for (int64_t k = 0; k < K; ++k) {
+      const int64_t e = all_ids[size_t(t * K + k)];
+      for (auto [dst, src] :
+           {std::pair{&lp.gate, &g}, std::pair{&lp.up, &u}, std::pair{&lp.down, &d}}) {
+        const std::vector<double> we = download(src->ptr + e * int64_t(m), m);
+        std::copy(we.begin(), we.end(), dst->begin() + k * int64_t(m));
+      }
+      b1.topk_ids.push_back(int32_t(k));
+      b1.topk_weights.push_back(all_w[size_t(t * K + k)]);
+    }
+    if (S > 0) {
+      lp.shared_gate = download(sg.ptr, size_t(S * H));
+      lp.shared_up = download(su.ptr, size_t(S * H));
+      lp.shared_down = download(sd.ptr, size_t(S * H));
+    }
+    mok::ReferenceOptions ro;
+    ro.quant = mok::OperandQuant::bf16;
+    const std::vector<double> want = mok::reference_forward(one, lp, b1, ro).out;
+    const std::vector<double> row(got.begin() + t * H, got.begin() + (t + 1) * H);
+    const double err = mok::relative_l2_error(row, want);
+    std::printf("%s: token %lld against the CPU reference: relative L2 error %.2e\n", GetParam(),
+                static_cast<long long>(t), err);
+    EXPECT_LT(err, 1e-2) << "token " << t;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DesignShapes, StandardShape,
+                         ::testing::Values("dsv3", "mok-default", "qwen3-30b", "fine"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
