@@ -39,6 +39,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.tokens = std::atoll(v.c_str());
     else if (a == "--iterations")
       o.iterations = std::max(1, std::atoi(v.c_str()));
+    else if (a == "--breakdown")
+      o.breakdown = v == "1" || v == "yes";
     else
       throw UsageError("unknown option '" + a + "' for bench");
   }
@@ -82,11 +84,12 @@ struct Row {
   double rows_per_expert, ms, tflops, pct_peak, bound_ms, pct_bound;
   double baseline_ms, baseline_tflops, baseline_difference;
   double staged_tflops;  // the same GEMMs as separate launches (no dispatch/combine overlap)
+  double staged_ms = 0, no_copy_ms = 0, no_combine_ms = 0;  // --breakdown
   const char* bound_by;
 };
 
 Row bench_shape(const std::string& name, Config c, int64_t tokens, int iterations,
-                const Ceilings& ceil) {
+                const Ceilings& ceil, bool breakdown) {
   c.max_tokens_per_rank = int(tokens);
   const int64_t H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
                 K = c.top_k;
@@ -156,6 +159,17 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   r.tflops = flops / (r.ms * 1e-3) * 1e-12;
   r.baseline_tflops = flops / (r.baseline_ms * 1e-3) * 1e-12;
   r.staged_tflops = flops / (stages[1] * 1e-3) * 1e-12;
+  r.staged_ms = stages[1];
+  if (breakdown) {  // after the checked runs: these variants write wrong outputs
+    gpu::ForwardOptions no_copy, no_combine;
+    no_copy.profile_without_dispatch_copy = true;
+    no_combine.profile_without_combine = true;
+    gpu::MoeForward a(c, no_copy), b(c, no_combine);
+    r.no_copy_ms =
+        median_ms([&] { a.forward(batch, weights, baseline_out.ptr, nullptr); }, iterations);
+    r.no_combine_ms =
+        median_ms([&] { b.forward(batch, weights, baseline_out.ptr, nullptr); }, iterations);
+  }
   r.pct_peak = 100.0 * r.tflops / ceil.bf16_tflops;
   r.bound_ms = std::max(compute_ms, memory_ms);
   r.bound_by = compute_ms >= memory_ms ? "compute" : "weights";
@@ -194,9 +208,11 @@ int bench_command(const BenchOptions& o) {
       "differ "
       "by | peak TFLOP/s, HBM TB/s measured "
       "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<Row> rows;
   for (const auto& [name, tokens] : shapes) {
     const Ceilings ceil = measure_ceilings(h);
-    const Row r = bench_shape(name, preset(name), tokens, o.iterations, ceil);
+    const Row r = bench_shape(name, preset(name), tokens, o.iterations, ceil, o.breakdown);
+    rows.push_back(r);
     std::printf(
         "| %s | %lld | %.0f | %.3f | %.0f | %.0f%% | %.3f (%s) | %.0f%% | %.0f | %.2f | %.0f | "
         "%.1e | %.0f, %.2f |\n",
@@ -204,6 +220,15 @@ int bench_command(const BenchOptions& o) {
         r.bound_ms, r.bound_by, r.pct_bound, r.baseline_tflops, r.tflops / r.baseline_tflops,
         r.staged_tflops, r.baseline_difference, ceil.bf16_tflops, ceil.hbm_tbps);
     std::fflush(stdout);
+  }
+  if (o.breakdown) {
+    std::printf(
+        "\nWhere the time goes (ms, medians; a variant that drops a stage gives a wrong output):\n"
+        "| shape | T | megakernel | without the dispatch copy | without the combine | staged "
+        "launches |\n|---|---|---|---|---|---|\n");
+    for (const Row& r : rows)
+      std::printf("| %s | %lld | %.3f | %.3f | %.3f | %.3f |\n", r.name.c_str(),
+                  (long long)r.tokens, r.ms, r.no_copy_ms, r.no_combine_ms, r.staged_ms);
   }
   cublasDestroy(h);
   return 0;

@@ -27,6 +27,7 @@ const char* kUsage =
     "      [--tokens T]             BF16 peak, HBM bandwidth and roofline bound measured "
     "alongside\n"
     "      [--iterations N]\n"
+    "      [--breakdown 1]          also time variants that drop the dispatch copy or the combine\n"
     "presets: tiny, dsv3, mok-default, qwen3-30b, fine\n";
 
 int info() {

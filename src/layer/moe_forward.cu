@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "kernels/moe_forward/forward_params.hpp"
 #include "layer/forward_schedule.hpp"
@@ -215,24 +216,38 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   p.delay_ns = options_.dispatch_delay_ns;
   p.delay_seed = options_.delay_seed;
   p.never_publish_block = options_.never_publish_block;
+  p.profile_flags = (options_.profile_without_dispatch_copy ? kern::kProfileNoDispatchCopy : 0) |
+                    (options_.profile_without_combine ? kern::kProfileNoCombine : 0);
   check_cuda(kern::launch_moe_forward(maps, p, block_n_, grid_, stream), "the forward megakernel");
 }
 
 void MoeForward::check(cudaStream_t stream) {
   detail::Status st{};
   kern::ForwardFault fault{};
+  static_assert(std::is_trivially_copyable_v<kern::ForwardFault>);
   check_cuda(cudaMemcpyAsync(&st, ws_->sched.status, sizeof st, cudaMemcpyDeviceToHost, stream),
              "cudaMemcpyAsync");
   check_cuda(cudaMemcpyAsync(&fault, ws_->fault, sizeof fault, cudaMemcpyDeviceToHost, stream),
              "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
   detail::throw_on_status(st, config_.num_experts, ws_->sched.capacity);
-  if (fault.role != kern::kRoleNone)
-    throw Error(ErrorCode::peer_timeout,
-                std::string("the forward stopped: ") + role_name(fault.role) + " " +
-                    std::to_string(fault.what) + " (CTA " + std::to_string(fault.cta) +
-                    ") gave up after " + std::to_string(options_.wait_seconds) +
-                    " s; the output is incomplete");
+  if (fault.aborted == 0) return;
+  // The most upstream wait is the cause; the others gave up because of it.
+  std::string cause, consequences;
+  for (int role = 0; role < kern::kForwardRoles; ++role) {
+    const auto& r = fault.records[role];
+    if (!r.seen) continue;
+    const std::string what = std::string(role_name(role)) + " " + std::to_string(r.what) +
+                             " (CTA " + std::to_string(r.cta) + ")";
+    if (cause.empty())
+      cause = what;
+    else
+      consequences += (consequences.empty() ? "" : "; ") + what;
+  }
+  throw Error(ErrorCode::peer_timeout, "the forward stopped: " + cause + " gave up after " +
+                                           std::to_string(options_.wait_seconds) + " s" +
+                                           (consequences.empty() ? "" : "; then " + consequences) +
+                                           "; the output is incomplete");
 }
 
 }  // namespace mok::gpu

@@ -26,6 +26,8 @@ struct ForwardOptions {
   // (a stopped dispatch: the forward must end in an error within wait_seconds).
   uint32_t dispatch_delay_ns = 0, delay_seed = 0;
   int64_t never_publish_block = -1;
+  // Benchmarks only: drop a stage to measure what it costs (the output is then wrong).
+  bool profile_without_dispatch_copy = false, profile_without_combine = false;
 };
 
 // Dispatch CTAs for a GPU of `sms` SMs: enough to gather rows faster than the GEMM CTAs consume

@@ -98,6 +98,20 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
   return true;
 }
 
+// A warpgroup whose 64 rows are all padding passes the tile's stages on without multiplying: the
+// other warpgroup then has the SM's tensor cores to itself. It still waits for each stage to land,
+// so the producer never refills a stage the TMA is writing.
+template <int kBlockN>
+__device__ __forceinline__ bool skip_tile(const SmemRing<kBlockN>& ring,
+                                          dev::RingCursor<TileShape<kBlockN>::kStages>& c,
+                                          int k_blocks, uint64_t wait_cycles) {
+  for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
+    if (!dev::mbar_wait(&ring.full[c.stage], c.phase, wait_cycles)) return false;
+    if (threadIdx.x % 32 == 0) dev::mbar_arrive(&ring.empty[c.stage]);
+  }
+  return true;
+}
+
 // Where accumulator register 4j + q of this thread lands (hopper-gemm.md, 6): rows `lo` (q = 0, 1)
 // and `lo + 8` (q = 2, 3) of the warpgroup's 64, columns 8j + 2(l % 4) + {0, 1}.
 struct Fragment {

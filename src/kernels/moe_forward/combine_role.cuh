@@ -31,6 +31,7 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
 
 template <int kBlockN>
 __device__ __forceinline__ void combine_role(const ForwardParams& p) {
+  if (p.profile_flags & kProfileNoCombine) return;
   const int lane = threadIdx.x % 32;
   const bool ok = batch_ok(p);
   const uint32_t expected = token_contributions<kBlockN>(p);
@@ -42,7 +43,7 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
     if (t >= p.tokens) return;
     bool ready = true;
     if (ok && lane == 0) {
-      ready = wait_unless_faulted(
+      ready = wait_unless_aborted(
           p, [&] { return dev::load_acquire_gpu(p.token_done + t) >= expected; });
       if (!ready) record_fault(p, kRoleCombine, t);
     }

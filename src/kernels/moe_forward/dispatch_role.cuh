@@ -25,25 +25,41 @@ __device__ __forceinline__ void injected_delay(uint32_t max_ns, uint32_t seed, i
   }
 }
 
+// Vectors each thread keeps in flight: 384 threads x 16 x 16 B = 96 KB per SM, enough to cover the
+// memory latency (one row per warp at a time moved only ~30 GB/s per SM).
+constexpr int kDispatchUnroll = 16;
+
 __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, int ctas) {
+  __shared__ int64_t source_token[kBlockM];  // token of each row of the block, -1: padding
   const int64_t blocks = routed_blocks(p);
-  const int64_t row_vecs = p.hidden / 8;  // 16-byte vectors per row
+  const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row (32-bit math:
+  const uint32_t block_vecs = kBlockM * row_vecs;    // the divisions below stay cheap)
   const uint4* x = reinterpret_cast<const uint4*>(p.x);
-  uint4* routed = reinterpret_cast<uint4*>(p.routed_x);
-  const int warp = threadIdx.x / 32, warps = blockDim.x / 32, lane = threadIdx.x % 32;
   for (int64_t b = cta; b < blocks; b += ctas) {
-    const int expert = p.tile_expert[b];
-    for (int r = warp; r < kBlockM; r += warps) {
-      const int64_t row = b * kBlockM + r;
-      const int64_t slot =
-          sched::routed_row_slot(row, expert, p.seg_begin, p.counts, p.offsets, p.sorted);
-      uint4* dst = routed + row * row_vecs;
-      if (slot >= 0) {
-        const uint4* src = x + sched::slot_token(slot, p.top_k) * row_vecs;
-#pragma unroll 4
-        for (int64_t v = lane; v < row_vecs; v += 32) dst[v] = __ldg(src + v);
-      } else {
-        for (int64_t v = lane; v < row_vecs; v += 32) dst[v] = make_uint4(0, 0, 0, 0);
+    if (threadIdx.x < kBlockM) {
+      const int64_t slot = sched::routed_row_slot(b * kBlockM + threadIdx.x, p.tile_expert[b],
+                                                  p.seg_begin, p.counts, p.offsets, p.sorted);
+      source_token[threadIdx.x] = slot >= 0 ? sched::slot_token(slot, p.top_k) : -1;
+    }
+    __syncthreads();
+    // The block as one flat run of vectors: consecutive threads move consecutive 16 bytes.
+    uint4* dst = reinterpret_cast<uint4*>(p.routed_x) + b * int64_t(block_vecs);
+    const uint32_t copy_vecs = p.profile_flags & kProfileNoDispatchCopy ? 0 : block_vecs;
+    for (uint32_t base = threadIdx.x; base < copy_vecs; base += blockDim.x * kDispatchUnroll) {
+      uint4 v[kDispatchUnroll];
+#pragma unroll
+      for (int u = 0; u < kDispatchUnroll; ++u) {
+        const uint32_t i = base + u * blockDim.x;
+        v[u] = make_uint4(0, 0, 0, 0);
+        if (i < block_vecs) {
+          const int64_t token = source_token[i / row_vecs];
+          if (token >= 0) v[u] = __ldg(x + token * row_vecs + i % row_vecs);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kDispatchUnroll; ++u) {
+        const uint32_t i = base + u * blockDim.x;
+        if (i < block_vecs) dst[i] = v[u];
       }
     }
     __syncthreads();  // every thread's stores precede the release below (it is cumulative)

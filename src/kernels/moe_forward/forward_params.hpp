@@ -10,21 +10,24 @@
 
 namespace mok::kern {
 
-// Which role's bounded wait expired first (the others then stop early); see ForwardFault.
+// Roles that wait on other CTAs, upstream first: when a wait can never be satisfied, every role
+// downstream of it gives up too, and the host names the most upstream one as the cause.
 enum ForwardRole : int {
-  kRoleNone = 0,
-  kRoleGateUpProducer = 1,  // waited for a dispatched row block ("what" = the block)
-  kRoleDownProducer = 2,    // waited for the activations of a row block ("what" = the block)
-  kRoleSharedDownProducer = 3,
-  kRoleConsumer = 4,  // waited for its producer's TMA loads ("what" = the tile)
-  kRoleCombine = 5,   // waited for a token's expert outputs ("what" = the token)
-  kRoleProducerRing = 6,
+  kRoleGateUpProducer = 0,      // waited for a dispatched row block ("what" = the block)
+  kRoleSharedDownProducer = 1,  // waited for the shared activations of a token block
+  kRoleDownProducer = 2,        // waited for the activations of a routed row block
+  kRoleProducerRing = 3,        // waited for a free ring stage ("what" = the tile)
+  kRoleConsumer = 4,            // waited for its producer's TMA loads ("what" = the tile)
+  kRoleCombine = 5,             // waited for a token's expert outputs ("what" = the token)
+  kForwardRoles = 6,
 };
 
 struct ForwardFault {
-  int role;  // ForwardRole of the first expired wait; 0: none
-  int cta;
-  long long what;
+  int aborted;  // set by the first expired wait; every other wait then gives up at once
+  struct Record {
+    int seen, cta;
+    long long what;
+  } records[kForwardRoles];  // the first wait of each role that gave up
 };
 
 // Every operand is a TMA tensor map: K-major, 128B swizzle, boxes of 64 columns.
@@ -72,7 +75,12 @@ struct ForwardParams {
   // and block never_publish_block (>= 0) is never published (a dispatch that stopped).
   uint32_t delay_ns, delay_seed;
   long long never_publish_block;
+  int profile_flags;  // benchmarks only (kProfile*): drop a stage to measure what it costs
 };
+
+// Stages a benchmark may drop (the output is then wrong): the dispatch copy (blocks are published
+// without gathering rows) and the combine (out is not written).
+constexpr int kProfileNoDispatchCopy = 1, kProfileNoCombine = 2;
 
 // Once per device, before launches: the shared-memory opt-in, and how many CTAs fit on one SM
 // (the persistent grid needs every CTA resident).

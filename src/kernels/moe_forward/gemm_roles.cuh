@@ -27,7 +27,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
     const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
     const uint32_t* ready = nullptr;
     uint32_t needed = 0;
-    ForwardRole role = kRoleNone;
+    ForwardRole role = kRoleGateUpProducer;
     switch (w.kind) {
       case TileKind::shared_gate_up:
         a_map = &maps.x, b_map = &maps.shared_gate, b_up_map = &maps.shared_up;
@@ -48,7 +48,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         break;
     }
     if (ready) {
-      if (!wait_unless_faulted(p, [&] { return dev::load_acquire_gpu(ready) >= needed; })) {
+      if (!wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(ready) >= needed; })) {
         record_fault(p, role, w.m_block);
         return;
       }
@@ -84,6 +84,13 @@ __device__ __forceinline__ void publish_warpgroup(uint32_t* counter, int wg) {
   }
 }
 
+// True when rows [row0, row0 + 64) of the tile hold no token (routed: past the expert's count).
+__device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWork& w, int row0) {
+  if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
+    return row0 >= p.tokens;
+  return row0 - p.seg_begin[w.expert] >= p.counts[w.expert];
+}
+
 template <int kBlockN>
 __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
                                               int cta, int ctas) {
@@ -93,14 +100,26 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
   float d[kBlockN / 2];
   for (int64_t t = cta; t < tiles.count(); t += ctas) {
     const TileWork w = tiles.at(t, p);
+    int row0 = int(w.m_block * kBlockM + wg * 64);
+    const bool gate_up = w.kind == TileKind::routed_gate_up || w.kind == TileKind::shared_gate_up;
+    if (all_padding(p, w, row0)) {  // the last rows of an expert's segment, or past the tokens
+      if (!skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles)) {
+        record_fault(p, kRoleConsumer, t);
+        return false;
+      }
+      if (gate_up)  // its act rows stay unwritten: only skipped down rows read them
+        publish_warpgroup(
+            (w.kind == TileKind::routed_gate_up ? p.act_ready : p.act_shared_ready) + w.m_block,
+            wg);
+      continue;
+    }
     if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles)) {
       record_fault(p, kRoleConsumer, t);
       return false;
     }
-    int row0 = int(w.m_block * kBlockM + wg * 64);
     asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
     const int r = Fragment::mine().row_lo;
-    if (w.kind == TileKind::routed_gate_up || w.kind == TileKind::shared_gate_up) {
+    if (gate_up) {
       const bool routed = w.kind == TileKind::routed_gate_up;
       const int64_t width = routed ? p.intermediate : p.shared_width;
       __nv_bfloat16* out =

@@ -88,20 +88,23 @@ __device__ __forceinline__ uint32_t token_contributions(const ForwardParams& p) 
   return uint32_t((p.top_k + (p.shared_width > 0 ? 1 : 0)) * ((p.hidden + kBlockN - 1) / kBlockN));
 }
 
-// A bounded wait that also gives up as soon as another role has recorded a fault.
+// A bounded wait that also gives up as soon as another wait has expired.
 template <class Ready>
-__device__ __forceinline__ bool wait_unless_faulted(const ForwardParams& p, Ready ready) {
-  const volatile int* fault_role = &p.fault->role;
-  return dev::spin_until([&] { return ready() || *fault_role != kRoleNone; }, p.wait_cycles) &&
-         ready();
+__device__ __forceinline__ bool wait_unless_aborted(const ForwardParams& p, Ready ready) {
+  const volatile int* aborted = &p.fault->aborted;
+  return dev::spin_until([&] { return ready() || *aborted != 0; }, p.wait_cycles) && ready();
 }
 
+// A wait of `role` gave up (its own bound expired, or another one's did): keep the first record of
+// each role, and stop every other wait.
 __device__ __forceinline__ void record_fault(const ForwardParams& p, ForwardRole role,
                                              long long what) {
-  if (atomicCAS(&p.fault->role, kRoleNone, int(role)) == kRoleNone) {
-    p.fault->cta = int(blockIdx.x);
-    p.fault->what = what;
+  ForwardFault::Record& r = p.fault->records[role];
+  if (atomicCAS(&r.seen, 0, 1) == 0) {
+    r.cta = int(blockIdx.x);
+    r.what = what;
   }
+  atomicExch(&p.fault->aborted, 1);
 }
 
 }  // namespace mok::kern
