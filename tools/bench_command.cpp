@@ -39,6 +39,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.tokens = std::atoll(v.c_str());
     else if (a == "--iterations")
       o.iterations = std::max(1, std::atoi(v.c_str()));
+    else if (a == "--dispatch-ctas")
+      o.dispatch_ctas = std::max(0, std::atoi(v.c_str()));
     else if (a == "--breakdown")
       o.breakdown = v == "1" || v == "yes";
     else
@@ -85,11 +87,12 @@ struct Row {
   double baseline_ms, baseline_tflops, baseline_difference;
   double staged_tflops;  // the same GEMMs as separate launches (no dispatch/combine overlap)
   double staged_ms = 0, no_copy_ms = 0, no_combine_ms = 0;  // --breakdown
+  int dispatch_ctas = 0, grid = 0;
   const char* bound_by;
 };
 
 Row bench_shape(const std::string& name, Config c, int64_t tokens, int iterations,
-                const Ceilings& ceil, bool breakdown) {
+                const Ceilings& ceil, const BenchOptions& o) {
   c.max_tokens_per_rank = int(tokens);
   const int64_t H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
                 K = c.top_k;
@@ -108,7 +111,9 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   cuda_ok(gpu::fill_uniform_bf16(d.ptr, E * I * H, 16, bi, nullptr), "fill");
   cuda_ok(gpu::fill_uniform_bf16(x.ptr, tokens * H, 17, 1.0f, nullptr), "fill");
   cuda_ok(gpu::random_topk(ids.ptr, w.ptr, tokens, int(E), int(K), 18, nullptr), "random_topk");
-  gpu::MoeForward f(c);
+  gpu::ForwardOptions fo;
+  fo.dispatch_ctas = o.dispatch_ctas;
+  gpu::MoeForward f(c, fo);
   gpu::StagedForward staged(c);
   bench::UnfusedForward baseline(c);
   DeviceArray<__nv_bfloat16> baseline_out(size_t(tokens * H));
@@ -160,8 +165,10 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   r.baseline_tflops = flops / (r.baseline_ms * 1e-3) * 1e-12;
   r.staged_tflops = flops / (stages[1] * 1e-3) * 1e-12;
   r.staged_ms = stages[1];
-  if (breakdown) {  // after the checked runs: these variants write wrong outputs
-    gpu::ForwardOptions no_copy, no_combine;
+  r.dispatch_ctas = f.dispatch_ctas();
+  r.grid = f.grid();
+  if (o.breakdown) {  // after the checked runs: these variants write wrong outputs
+    gpu::ForwardOptions no_copy = fo, no_combine = fo;
     no_copy.profile_without_dispatch_copy = true;
     no_combine.profile_without_combine = true;
     gpu::MoeForward a(c, no_copy), b(c, no_combine);
@@ -211,7 +218,7 @@ int bench_command(const BenchOptions& o) {
   std::vector<Row> rows;
   for (const auto& [name, tokens] : shapes) {
     const Ceilings ceil = measure_ceilings(h);
-    const Row r = bench_shape(name, preset(name), tokens, o.iterations, ceil, o.breakdown);
+    const Row r = bench_shape(name, preset(name), tokens, o.iterations, ceil, o);
     rows.push_back(r);
     std::printf(
         "| %s | %lld | %.0f | %.3f | %.0f | %.0f%% | %.3f (%s) | %.0f%% | %.0f | %.2f | %.0f | "
@@ -224,11 +231,12 @@ int bench_command(const BenchOptions& o) {
   if (o.breakdown) {
     std::printf(
         "\nWhere the time goes (ms, medians; a variant that drops a stage gives a wrong output):\n"
-        "| shape | T | megakernel | without the dispatch copy | without the combine | staged "
-        "launches |\n|---|---|---|---|---|---|\n");
+        "| shape | T | grid (dispatch CTAs) | megakernel | without the dispatch copy | without the "
+        "combine | staged launches |\n|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows)
-      std::printf("| %s | %lld | %.3f | %.3f | %.3f | %.3f |\n", r.name.c_str(),
-                  (long long)r.tokens, r.ms, r.no_copy_ms, r.no_combine_ms, r.staged_ms);
+      std::printf("| %s | %lld | %d (%d) | %.3f | %.3f | %.3f | %.3f |\n", r.name.c_str(),
+                  (long long)r.tokens, r.grid, r.dispatch_ctas, r.ms, r.no_copy_ms, r.no_combine_ms,
+                  r.staged_ms);
   }
   cublasDestroy(h);
   return 0;

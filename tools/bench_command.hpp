@@ -9,7 +9,9 @@ struct BenchOptions {
   std::string preset = "all";  // a preset name, or "all": every standard shape of design.md
   int64_t tokens = -1;         // tokens per rank (default: the preset's)
   int iterations = 20;
-  bool breakdown = false;  // also time the megakernel without its dispatch copy / its combine
+  bool breakdown = false;
+  int dispatch_ctas = 0;  // 0: the megakernel's default  // also time the megakernel without its
+                          // dispatch copy / its combine
 };
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args);

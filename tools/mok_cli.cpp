@@ -27,6 +27,7 @@ const char* kUsage =
     "      [--tokens T]             BF16 peak, HBM bandwidth and roofline bound measured "
     "alongside\n"
     "      [--iterations N]\n"
+    "      [--dispatch-ctas N]      CTAs of the megakernel that gather rows (default: automatic)\n"
     "      [--breakdown 1]          also time variants that drop the dispatch copy or the combine\n"
     "presets: tiny, dsv3, mok-default, qwen3-30b, fine\n";
 
