@@ -97,7 +97,8 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
   // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.
   grid_ = options.max_ctas > 0 ? std::min(options.max_ctas, sms) : sms;
-  dispatch_ctas_ = options.dispatch_ctas > 0 ? options.dispatch_ctas : num_dispatch_ctas(grid_);
+  dispatch_ctas_ =
+      options.dispatch_ctas > 0 ? options.dispatch_ctas : num_dispatch_ctas(grid_, c.intermediate);
   require(grid_ >= 2 && dispatch_ctas_ < grid_, ErrorCode::invalid_argument,
           "dispatch_ctas = " + std::to_string(dispatch_ctas_) +
               " leaves no GEMM CTA in a grid of " + std::to_string(grid_));

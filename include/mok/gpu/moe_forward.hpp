@@ -31,8 +31,11 @@ struct ForwardOptions {
 };
 
 // Dispatch CTAs for a GPU of `sms` SMs: enough to gather rows faster than the GEMM CTAs consume
-// them (a 128-row block of H = 7168 is 1.8 MB to move, against ~7.5 GFLOP of gate/up work).
-constexpr int num_dispatch_ctas(int sms) { return sms >= 64 ? sms / 16 : 1; }
+// them. A row moves 4H bytes against ~6IH FLOPs of expert work, so the share grows as I shrinks;
+// measured on an H200 (docs/benchmarks.md): 8 of 132 best at I >= 2048, 16 at I = 512 and 768.
+constexpr int num_dispatch_ctas(int sms, int intermediate) {
+  return (sms >= 64 ? sms / 16 : 1) * (intermediate <= 1024 ? 2 : 1);
+}
 
 class MoeForward {
  public:

@@ -1,7 +1,10 @@
 // The forward megakernel's tile order. The GEMM CTAs take tiles t = cta, cta + ctas, ... of one
-// fixed sequence (n fastest inside each row block):
+// fixed sequence:
 //
 //   [shared gate/up] [routed gate/up] [shared down] [routed down]
+//
+// inside each phase the experts in order, and each expert's row blocks in the weight-sharing order
+// of mok/schedule/tile_order.hpp (groups of 8 row blocks, n-tile outer).
 //
 // Deadlock freedom: a tile waits only on work that comes earlier in this sequence (a down tile on
 // the gate/up tiles of its row block) or on the dispatch CTAs, which wait on nothing. Every CTA is
@@ -14,6 +17,7 @@
 
 #include "kernels/gemm/bf16_pipeline.cuh"
 #include "kernels/moe_forward/forward_params.hpp"
+#include "mok/schedule/tile_order.hpp"
 
 namespace mok::kern {
 
@@ -62,22 +66,32 @@ struct ForwardTiles {
   __device__ int64_t count() const { return end; }
 
   __device__ TileWork at(int64_t t, const ForwardParams& p) const {
-    if (t < routed_gate_up_begin)
-      return {TileKind::shared_gate_up, t / shared_gate_up_tiles, int(t % shared_gate_up_tiles), 0,
-              p.hidden / kBlockK};
+    if (t < routed_gate_up_begin) {
+      const sched::TileCoord c = sched::grouped_tile(t, shared_blocks, shared_gate_up_tiles);
+      return {TileKind::shared_gate_up, c.block, c.n_tile, 0, p.hidden / kBlockK};
+    }
     if (t < shared_down_begin) {
-      const int64_t i = t - routed_gate_up_begin;
-      return {TileKind::routed_gate_up, i / gate_up_tiles, int(i % gate_up_tiles),
-              p.tile_expert[i / gate_up_tiles], p.hidden / kBlockK};
+      const TileWork w = routed(t - routed_gate_up_begin, gate_up_tiles, p);
+      return {TileKind::routed_gate_up, w.m_block, w.n_tile, w.expert, p.hidden / kBlockK};
     }
     if (t < routed_down_begin) {
-      const int64_t i = t - shared_down_begin;
-      return {TileKind::shared_down, i / down_tiles, int(i % down_tiles), 0,
-              p.shared_width / kBlockK};
+      const sched::TileCoord c =
+          sched::grouped_tile(t - shared_down_begin, shared_blocks, down_tiles);
+      return {TileKind::shared_down, c.block, c.n_tile, 0, p.shared_width / kBlockK};
     }
-    const int64_t i = t - routed_down_begin;
-    return {TileKind::routed_down, i / down_tiles, int(i % down_tiles),
-            p.tile_expert[i / down_tiles], p.intermediate / kBlockK};
+    const TileWork w = routed(t - routed_down_begin, down_tiles, p);
+    return {TileKind::routed_down, w.m_block, w.n_tile, w.expert, p.intermediate / kBlockK};
+  }
+
+  // Routed tile i of a phase with n_tiles per row block: experts in order, each expert's row
+  // blocks in the grouped order of tile_order.hpp. Expert e's tiles are [B_e n, B_e+1 n) with B_e
+  // its first row block, so the row block i / n belongs to e: no search.
+  __device__ static TileWork routed(int64_t i, int n_tiles, const ForwardParams& p) {
+    const int expert = p.tile_expert[i / n_tiles];
+    const int64_t first = p.seg_begin[expert] / kBlockM;
+    const int64_t blocks = p.seg_begin[expert + 1] / kBlockM - first;
+    const sched::TileCoord c = sched::grouped_tile(i - first * n_tiles, blocks, n_tiles);
+    return {TileKind::routed_gate_up, first + c.block, c.n_tile, expert, 0};
   }
 };
 
