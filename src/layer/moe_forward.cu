@@ -55,7 +55,8 @@ const char* role_name(int role) {
 struct MoeForward::Workspace {
   detail::ScheduleBuffers sched;
   __nv_bfloat16 *routed_x, *act, *act_shared, *y_slots, *y_shared;
-  uint32_t* counters;  // x_ready | act_ready | act_shared_ready | token_done | combine_next
+  uint32_t* counters;  // x_ready | act_ready | act_shared_ready | token_done | combine_next |
+                       // tile_next
   size_t counter_words;
   kern::ForwardFault* fault;
   CUtensorMap routed_x_map, act_map, act_shared_map;
@@ -115,7 +116,7 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   w->act_shared = S ? device_alloc<__nv_bfloat16>(size_t(token_rows * S), what) : nullptr;
   w->y_slots = device_alloc<__nv_bfloat16>(size_t(max_t * K * H), what);
   w->y_shared = S ? device_alloc<__nv_bfloat16>(size_t(max_t * H), what) : nullptr;
-  w->counter_words = size_t(2 * cap / kTileRows + token_rows / kTileRows + max_t + 1);
+  w->counter_words = size_t(2 * cap / kTileRows + token_rows / kTileRows + max_t + 2);
   w->counters = device_alloc<uint32_t>(w->counter_words, what);
   w->fault = device_alloc<kern::ForwardFault>(1, what);
   w->routed_x_map =
@@ -211,6 +212,7 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   p.act_shared_ready = p.act_ready + cap_blocks;
   p.token_done = p.act_shared_ready + w.sched.token_rows / kTileRows;
   p.combine_next = p.token_done + c.max_tokens_per_rank;
+  p.tile_next = p.combine_next + 1;
   p.fault = w.fault;
   p.dispatch_ctas = dispatch_ctas_;
   p.wait_cycles = wait_cycles_;

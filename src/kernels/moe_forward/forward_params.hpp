@@ -68,6 +68,7 @@ struct ForwardParams {
   uint32_t* act_shared_ready;  // [token_rows / 128]
   uint32_t* token_done;        // [T]: +1 per down tile that wrote one of the token's rows
   uint32_t* combine_next;      // the combine's work queue: next token
+  uint32_t* tile_next;         // the GEMM tiles' work queue: next tile of the sequence
   ForwardFault* fault;
   int dispatch_ctas;  // CTAs [0, dispatch_ctas) dispatch, then combine; the rest run the GEMMs
   uint64_t wait_cycles;

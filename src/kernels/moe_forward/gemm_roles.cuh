@@ -19,10 +19,20 @@ namespace mok::kern {
 
 template <int kBlockN>
 __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const ForwardParams& p,
-                                              const SmemRing<kBlockN>& ring, int cta, int ctas) {
+                                              const SmemRing<kBlockN>& ring,
+                                              const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
-  for (int64_t t = cta; t < tiles.count(); t += ctas) {
+  for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
+    int64_t t = atomicAdd(p.tile_next, 1u);
+    if (t >= tiles.count()) t = -1;
+    if (!dev::mbar_wait(&queue.empty[q.stage], q.phase ^ 1u, p.wait_cycles)) {
+      record_fault(p, kRoleProducerRing, t);
+      return;
+    }
+    queue.index[q.stage] = t;
+    dev::mbar_arrive(&queue.full[q.stage]);
+    if (t < 0) return;
     const TileWork w = tiles.at(t, p);
     const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
     const uint32_t* ready = nullptr;
@@ -93,12 +103,19 @@ __device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWo
 
 template <int kBlockN>
 __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
-                                              int cta, int ctas) {
+                                              const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
   const int wg = threadIdx.x / 128;
   float d[kBlockN / 2];
-  for (int64_t t = cta; t < tiles.count(); t += ctas) {
+  for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
+    if (!dev::mbar_wait(&queue.full[q.stage], q.phase, p.wait_cycles)) {
+      record_fault(p, kRoleConsumer, -1);
+      return false;
+    }
+    const int64_t t = queue.index[q.stage];
+    dev::mbar_arrive(&queue.empty[q.stage]);
+    if (t < 0) return true;
     const TileWork w = tiles.at(t, p);
     int row0 = int(w.m_block * kBlockM + wg * 64);
     const bool gate_up = w.kind == TileKind::routed_gate_up || w.kind == TileKind::shared_gate_up;

@@ -10,8 +10,9 @@ namespace mok::kern {
 namespace {
 
 // The producer walks a richer tile sequence than the plain grouped GEMM's (four tile kinds, their
-// counters and maps): at 40 registers it spilled, at 72 it does not; the consumers keep 216.
-constexpr int kForwardProducerRegs = 72, kForwardConsumerRegs = 216;
+// counters and maps, the tile queue): at 40 and 72 registers it spilled, at 88 it does not; the
+// consumers keep 208 (128 accumulators).
+constexpr int kForwardProducerRegs = 88, kForwardConsumerRegs = 208;
 static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRegs <=
                   kThreads * 168,
               "setmaxnreg budget");
@@ -26,17 +27,22 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t full[TileShape<kBlockN>::kStages], empty[TileShape<kBlockN>::kStages];
+  __shared__ int64_t queue_index[kTileQueueDepth];
+  __shared__ uint64_t queue_full[kTileQueueDepth], queue_empty[kTileQueueDepth];
   const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty);
+  const TileQueue queue{queue_index, queue_full, queue_empty};
+  if (threadIdx.x == 0) {
+    queue.init();
+    dev::mbar_fence_init();
+  }
   __syncthreads();
-  const int cta = int(blockIdx.x) - p.dispatch_ctas, ctas = int(gridDim.x) - p.dispatch_ctas;
   if (threadIdx.x / 128 == kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kForwardProducerRegs));
-    if (threadIdx.x % 128 < 32 && dev::elect_one())
-      producer_role<kBlockN>(maps, p, ring, cta, ctas);
+    if (threadIdx.x % 128 < 32 && dev::elect_one()) producer_role<kBlockN>(maps, p, ring, queue);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));
-  if (consumer_role<kBlockN>(p, ring, cta, ctas)) combine_role<kBlockN>(p);
+  if (consumer_role<kBlockN>(p, ring, queue)) combine_role<kBlockN>(p);
 }
 
 template <int kBlockN>

@@ -1,5 +1,6 @@
-// The forward megakernel's tile order. The GEMM CTAs take tiles t = cta, cta + ctas, ... of one
-// fixed sequence:
+// The forward megakernel's tile order. The GEMM CTAs claim tiles from one global counter, so
+// tiles start in the order of one fixed sequence (and CTAs that run together work on neighbouring
+// tiles, which share weights; a static round-robin drifted apart and read the weights ~3x):
 //
 //   [shared gate/up] [routed gate/up] [shared down] [routed down]
 //
@@ -7,10 +8,12 @@
 // of mok/schedule/tile_order.hpp (groups of 8 row blocks, n-tile outer).
 //
 // Deadlock freedom: a tile waits only on work that comes earlier in this sequence (a down tile on
-// the gate/up tiles of its row block) or on the dispatch CTAs, which wait on nothing. Every CTA is
-// resident (one per SM, grid <= SMs) and takes its tiles in increasing order, so the earliest
-// unfinished tile always belongs to a CTA that is working on it with all its inputs done: the
-// sequence drains. The combine waits on down tiles only, and no GEMM tile waits on the combine.
+// the gate/up tiles of its row block) or on the dispatch CTAs, which wait on nothing. Tiles are
+// claimed in sequence order and only by running CTAs (one per SM, grid <= SMs, all resident), and a
+// producer claims its next tile only after issuing every load of the current one, whose consumers
+// then finish it without the producer. So the earliest unfinished tile is claimed, its inputs are
+// earlier tiles (finished, by minimality) or dispatched rows, and it finishes: the sequence drains.
+// The combine waits on down tiles only, and no GEMM tile waits on the combine.
 // Shared tiles come first: they need no dispatch, so they run while dispatch is in flight.
 #pragma once
 #include <cstdint>
@@ -92,6 +95,21 @@ struct ForwardTiles {
     const int64_t blocks = p.seg_begin[expert + 1] / kBlockM - first;
     const sched::TileCoord c = sched::grouped_tile(i - first * n_tiles, blocks, n_tiles);
     return {TileKind::routed_gate_up, first + c.block, c.n_tile, expert, 0};
+  }
+};
+
+// A CTA's producer claims tiles and hands their indices to its consumers through a small queue in
+// shared memory (an index < 0 ends the sequence).
+constexpr int kTileQueueDepth = 4;
+struct TileQueue {
+  int64_t* index;
+  uint64_t* full;   // the producer's arrival (release at CTA scope) after writing the index
+  uint64_t* empty;  // every consumer thread arrives after reading it
+  __device__ void init() const {
+    for (int s = 0; s < kTileQueueDepth; ++s) {
+      dev::mbar_init(&full[s], 1);
+      dev::mbar_init(&empty[s], kConsumers * 128);
+    }
   }
 };
 
