@@ -41,6 +41,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.iterations = std::max(1, std::atoi(v.c_str()));
     else if (a == "--dispatch-ctas")
       o.dispatch_ctas = std::max(0, std::atoi(v.c_str()));
+    else if (a == "--dispatch-lookahead")
+      o.dispatch_lookahead = std::atoi(v.c_str());
     else if (a == "--breakdown")
       o.breakdown = v == "1" || v == "yes";
     else
@@ -113,6 +115,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   cuda_ok(gpu::random_topk(ids.ptr, w.ptr, tokens, int(E), int(K), 18, nullptr), "random_topk");
   gpu::ForwardOptions fo;
   fo.dispatch_ctas = o.dispatch_ctas;
+  fo.dispatch_lookahead = o.dispatch_lookahead;
   gpu::MoeForward f(c, fo);
   gpu::StagedForward staged(c);
   bench::UnfusedForward baseline(c);

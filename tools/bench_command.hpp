@@ -10,8 +10,9 @@ struct BenchOptions {
   int64_t tokens = -1;         // tokens per rank (default: the preset's)
   int iterations = 20;
   bool breakdown = false;
-  int dispatch_ctas = 0;  // 0: the megakernel's default  // also time the megakernel without its
-                          // dispatch copy / its combine
+  int dispatch_ctas = 0;        // 0: the megakernel's default
+  int dispatch_lookahead = -1;  // -1: the megakernel's default  // also time the megakernel without
+                                // its dispatch copy / its combine
 };
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args);

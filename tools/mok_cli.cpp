@@ -28,6 +28,7 @@ const char* kUsage =
     "alongside\n"
     "      [--iterations N]\n"
     "      [--dispatch-ctas N]      CTAs of the megakernel that gather rows (default: automatic)\n"
+    "      [--dispatch-lookahead N] row blocks dispatch may run ahead (0: no limit)\n"
     "      [--breakdown 1]          also time variants that drop the dispatch copy or the combine\n"
     "presets: tiny, dsv3, mok-default, qwen3-30b, fine\n";
 

@@ -11,6 +11,7 @@
 #include "mok/error.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/schedule/routing_layout.hpp"
+#include "mok/schedule/tile_order.hpp"
 
 namespace mok::gpu {
 namespace {
@@ -22,6 +23,8 @@ using detail::kTileRows;
 void require(bool ok, ErrorCode code, const std::string& message) {
   if (!ok) throw Error(code, message);
 }
+
+constexpr int kDefaultLookahead = 0;  // measured: see docs/benchmarks.md
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -43,6 +46,8 @@ const char* role_name(int role) {
       return "a GEMM consumer waiting for the TMA loads of tile";
     case kern::kRoleCombine:
       return "the combine waiting for the expert outputs of token";
+    case kern::kRoleDispatchPacing:
+      return "dispatch waiting for the GEMMs to reach the tiles before row block";
     case kern::kRoleProducerRing:
       return "a producer waiting for a free ring stage, at tile";
     default:
@@ -103,6 +108,14 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   require(grid_ >= 2 && dispatch_ctas_ < grid_, ErrorCode::invalid_argument,
           "dispatch_ctas = " + std::to_string(dispatch_ctas_) +
               " leaves no GEMM CTA in a grid of " + std::to_string(grid_));
+  require(options.dispatch_lookahead == -1 || options.dispatch_lookahead == 0 ||
+              options.dispatch_lookahead >= sched::kTileGroupRows,
+          ErrorCode::invalid_argument,
+          "dispatch_lookahead = " + std::to_string(options.dispatch_lookahead) +
+              ": allowed -1 (automatic), 0 (no limit) or at least " +
+              std::to_string(sched::kTileGroupRows));
+  dispatch_lookahead_ =
+      options.dispatch_lookahead == -1 ? kDefaultLookahead : options.dispatch_lookahead;
   wait_cycles_ = uint64_t(options_.wait_seconds * double(clock_khz) * 1e3);
 
   auto* w = new Workspace{};
@@ -215,6 +228,7 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   p.tile_next = p.combine_next + 1;
   p.fault = w.fault;
   p.dispatch_ctas = dispatch_ctas_;
+  p.dispatch_lookahead = dispatch_lookahead_;
   p.wait_cycles = wait_cycles_;
   p.delay_ns = options_.dispatch_delay_ns;
   p.delay_seed = options_.delay_seed;

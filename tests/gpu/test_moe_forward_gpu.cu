@@ -39,12 +39,14 @@ mok::Config odd_config(int shared) {
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
-  std::vector<ForwardOptions> options(6);
+  std::vector<ForwardOptions> options(8);
   options[1].block_n = 128;
   options[2].dispatch_ctas = 1;
   options[3].max_ctas = 3, options[3].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
   options[4].dispatch_ctas = 40;
   options[5].max_ctas = 17, options[5].dispatch_ctas = 16;  // one GEMM CTA
+  options[6].dispatch_lookahead = 8;                        // dispatch paced by the GEMMs
+  options[7].dispatch_lookahead = 8, options[7].dispatch_ctas = 1, options[7].max_ctas = 4;
   for (const mok::Config& c : {mok::preset("tiny"), odd_config(1), odd_config(0)}) {
     const mok::LayerParams p = mok::tools::random_params(c, 31);
     const GpuLayer layer(p);

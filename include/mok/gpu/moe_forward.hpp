@@ -16,8 +16,11 @@ namespace mok::gpu {
 
 struct ForwardOptions {
   int dispatch_ctas = 0;  // CTAs that gather rows (then combine); 0: num_dispatch_ctas(SMs)
-  int block_n = 0;        // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128
-  int max_ctas = 0;       // persistent grid; 0: one CTA per SM
+  // Row blocks dispatch may gather ahead of the GEMMs (rows then still sit in L2 when read);
+  // -1: automatic, 0: no limit, else at least 8 (one tile group).
+  int dispatch_lookahead = -1;
+  int block_n = 0;   // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128
+  int max_ctas = 0;  // persistent grid; 0: one CTA per SM
   // Bound of every wait on another CTA or on the TMA; expiry is an error, not a hang. 0: the
   // environment's MOK_WAIT_SECONDS if set (sanitizer runs are ~100x slower), else 2 s.
   double wait_seconds = 0;
@@ -63,7 +66,7 @@ class MoeForward {
   struct Workspace;
   Config config_;
   ForwardOptions options_;
-  int block_n_ = 0, dispatch_ctas_ = 0, grid_ = 0;
+  int block_n_ = 0, dispatch_ctas_ = 0, dispatch_lookahead_ = 0, grid_ = 0;
   uint64_t wait_cycles_ = 0;
   Workspace* ws_;
 };

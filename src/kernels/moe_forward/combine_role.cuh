@@ -13,6 +13,8 @@
 
 namespace mok::kern {
 
+constexpr int kMaxTopK = 16;  // Config::validate's bound on top_k
+
 __device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
@@ -49,22 +51,38 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
     }
     if (!__shfl_sync(0xFFFFFFFFu, ready, 0)) return;
     if (ok) (void)dev::load_acquire_gpu(p.token_done + t);  // each lane orders its own reads
-    // 8 columns (16 bytes) per lane per step; H is a multiple of 64.
+    if (!ok) {
+      const float nans[8] = {nan, nan, nan, nan, nan, nan, nan, nan};
+      for (int v = lane; v < p.hidden / 8; v += 32)
+        reinterpret_cast<uint4*>(p.out + t * p.hidden)[v] = pack8(nans);
+      continue;
+    }
+    float w[kMaxTopK];
+#pragma unroll
+    for (int k = 0; k < kMaxTopK; ++k) w[k] = k < p.top_k ? p.topk_weights[t * p.top_k + k] : 0.0f;
+    // 8 columns (16 bytes) per lane per step (H is a multiple of 64); all K + 1 rows' loads are
+    // issued before the first FMA, so a step costs one memory latency, not K + 1.
     const uint4* y = reinterpret_cast<const uint4*>(p.y_slots + t * p.top_k * p.hidden);
+    const uint4* shared = reinterpret_cast<const uint4*>(p.y_shared + t * p.hidden);
     uint4* out = reinterpret_cast<uint4*>(p.out + t * p.hidden);
     const int vecs = p.hidden / 8;
     for (int v = lane; v < vecs; v += 32) {
-      float acc[8];
-      if (ok && p.shared_width > 0)
-        unpack8(reinterpret_cast<const uint4*>(p.y_shared + t * p.hidden)[v], acc);
-      else
-        for (float& a : acc) a = ok ? 0.0f : nan;
-      for (int k = 0; ok && k < p.top_k; ++k) {
-        const float w = p.topk_weights[t * p.top_k + k];
-        float yk[8];
-        unpack8(y[int64_t(k) * vecs + v], yk);
+      uint4 rows[kMaxTopK];
 #pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w, yk[i], acc[i]);
+      for (int k = 0; k < kMaxTopK; ++k)
+        if (k < p.top_k) rows[k] = y[int64_t(k) * vecs + v];
+      float acc[8];
+      if (p.shared_width > 0)
+        unpack8(shared[v], acc);
+      else
+        for (float& a : acc) a = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kMaxTopK; ++k) {
+        if (k >= p.top_k) break;
+        float yk[8];
+        unpack8(rows[k], yk);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w[k], yk[i], acc[i]);
       }
       out[v] = pack8(acc);
     }

@@ -29,13 +29,39 @@ __device__ __forceinline__ void injected_delay(uint32_t max_ns, uint32_t seed, i
 // memory latency (one row per warp at a time moved only ~30 GB/s per SM).
 constexpr int kDispatchUnroll = 16;
 
+// With a lookahead of L blocks, block b is gathered only once the GEMM CTAs have claimed the first
+// gate/up tile of block b - L's group, so rows are written shortly before they are read and are
+// still in L2. No deadlock for L >= kTileGroupRows: the tiles before that one need only blocks
+// before b, and the smallest block any dispatch CTA waits to gather is never waited on itself.
+template <int kBlockN>
+__device__ __forceinline__ bool paced(const ForwardParams& p, const ForwardTiles<kBlockN>& tiles,
+                                      int64_t b) {
+  if (p.dispatch_lookahead == 0 || b < p.dispatch_lookahead) return true;
+  const int64_t m = b - p.dispatch_lookahead;
+  const int expert = p.tile_expert[m];
+  const int64_t first = p.seg_begin[expert] / kBlockM;
+  const int64_t group_first = first + (m - first) / sched::kTileGroupRows * sched::kTileGroupRows;
+  const uint32_t target = uint32_t(tiles.routed_gate_up_begin + group_first * tiles.gate_up_tiles);
+  const volatile uint32_t* claimed = p.tile_next;
+  return wait_unless_aborted(p, [&] { return *claimed >= target; });
+}
+
+template <int kBlockN>
 __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, int ctas) {
   __shared__ int64_t source_token[kBlockM];  // token of each row of the block, -1: padding
+  __shared__ int paced_ok;
+  const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   const int64_t blocks = routed_blocks(p);
   const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row (32-bit math:
   const uint32_t block_vecs = kBlockM * row_vecs;    // the divisions below stay cheap)
   const uint4* x = reinterpret_cast<const uint4*>(p.x);
   for (int64_t b = cta; b < blocks; b += ctas) {
+    if (threadIdx.x == 0) {
+      paced_ok = paced(p, tiles, b);
+      if (!paced_ok) record_fault(p, kRoleDispatchPacing, b);
+    }
+    __syncthreads();
+    if (!paced_ok) return;
     if (threadIdx.x < kBlockM) {
       const int64_t slot = sched::routed_row_slot(b * kBlockM + threadIdx.x, p.tile_expert[b],
                                                   p.seg_begin, p.counts, p.offsets, p.sorted);

@@ -17,9 +17,10 @@ enum ForwardRole : int {
   kRoleSharedDownProducer = 1,  // waited for the shared activations of a token block
   kRoleDownProducer = 2,        // waited for the activations of a routed row block
   kRoleProducerRing = 3,        // waited for a free ring stage ("what" = the tile)
-  kRoleConsumer = 4,            // waited for its producer's TMA loads ("what" = the tile)
-  kRoleCombine = 5,             // waited for a token's expert outputs ("what" = the token)
-  kForwardRoles = 6,
+  kRoleDispatchPacing = 4,      // waited for the GEMMs to claim tiles ("what" = the block)
+  kRoleConsumer = 5,            // waited for its producer's TMA loads ("what" = the tile)
+  kRoleCombine = 6,             // waited for a token's expert outputs ("what" = the token)
+  kForwardRoles = 7,
 };
 
 struct ForwardFault {
@@ -70,7 +71,8 @@ struct ForwardParams {
   uint32_t* combine_next;      // the combine's work queue: next token
   uint32_t* tile_next;         // the GEMM tiles' work queue: next tile of the sequence
   ForwardFault* fault;
-  int dispatch_ctas;  // CTAs [0, dispatch_ctas) dispatch, then combine; the rest run the GEMMs
+  int dispatch_ctas;       // CTAs [0, dispatch_ctas) dispatch, then combine; the rest run the GEMMs
+  int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
   uint64_t wait_cycles;
   // Tests only: every dispatched block is published after a pseudo-random delay below delay_ns,
   // and block never_publish_block (>= 0) is never published (a dispatch that stopped).

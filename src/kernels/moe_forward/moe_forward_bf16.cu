@@ -21,7 +21,7 @@ template <int kBlockN>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardMaps maps, const ForwardParams p) {
   if (int(blockIdx.x) < p.dispatch_ctas) {
-    if (batch_ok(p)) dispatch_role(p, int(blockIdx.x), p.dispatch_ctas);
+    if (batch_ok(p)) dispatch_role<kBlockN>(p, int(blockIdx.x), p.dispatch_ctas);
     combine_role<kBlockN>(p);
     return;
   }
