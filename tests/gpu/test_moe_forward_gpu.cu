@@ -90,6 +90,7 @@ TEST(MoeForwardGpu, BitwiseIdenticalAcross20RunsWithInjectedDispatchDelays) {
     o.delay_seed = run + 1;
     o.dispatch_ctas = 1 + int(run % 4);
     o.max_ctas = run % 2 ? 8 : 0;
+    o.dispatch_lookahead = run % 3 == 0 ? 8 : 0;
     MoeForward delayed(c, o);
     EXPECT_TRUE(same_bits(want, gpu_forward(delayed, c, layer, b))) << "run " << run;
   }
