@@ -35,6 +35,19 @@ mok::Config odd_config(int shared) {
   return c;
 }
 
+// The largest expert count and top-k the forward takes (E = 512, K = 16), on small matrices.
+mok::Config widest_routing_config() {
+  mok::Config c;
+  c.hidden = 128;
+  c.intermediate = 128;
+  c.num_experts = 512;
+  c.top_k = 16;
+  c.num_shared_experts = 1;
+  c.shared_intermediate = 128;
+  c.max_tokens_per_rank = 300;
+  return c;
+}
+
 }  // namespace
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
@@ -47,7 +60,8 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[5].max_ctas = 17, options[5].dispatch_ctas = 16;  // one GEMM CTA
   options[6].dispatch_lookahead = 8;                        // dispatch paced by the GEMMs
   options[7].dispatch_lookahead = 8, options[7].dispatch_ctas = 1, options[7].max_ctas = 4;
-  for (const mok::Config& c : {mok::preset("tiny"), odd_config(1), odd_config(0)}) {
+  for (const mok::Config& c :
+       {mok::preset("tiny"), odd_config(1), odd_config(0), widest_routing_config()}) {
     const mok::LayerParams p = mok::tools::random_params(c, 31);
     const GpuLayer layer(p);
     mok::gpu::StagedForward staged(c);
