@@ -254,8 +254,11 @@ void MoeForward::check(cudaStream_t stream) {
   for (int role = 0; role < kern::kForwardRoles; ++role) {
     const auto& r = fault.records[role];
     if (!r.seen) continue;
-    const std::string what = std::string(role_name(role)) + " " + std::to_string(r.what) +
-                             " (CTA " + std::to_string(r.cta) + ")";
+    const std::string what =
+        role == kern::kRoleConsumer && r.what < 0
+            ? "a GEMM consumer waiting for its next tile index (CTA " + std::to_string(r.cta) + ")"
+            : std::string(role_name(role)) + " " + std::to_string(r.what) + " (CTA " +
+                  std::to_string(r.cta) + ")";
     if (cause.empty())
       cause = what;
     else
