@@ -57,6 +57,38 @@ TYPED_TEST(ForwardGpu, AnotherShapeWithAndWithoutSharedExperts) {
   }
 }
 
+// NaN and Inf in x propagate to their own tokens' outputs only; the forward completes and reports
+// no error (there is no data-dependent control flow to hang on).
+TYPED_TEST(ForwardGpu, NonFiniteInputsStayInTheirTokens) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset("tiny");
+  const mok::LayerParams p = mok::tools::random_params(c, 14);
+  const GpuLayer layer(p);
+  TypeParam f(c);
+  mok::Batch b = mok::tools::random_batch(c, 64, 15);
+  const int64_t H = c.hidden;
+  b.x[5 * H + 0] = std::nan("");
+  b.x[9 * H + 3] = INFINITY;
+  const std::vector<double> got = gpu_forward(f, c, layer, b);
+  mok::ReferenceOptions o;
+  o.quant = mok::OperandQuant::bf16;
+  const std::vector<double> want = mok::reference_forward(c, p, b, o).out;
+  std::vector<double> got_finite, want_finite;
+  for (int64_t t = 0; t < b.tokens; ++t) {
+    for (int64_t h = 0; h < H; ++h) {
+      const double v = got[size_t(t * H + h)];
+      if (t == 5 || t == 9) {
+        ASSERT_FALSE(std::isfinite(v)) << "token " << t << ", column " << h;
+      } else {
+        ASSERT_TRUE(std::isfinite(v)) << "token " << t << ", column " << h;
+        got_finite.push_back(v);
+        want_finite.push_back(want[size_t(t * H + h)]);
+      }
+    }
+  }
+  EXPECT_LT(mok::relative_l2_error(got_finite, want_finite), 1e-2);
+}
+
 TYPED_TEST(ForwardGpu, BitwiseIdenticalAcrossRuns) {
   MOK_REQUIRE_GPU();
   mok::Config c = mok::preset("tiny");
