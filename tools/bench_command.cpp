@@ -90,6 +90,8 @@ struct Row {
   double staged_tflops;  // the same GEMMs as separate launches (no dispatch/combine overlap)
   double staged_ms = 0, no_copy_ms = 0, no_combine_ms = 0;  // --breakdown
   int dispatch_ctas = 0, grid = 0;
+  double profiled_ms = 0;
+  gpu::ForwardProfile profile;
   const char* bound_by;
 };
 
@@ -179,6 +181,13 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
         median_ms([&] { a.forward(batch, weights, baseline_out.ptr, nullptr); }, iterations);
     r.no_combine_ms =
         median_ms([&] { b.forward(batch, weights, baseline_out.ptr, nullptr); }, iterations);
+    gpu::ForwardOptions timed = fo;
+    timed.profile_wait_times = true;
+    gpu::MoeForward t(c, timed);
+    r.profiled_ms =
+        median_ms([&] { t.forward(batch, weights, baseline_out.ptr, nullptr); }, iterations);
+    t.check(nullptr);
+    r.profile = t.last_profile(nullptr);  // the last of those runs
   }
   r.pct_peak = 100.0 * r.tflops / ceil.bf16_tflops;
   r.bound_ms = std::max(compute_ms, memory_ms);
@@ -240,6 +249,19 @@ int bench_command(const BenchOptions& o) {
       std::printf("| %s | %lld | %d (%d) | %.3f | %.3f | %.3f | %.3f |\n", r.name.c_str(),
                   (long long)r.tokens, r.grid, r.dispatch_ctas, r.ms, r.no_copy_ms, r.no_combine_ms,
                   r.staged_ms);
+    std::printf(
+        "\nWaits inside the megakernel (a profiled run; ms per participant, from %%globaltimer):\n"
+        "| shape | T | forward ms (profiled) | GEMM producer waits for dispatch / activations / a "
+        "free stage (per CTA) | consumers starved / busy (per warpgroup) | dispatch copying / "
+        "total (per CTA) | combine waits / total (per warp) |\n|---|---|---|---|---|---|---|\n");
+    for (const Row& r : rows) {
+      const gpu::ForwardProfile& f = r.profile;
+      std::printf(
+          "| %s | %lld | %.3f | %.3f / %.3f / %.3f | %.3f / %.3f | %.3f / %.3f | %.3f / %.3f |\n",
+          r.name.c_str(), (long long)r.tokens, r.profiled_ms, f.gate_up_waits_dispatch,
+          f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved, f.consumer_total,
+          f.dispatch_copying, f.dispatch_total, f.combine_waits, f.combine_total);
+    }
   }
   cublasDestroy(h);
   return 0;

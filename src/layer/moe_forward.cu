@@ -64,6 +64,7 @@ struct MoeForward::Workspace {
                        // tile_next
   size_t counter_words;
   kern::ForwardFault* fault;
+  unsigned long long* timings;  // [kForwardTimings] when profiling, else nullptr
   CUtensorMap routed_x_map, act_map, act_shared_map;
 };
 
@@ -132,6 +133,9 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   w->counter_words = size_t(2 * cap / kTileRows + token_rows / kTileRows + max_t + 2);
   w->counters = device_alloc<uint32_t>(w->counter_words, what);
   w->fault = device_alloc<kern::ForwardFault>(1, what);
+  w->timings = options.profile_wait_times
+                   ? device_alloc<unsigned long long>(kern::kForwardTimings, what)
+                   : nullptr;
   w->routed_x_map =
       dev::make_bf16_map_2d(w->routed_x, uint64_t(cap), uint64_t(H), uint64_t(H), kTileRows);
   w->act_map = dev::make_bf16_map_2d(w->act, uint64_t(cap), uint64_t(I), uint64_t(I), kTileRows);
@@ -145,7 +149,7 @@ MoeForward::~MoeForward() {
   ws_->sched.release();
   for (void* p :
        {(void*)ws_->routed_x, (void*)ws_->act, (void*)ws_->act_shared, (void*)ws_->y_slots,
-        (void*)ws_->y_shared, (void*)ws_->counters, (void*)ws_->fault})
+        (void*)ws_->y_shared, (void*)ws_->counters, (void*)ws_->fault, (void*)ws_->timings})
     cudaFree(p);
   delete ws_;
 }
@@ -178,6 +182,10 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   check_cuda(cudaMemsetAsync(w.counters, 0, w.counter_words * sizeof(uint32_t), stream),
              "cudaMemsetAsync");
   check_cuda(cudaMemsetAsync(w.fault, 0, sizeof(kern::ForwardFault), stream), "cudaMemsetAsync");
+  if (w.timings)
+    check_cuda(
+        cudaMemsetAsync(w.timings, 0, kern::kForwardTimings * sizeof(unsigned long long), stream),
+        "cudaMemsetAsync");
 
   const uint32_t bn = uint32_t(block_n_);
   kern::ForwardMaps maps;
@@ -233,9 +241,34 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   p.delay_ns = options_.dispatch_delay_ns;
   p.delay_seed = options_.delay_seed;
   p.never_publish_block = options_.never_publish_block;
+  p.timings = w.timings;
   p.profile_flags = (options_.profile_without_dispatch_copy ? kern::kProfileNoDispatchCopy : 0) |
                     (options_.profile_without_combine ? kern::kProfileNoCombine : 0);
   check_cuda(kern::launch_moe_forward(maps, p, block_n_, grid_, stream), "the forward megakernel");
+}
+
+ForwardProfile MoeForward::last_profile(cudaStream_t stream) const {
+  require(ws_->timings != nullptr, ErrorCode::invalid_argument,
+          "last_profile needs a MoeForward constructed with profile_wait_times = true");
+  unsigned long long ns[kern::kForwardTimings] = {};
+  check_cuda(cudaMemcpyAsync(ns, ws_->timings, sizeof ns, cudaMemcpyDeviceToHost, stream),
+             "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(stream), "the forward");
+  const double gemm_ctas = grid_ - dispatch_ctas_, warpgroups = 2.0 * gemm_ctas,
+               dispatchers = dispatch_ctas_,
+               combine_warps = 12.0 * dispatch_ctas_ + 8.0 * gemm_ctas;  // 384 / 256 threads
+  auto ms = [&](int i, double participants) { return double(ns[i]) * 1e-6 / participants; };
+  ForwardProfile f;
+  f.gate_up_waits_dispatch = ms(kern::kTimeGateUpWaitsDispatch, gemm_ctas);
+  f.down_waits_gate_up = ms(kern::kTimeDownWaitsGateUp, gemm_ctas);
+  f.producer_waits_ring = ms(kern::kTimeProducerWaitsRing, gemm_ctas);
+  f.consumer_starved = ms(kern::kTimeConsumerWaitsLoads, warpgroups);
+  f.consumer_total = ms(kern::kTimeConsumerTotal, warpgroups);
+  f.dispatch_copying = ms(kern::kTimeDispatchCopying, dispatchers);
+  f.dispatch_total = ms(kern::kTimeDispatchTotal, dispatchers);
+  f.combine_waits = ms(kern::kTimeCombineWaits, combine_warps);
+  f.combine_total = ms(kern::kTimeCombineTotal, combine_warps);
+  return f;
 }
 
 void MoeForward::check(cudaStream_t stream) {

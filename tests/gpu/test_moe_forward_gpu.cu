@@ -52,7 +52,7 @@ mok::Config widest_routing_config() {
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
-  std::vector<ForwardOptions> options(8);
+  std::vector<ForwardOptions> options(9);
   options[1].block_n = 128;
   options[2].dispatch_ctas = 1;
   options[3].max_ctas = 3, options[3].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
@@ -60,6 +60,7 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[5].max_ctas = 17, options[5].dispatch_ctas = 16;  // one GEMM CTA
   options[6].dispatch_lookahead = 8;                        // dispatch paced by the GEMMs
   options[7].dispatch_lookahead = 8, options[7].dispatch_ctas = 1, options[7].max_ctas = 4;
+  options[8].profile_wait_times = true;  // profiling changes no bit
   for (const mok::Config& c :
        {mok::preset("tiny"), odd_config(1), odd_config(0), widest_routing_config()}) {
     const mok::LayerParams p = mok::tools::random_params(c, 31);
@@ -136,6 +137,29 @@ TEST(MoeForwardGpu, AStoppedDispatchEndsInAnErrorNotAHang) {
   // The GPU is left usable: a healthy forward right after gives the right answer.
   MoeForward healthy(c);
   expect_matches_reference(c, p, b, gpu_forward(healthy, c, layer, b));
+}
+
+// The wait-time profile (mok bench --breakdown) has a figure for every role that ran, and none
+// without the option.
+TEST(MoeForwardGpu, ProfileTimesEveryRole) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset("tiny");
+  const mok::LayerParams p = mok::tools::random_params(c, 36);
+  const GpuLayer layer(p);
+  const mok::Batch b = mok::tools::random_batch(c, 512, 37);
+  ForwardOptions o;
+  o.profile_wait_times = true;
+  MoeForward timed(c, o);
+  expect_matches_reference(c, p, b, gpu_forward(timed, c, layer, b));
+  const mok::gpu::ForwardProfile f = timed.last_profile(nullptr);
+  EXPECT_GT(f.consumer_total, 0.0);
+  EXPECT_GT(f.dispatch_copying, 0.0);
+  EXPECT_GE(f.dispatch_total, f.dispatch_copying);
+  EXPECT_GT(f.combine_total, 0.0);
+  EXPECT_GE(f.combine_total, f.combine_waits);
+  EXPECT_GE(f.consumer_total, f.consumer_starved);
+  MoeForward plain(c);
+  EXPECT_THROW(plain.last_profile(nullptr), mok::Error);
 }
 
 TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {

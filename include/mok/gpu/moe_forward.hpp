@@ -31,6 +31,22 @@ struct ForwardOptions {
   int64_t never_publish_block = -1;
   // Benchmarks only: drop a stage to measure what it costs (the output is then wrong).
   bool profile_without_dispatch_copy = false, profile_without_combine = false;
+  // Benchmarks only: time every role's waits (same output; a few clock reads per tile).
+  bool profile_wait_times = false;
+};
+
+// Where each role's time went in the last forward with profile_wait_times, in ms per participant
+// (averaged over the CTAs, warpgroups or warps that play the role).
+struct ForwardProfile {
+  double gate_up_waits_dispatch = 0;  // per GEMM CTA's producer: waiting for dispatched rows
+  double down_waits_gate_up = 0;      //   ... waiting for a row block's activations
+  double producer_waits_ring = 0;     //   ... waiting for a free stage (consumers busy)
+  double consumer_starved = 0;        // per consumer warpgroup: waiting for stages to land
+  double consumer_total = 0;          //   ... first tile to last
+  double dispatch_copying = 0;        // per dispatch CTA: gathering rows
+  double dispatch_total = 0;          //   ... start to the last published block
+  double combine_waits = 0;           // per combine warp: waiting for a token's outputs
+  double combine_total = 0;           //   ... first token to the empty queue
 };
 
 // Dispatch CTAs for a GPU of `sms` SMs: enough to gather rows faster than the GEMM CTAs consume
@@ -57,6 +73,9 @@ class MoeForward {
   // range or needed more routed rows than the capacity (naming how many; the output is then NaN),
   // or if a wait expired (naming the role and what it waited for).
   void check(cudaStream_t stream);
+
+  // After the stream has finished; throws unless constructed with profile_wait_times.
+  ForwardProfile last_profile(cudaStream_t stream) const;
 
   int block_n() const { return block_n_; }
   int dispatch_ctas() const { return dispatch_ctas_; }

@@ -74,13 +74,17 @@ __device__ __forceinline__ bool acquire_stage(const SmemRing<kBlockN>& ring,
 
 // Consumer side of a whole tile: d = A[64 rows of this warpgroup] * B^T over k_blocks stages.
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
+// With `timed` (profiling), waited_ns accumulates the time spent waiting for stages to land.
 template <int kBlockN>
 __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
                                          dev::RingCursor<TileShape<kBlockN>::kStages>& c,
-                                         int k_blocks, int wg, uint64_t wait_cycles) {
+                                         int k_blocks, int wg, uint64_t wait_cycles,
+                                         bool timed = false, uint64_t* waited_ns = nullptr) {
   const bool arrives = threadIdx.x % 32 == 0;
   for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
+    const uint64_t start = timed ? dev::global_ns() : 0;
     if (!dev::mbar_wait(&ring.full[c.stage], c.phase, wait_cycles)) return false;
+    if (timed) *waited_ns += dev::global_ns() - start;
     // This warpgroup's 64 rows start 64 * 128 bytes into the A tile.
     const uint64_t da =
         dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage) + wg * 64 * 128));

@@ -38,16 +38,25 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
   const bool ok = batch_ok(p);
   const uint32_t expected = token_contributions<kBlockN>(p);
   const float nan = __int_as_float(0x7FC00000);
+  RoleTimer timer(p);  // lane 0 reports
+  timer.on = timer.on && lane == 0;
+  const uint64_t start = timer.now();
   for (;;) {
     int64_t t = 0;
     if (lane == 0) t = atomicAdd(p.combine_next, 1u);
     t = __shfl_sync(0xFFFFFFFFu, t, 0);
-    if (t >= p.tokens) return;
+    if (t >= p.tokens) {
+      timer.add(kTimeCombineTotal, start);
+      timer.flush(p);
+      return;
+    }
     bool ready = true;
     if (ok && lane == 0) {
+      const uint64_t since = timer.now();
       ready = wait_unless_aborted(
           p, [&] { return dev::load_acquire_gpu(p.token_done + t) >= expected; });
       if (!ready) record_fault(p, kRoleCombine, t);
+      timer.add(kTimeCombineWaits, since);
     }
     if (!__shfl_sync(0xFFFFFFFFu, ready, 0)) return;
     if (ok) (void)dev::load_acquire_gpu(p.token_done + t);  // each lane orders its own reads

@@ -52,6 +52,9 @@ __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, i
   __shared__ int paced_ok;
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   const int64_t blocks = routed_blocks(p);
+  RoleTimer timer(p);  // thread 0 reports
+  timer.on = timer.on && threadIdx.x == 0;
+  const uint64_t start = timer.now();
   const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row (32-bit math:
   const uint32_t block_vecs = kBlockM * row_vecs;    // the divisions below stay cheap)
   const uint4* x = reinterpret_cast<const uint4*>(p.x);
@@ -62,6 +65,7 @@ __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, i
     }
     __syncthreads();
     if (!paced_ok) return;
+    const uint64_t copy_start = timer.now();
     if (threadIdx.x < kBlockM) {
       const int64_t slot = sched::routed_row_slot(b * kBlockM + threadIdx.x, p.tile_expert[b],
                                                   p.seg_begin, p.counts, p.offsets, p.sorted);
@@ -89,6 +93,7 @@ __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, i
       }
     }
     __syncthreads();  // every thread's stores precede the release below (it is cumulative)
+    timer.add(kTimeDispatchCopying, copy_start);
     if (threadIdx.x == 0) {
       injected_delay(p.delay_ns, p.delay_seed, b);
       if (b != p.never_publish_block) {
@@ -97,6 +102,8 @@ __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, i
       }
     }
   }
+  timer.add(kTimeDispatchTotal, start);
+  timer.flush(p);
 }
 
 }  // namespace mok::kern

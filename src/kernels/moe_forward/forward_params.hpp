@@ -79,6 +79,22 @@ struct ForwardParams {
   uint32_t delay_ns, delay_seed;
   long long never_publish_block;
   int profile_flags;  // benchmarks only (kProfile*): drop a stage to measure what it costs
+  unsigned long long* timings;  // benchmarks only: [kForwardTimings] ns, or nullptr
+};
+
+// Where the roles' time goes (benchmarks): nanoseconds summed over every CTA, warpgroup or warp
+// that plays the role, one atomic add per participant at its end.
+enum ForwardTiming : int {
+  kTimeGateUpWaitsDispatch = 0,  // gate/up producers waiting for dispatched row blocks
+  kTimeDownWaitsGateUp = 1,      // down producers waiting for a row block's activations
+  kTimeProducerWaitsRing = 2,    // producers waiting for a free stage (the consumers are busy)
+  kTimeConsumerWaitsLoads = 3,   // consumer warpgroups waiting for stages to land (starved)
+  kTimeConsumerTotal = 4,        // consumer warpgroups from their first tile to their last
+  kTimeDispatchCopying = 5,      // dispatch CTAs gathering rows
+  kTimeDispatchTotal = 6,        // dispatch CTAs from start to their last published block
+  kTimeCombineWaits = 7,         // combine warps waiting for a token's expert outputs
+  kTimeCombineTotal = 8,         // combine warps from their first token to the empty queue
+  kForwardTimings = 9,
 };
 
 // Stages a benchmark may drop (the output is then wrong): the dispatch copy (blocks are published

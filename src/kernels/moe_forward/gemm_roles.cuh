@@ -23,6 +23,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                                               const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
+  RoleTimer timer(p);
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
     int64_t t = atomicAdd(p.tile_next, 1u);
     if (t >= tiles.count()) t = -1;
@@ -32,7 +33,10 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
     }
     queue.index[q.stage] = t;
     dev::mbar_arrive(&queue.full[q.stage]);
-    if (t < 0) return;
+    if (t < 0) {
+      timer.flush(p);
+      return;
+    }
     const TileWork w = tiles.at(t, p);
     const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
     const uint32_t* ready = nullptr;
@@ -58,18 +62,25 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         break;
     }
     if (ready) {
+      const uint64_t since = timer.now();
       if (!wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(ready) >= needed; })) {
         record_fault(p, role, w.m_block);
         return;
       }
+      if (w.kind == TileKind::routed_gate_up)
+        timer.add(kTimeGateUpWaitsDispatch, since);
+      else
+        timer.add(kTimeDownWaitsGateUp, since);
       dev::fence_proxy_async_global();  // generic writes of other CTAs -> this thread's TMA reads
     }
     const int32_t a_row = int32_t(w.m_block * kBlockM);
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
+      const uint64_t since = timer.now();
       if (!acquire_stage(ring, cursor, p.wait_cycles)) {
         record_fault(p, kRoleProducerRing, t);
         return;
       }
+      timer.add(kTimeProducerWaitsRing, since);
       uint64_t* bar = &ring.full[cursor.stage];
       uint8_t* tile_b = ring.b(cursor.stage);
       dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
@@ -108,6 +119,10 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
   const int wg = threadIdx.x / 128;
   float d[kBlockN / 2];
+  RoleTimer timer(p);  // one thread per warpgroup reports
+  timer.on = timer.on && threadIdx.x % 128 == 0;
+  const uint64_t start = timer.now();
+  uint64_t starved = 0;
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
     if (!dev::mbar_wait(&queue.full[q.stage], q.phase, p.wait_cycles)) {
       record_fault(p, kRoleConsumer, -1);
@@ -115,7 +130,12 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     }
     const int64_t t = queue.index[q.stage];
     dev::mbar_arrive(&queue.empty[q.stage]);
-    if (t < 0) return true;
+    if (t < 0) {
+      timer.sums[kTimeConsumerWaitsLoads] = starved;
+      timer.add(kTimeConsumerTotal, start);
+      timer.flush(p);
+      return true;
+    }
     const TileWork w = tiles.at(t, p);
     int row0 = int(w.m_block * kBlockM + wg * 64);
     const bool gate_up = w.kind == TileKind::routed_gate_up || w.kind == TileKind::shared_gate_up;
@@ -130,7 +150,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
             wg);
       continue;
     }
-    if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles)) {
+    if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles, timer.on, &starved)) {
       record_fault(p, kRoleConsumer, t);
       return false;
     }

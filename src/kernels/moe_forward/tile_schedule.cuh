@@ -113,6 +113,23 @@ struct TileQueue {
   }
 };
 
+// Profiling (ForwardParams::timings): a participant's sums, added to the totals once at its end.
+struct RoleTimer {
+  bool on;
+  uint64_t sums[kForwardTimings] = {};
+  __device__ explicit RoleTimer(const ForwardParams& p) : on(p.timings != nullptr) {}
+  __device__ uint64_t now() const { return on ? dev::global_ns() : 0; }
+  __device__ void add(ForwardTiming what, uint64_t since) {
+    if (on) sums[what] += dev::global_ns() - since;
+  }
+  __device__ void flush(const ForwardParams& p) const {
+    if (!on) return;
+#pragma unroll
+    for (int i = 0; i < kForwardTimings; ++i)
+      if (sums[i]) atomicAdd(p.timings + i, static_cast<unsigned long long>(sums[i]));
+  }
+};
+
 // Per token, the down tiles that write one of its rows: each of its K slots and its shared row,
 // times the n-tiles of H. The combine starts on a token once its counter reaches this.
 template <int kBlockN>
