@@ -90,8 +90,8 @@ struct Row {
   double staged_tflops;  // the same GEMMs as separate launches (no dispatch/combine overlap)
   double staged_ms = 0, no_copy_ms = 0, no_combine_ms = 0;  // --breakdown
   int dispatch_ctas = 0, grid = 0;
-  double profiled_ms = 0;
-  gpu::ForwardProfile profile;
+  double profiled_ms = 0, profiled_no_copy_ms = 0;
+  gpu::ForwardProfile profile, profile_no_copy;  // the second without the dispatch copy
   const char* bound_by;
 };
 
@@ -187,7 +187,12 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
     r.profiled_ms =
         median_ms([&] { t.forward(batch, weights, baseline_out.ptr, nullptr); }, iterations);
     t.check(nullptr);
-    r.profile = t.last_profile(nullptr);  // the last of those runs
+    r.profile = t.last_profile(nullptr);         // the last of those runs
+    timed.profile_without_dispatch_copy = true;  // where does the copy's cost land?
+    gpu::MoeForward timed_no_copy(c, timed);
+    r.profiled_no_copy_ms = median_ms(
+        [&] { timed_no_copy.forward(batch, weights, baseline_out.ptr, nullptr); }, iterations);
+    r.profile_no_copy = timed_no_copy.last_profile(nullptr);
   }
   r.pct_peak = 100.0 * r.tflops / ceil.bf16_tflops;
   r.bound_ms = std::max(compute_ms, memory_ms);
@@ -255,12 +260,16 @@ int bench_command(const BenchOptions& o) {
         "free stage (per CTA) | consumers starved / busy (per warpgroup) | dispatch copying / "
         "total (per CTA) | combine waits / total (per warp) |\n|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows) {
-      const gpu::ForwardProfile& f = r.profile;
-      std::printf(
-          "| %s | %lld | %.3f | %.3f / %.3f / %.3f | %.3f / %.3f | %.3f / %.3f | %.3f / %.3f |\n",
-          r.name.c_str(), (long long)r.tokens, r.profiled_ms, f.gate_up_waits_dispatch,
-          f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved, f.consumer_total,
-          f.dispatch_copying, f.dispatch_total, f.combine_waits, f.combine_total);
+      for (int variant = 0; variant < 2; ++variant) {
+        const gpu::ForwardProfile& f = variant ? r.profile_no_copy : r.profile;
+        std::printf(
+            "| %s%s | %lld | %.3f | %.3f / %.3f / %.3f | %.3f / %.3f | %.3f / %.3f | %.3f / %.3f "
+            "|\n",
+            r.name.c_str(), variant ? " (no dispatch copy)" : "", (long long)r.tokens,
+            variant ? r.profiled_no_copy_ms : r.profiled_ms, f.gate_up_waits_dispatch,
+            f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved, f.consumer_total,
+            f.dispatch_copying, f.dispatch_total, f.combine_waits, f.combine_total);
+      }
     }
   }
   cublasDestroy(h);
