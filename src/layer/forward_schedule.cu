@@ -9,10 +9,6 @@
 namespace mok::gpu::detail {
 namespace {
 
-__device__ bool failed(const Status* st) {
-  return *reinterpret_cast<const volatile int*>(&st->code) != kOk;
-}
-
 __global__ void check_ids_kernel(const int32_t* ids, int64_t slots, int top_k, int experts,
                                  Status* st) {
   for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < slots;
@@ -40,7 +36,7 @@ __global__ void segments_kernel(const int32_t* counts, int experts, int64_t capa
       st->needed_rows = seg_begin[experts];
   }
   __syncthreads();
-  const bool ok = !failed(st);
+  const bool ok = !schedule_failed(st);
   for (int64_t m = threadIdx.x; m < routed_tiles; m += blockDim.x)
     tile_expert[m] = ok ? sched::segment_of_row(m * kTileRows, seg_begin, experts) : -1;
   for (int64_t m = threadIdx.x; m < shared_tile_count; m += blockDim.x)
@@ -96,6 +92,13 @@ void build_forward_schedule(const DeviceBatch& b, int top_k, int experts, const 
                                          s.capacity / kTileRows, T, s.shared_tiles,
                                          s.token_rows / kTileRows, s.status);
   check_cuda(cudaGetLastError(), "schedule kernels");
+}
+
+void require_token_count(int64_t tokens, const Config& c) {
+  if (tokens < 0 || tokens > c.max_tokens_per_rank)
+    throw Error(ErrorCode::invalid_argument, "tokens = " + std::to_string(tokens) +
+                                                 " is outside [0, max_tokens_per_rank = " +
+                                                 std::to_string(c.max_tokens_per_rank) + "]");
 }
 
 void throw_on_status(const Status& st, int experts, int64_t capacity) {

@@ -9,7 +9,8 @@
 #include <cstdint>
 #include <string>
 
-#include "mok/gpu/staged_forward.hpp"
+#include "mok/config.hpp"
+#include "mok/gpu/device_layer.hpp"
 
 namespace mok::gpu::detail {
 
@@ -22,6 +23,14 @@ struct Status {
   int token, k, id;  // kBadExpertId
   long long needed_rows;
 };
+
+// For kernels after the schedule: has an earlier step of this forward failed? (volatile: the
+// status may have been set by another block of the same kernel.)
+#if defined(__CUDACC__)
+__device__ inline bool schedule_failed(const Status* st) {
+  return *reinterpret_cast<const volatile int*>(&st->code) != kOk;
+}
+#endif
 
 // Device buffers of the schedule, sized for the configuration's maximum batch.
 struct ScheduleBuffers {
@@ -40,6 +49,9 @@ struct ScheduleBuffers {
 // Asynchronous on `stream`; resets the status first.
 void build_forward_schedule(const DeviceBatch& b, int top_k, int experts, const ScheduleBuffers& s,
                             cudaStream_t stream);
+
+// Throws mok::Error(invalid_argument) unless 0 <= tokens <= c.max_tokens_per_rank.
+void require_token_count(int64_t tokens, const Config& c);
 
 // Throws the mok::Error a failed status stands for (nothing if it is kOk).
 void throw_on_status(const Status& st, int experts, int64_t capacity);

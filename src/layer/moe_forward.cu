@@ -160,9 +160,7 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   Workspace& w = *ws_;
   const int64_t T = b.tokens, H = c.hidden, I = c.intermediate, S = c.shared_width();
   const int E = c.num_experts;
-  require(T >= 0 && T <= c.max_tokens_per_rank, ErrorCode::invalid_argument,
-          "tokens = " + std::to_string(T) + " is outside [0, max_tokens_per_rank = " +
-              std::to_string(c.max_tokens_per_rank) + "]");
+  detail::require_token_count(T, c);
   require_operand(wt.gate, "gate weights");
   require_operand(wt.up, "up weights");
   require_operand(wt.down, "down weights");

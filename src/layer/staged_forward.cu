@@ -17,17 +17,13 @@ using detail::device_alloc;
 using detail::kTileRows;
 using detail::Status;
 
-__device__ bool failed(const Status* st) {
-  return *reinterpret_cast<const volatile int*>(&st->code) != detail::kOk;
-}
-
 // One warp per routed row: the token row in (token, k) order inside its expert, or zeros for
 // padding; records where each (token, k) slot's row went.
 __global__ void gather_kernel(const uint4* x, int64_t row_vecs, const int32_t* counts,
                               const int32_t* offsets, const int32_t* sorted,
                               const int64_t* seg_begin, int experts, int top_k, int64_t rows,
                               uint4* routed, int32_t* slot_row, const Status* st) {
-  if (failed(st)) return;
+  if (detail::schedule_failed(st)) return;
   const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
   const int lane = threadIdx.x % 32;
   for (int64_t row = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; row < rows;
@@ -59,7 +55,7 @@ __global__ void pad_rows_kernel(const uint4* x, int64_t row_vecs, int64_t tokens
 __global__ void combine_kernel(const __nv_bfloat16* y, const __nv_bfloat16* y_shared,
                                const int32_t* slot_row, const float* weights, int64_t tokens,
                                int top_k, int hidden, __nv_bfloat16* out, const Status* st) {
-  const bool bad = failed(st);
+  const bool bad = detail::schedule_failed(st);
   const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
   const int lane = threadIdx.x % 32;
   for (int64_t t = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; t < tokens; t += warps) {
@@ -174,10 +170,7 @@ void StagedForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, 
   const Config& c = config_;
   Workspace& w = *ws_;
   const detail::ScheduleBuffers& s = w.sched;
-  if (b.tokens < 0 || b.tokens > c.max_tokens_per_rank)
-    throw Error(ErrorCode::invalid_argument, "tokens = " + std::to_string(b.tokens) +
-                                                 " is outside [0, max_tokens_per_rank = " +
-                                                 std::to_string(c.max_tokens_per_rank) + "]");
+  detail::require_token_count(b.tokens, c);
   const int64_t T = b.tokens, K = c.top_k, H = c.hidden, S = c.shared_width();
   const int E = c.num_experts;
   check_cuda(cudaMemsetAsync(w.slot_row, 0xFF,

@@ -3,6 +3,7 @@
 #pragma once
 #include <cmath>
 #include <cstring>
+#include <string>
 
 #include "gpu_test_util.hpp"
 #include "layer_data.hpp"
@@ -17,6 +18,28 @@ inline std::vector<uint16_t> to_bf16(const std::vector<double>& v) {
   std::vector<uint16_t> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = mok::fmt::bf16_from_float(float(v[i]));
   return out;
+}
+
+inline std::vector<double> from_bf16(const std::vector<uint16_t>& v) {
+  std::vector<double> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = mok::fmt::bf16_to_float(v[i]);
+  return out;
+}
+
+inline bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
+}
+
+// f.check(stream) must throw a mok::Error with `code` whose message contains `text`.
+template <class Forward>
+void expect_check_error(Forward& f, mok::ErrorCode code, const std::string& text) {
+  try {
+    f.check(nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.code(), code);
+    EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+  }
 }
 
 struct GpuLayer {
@@ -49,9 +72,7 @@ std::vector<double> gpu_forward(Forward& f, const mok::Config& c, const GpuLayer
             layer.weights(), reinterpret_cast<__nv_bfloat16*>(out.ptr), nullptr);
   if (check) f.check(nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  std::vector<double> r;
-  for (uint16_t v : out.to_host()) r.push_back(mok::fmt::bf16_to_float(v));
-  return r;
+  return from_bf16(out.to_host());
 }
 
 inline void expect_matches_reference(const mok::Config& c, const mok::LayerParams& p,

@@ -19,10 +19,6 @@ using mok::gpu::MoeForward;
 
 namespace {
 
-bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
-}
-
 mok::Config odd_config(int shared) {
   mok::Config c;
   c.hidden = 320;        // the down GEMMs' last tile is partly outside H
@@ -123,14 +119,7 @@ TEST(MoeForwardGpu, AStoppedDispatchEndsInAnErrorNotAHang) {
   MoeForward stuck(c, o);
   const auto start = std::chrono::steady_clock::now();
   gpu_forward(stuck, c, layer, b, false);
-  try {
-    stuck.check(nullptr);
-    FAIL() << "no error";
-  } catch (const mok::Error& e) {
-    EXPECT_EQ(e.code(), mok::ErrorCode::peer_timeout);
-    EXPECT_NE(std::string(e.what()).find("waiting for dispatched row block 2"), std::string::npos)
-        << e.what();
-  }
+  expect_check_error(stuck, mok::ErrorCode::peer_timeout, "waiting for dispatched row block 2");
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("the stopped forward ended after %.2f s (bound 0.25 s per wait)\n", seconds);
@@ -206,11 +195,7 @@ TEST_P(StandardShape, AgreesWithStagedCublasAndTheReference) {
   const mok::gpu::DeviceLayerWeights weights{
       S ? bf(sg) : nullptr, S ? bf(su) : nullptr, S ? bf(sd) : nullptr, bf(g), bf(u), bf(d)};
   const mok::gpu::DeviceBatch batch{T, bf(x), ids.ptr, w.ptr};
-  auto host = [](const DeviceBuffer<uint16_t>& b) {
-    std::vector<double> r;
-    for (uint16_t v : b.to_host()) r.push_back(mok::fmt::bf16_to_float(v));
-    return r;
-  };
+  auto host = [](const DeviceBuffer<uint16_t>& b) { return from_bf16(b.to_host()); };
   std::vector<double> got;
   {
     MoeForward mega(c);
@@ -239,9 +224,7 @@ TEST_P(StandardShape, AgreesWithStagedCublasAndTheReference) {
   auto download = [](const uint16_t* src, size_t n) {
     std::vector<uint16_t> h(n);
     cudaMemcpy(h.data(), src, n * 2, cudaMemcpyDeviceToHost);
-    std::vector<double> r(n);
-    for (size_t i = 0; i < n; ++i) r[i] = mok::fmt::bf16_to_float(h[i]);
-    return r;
+    return from_bf16(h);
   };
   for (int64_t t : {int64_t(0), T / 3, T - 1}) {
     mok::Config one = c;

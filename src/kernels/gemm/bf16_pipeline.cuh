@@ -28,7 +28,6 @@ struct TileShape {
   static_assert(kBlockN == 128 || kBlockN == 256, "wgmma m64n128 or m64n256");
   static constexpr uint32_t kBytesB = kBlockN * kBlockK * 2;
   static constexpr int kStages = kBlockN == 128 ? 6 : 4;
-  static constexpr int kAccumulators = kBlockN / 2;  // FP32 registers per consumer thread
   static constexpr int kSmemBytes = kStages * int(kTileBytesA + kBytesB) + 1024;  // + alignment
   static_assert(kSmemBytes <= 232448, "dynamic shared memory of one CTA");
   static_assert(kTileBytesA % 1024 == 0 && kBytesB % 1024 == 0, "tiles stay 1024-byte aligned");
