@@ -25,15 +25,20 @@ __global__ void check_ids_kernel(const int32_t* ids, int64_t slots, int top_k, i
 // Padded expert segments (EP = 1: one source), the capacity check, and the m-tile tables of the
 // routed and the shared GEMMs.
 __global__ void segments_kernel(const int32_t* counts, int experts, int64_t capacity,
-                                int64_t* seg_begin, int32_t* tile_expert, int64_t routed_tiles,
-                                int64_t tokens, int32_t* shared_tiles, int64_t shared_tile_count,
-                                Status* st) {
+                                int64_t* seg_begin, int64_t* segment_rows, int64_t* source_begin,
+                                int32_t* tile_expert, int64_t routed_tiles, int64_t tokens,
+                                int32_t* shared_tiles, int64_t shared_tile_count, Status* st) {
   if (threadIdx.x == 0) {
     seg_begin[0] = 0;
     for (int e = 0; e < experts; ++e)
       seg_begin[e + 1] = seg_begin[e] + sched::pad_to_tile(counts[e], kTileRows);
     if (seg_begin[experts] > capacity && atomicCAS(&st->code, kOk, kCapacityExceeded) == kOk)
       st->needed_rows = seg_begin[experts];
+  }
+  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
+    segment_rows[e] = counts[e];
+    source_begin[2 * e] = 0;
+    source_begin[2 * e + 1] = counts[e];
   }
   __syncthreads();
   const bool ok = !schedule_failed(st);
@@ -65,20 +70,23 @@ void ScheduleBuffers::allocate(const Config& c) {
   offsets = device_alloc<int32_t>(size_t(c.num_experts) + 1, what);
   sorted = device_alloc<int32_t>(slots, what);
   seg_begin = device_alloc<int64_t>(size_t(c.num_experts) + 1, what);
+  segment_rows = device_alloc<int64_t>(size_t(c.num_experts), what);
+  source_begin = device_alloc<int64_t>(2 * size_t(c.num_experts), what);
   tile_expert = device_alloc<int32_t>(size_t(capacity / kTileRows), what);
   shared_tiles = device_alloc<int32_t>(size_t(token_rows / kTileRows), what);
   status = device_alloc<Status>(1, what);
 }
 
 void ScheduleBuffers::release() {
-  for (void* p : {(void*)counts, (void*)offsets, (void*)sorted, (void*)seg_begin,
-                  (void*)tile_expert, (void*)shared_tiles, (void*)status})
+  for (void* p :
+       {(void*)counts, (void*)offsets, (void*)sorted, (void*)seg_begin, (void*)segment_rows,
+        (void*)source_begin, (void*)tile_expert, (void*)shared_tiles, (void*)status})
     cudaFree(p);
   *this = ScheduleBuffers{};
 }
 
 void build_forward_schedule(const DeviceBatch& b, int top_k, int experts, const ScheduleBuffers& s,
-                            cudaStream_t stream) {
+                            cudaStream_t stream, bool owner_tables) {
   const int64_t T = b.tokens, slots = T * top_k;
   check_cuda(cudaMemsetAsync(s.status, 0, sizeof(Status), stream), "cudaMemsetAsync");
   if (T > 0) {
@@ -88,9 +96,10 @@ void build_forward_schedule(const DeviceBatch& b, int top_k, int experts, const 
   check_cuda(
       build_source_schedule(b.topk_ids, T, top_k, experts, s.counts, s.offsets, s.sorted, stream),
       "schedule");
-  segments_kernel<<<1, 256, 0, stream>>>(s.counts, experts, s.capacity, s.seg_begin, s.tile_expert,
-                                         s.capacity / kTileRows, T, s.shared_tiles,
-                                         s.token_rows / kTileRows, s.status);
+  if (owner_tables)
+    segments_kernel<<<1, 256, 0, stream>>>(
+        s.counts, experts, s.capacity, s.seg_begin, s.segment_rows, s.source_begin, s.tile_expert,
+        s.capacity / kTileRows, T, s.shared_tiles, s.token_rows / kTileRows, s.status);
   check_cuda(cudaGetLastError(), "schedule kernels");
 }
 
@@ -101,15 +110,16 @@ void require_token_count(int64_t tokens, const Config& c) {
                                                  std::to_string(c.max_tokens_per_rank) + "]");
 }
 
-void throw_on_status(const Status& st, int experts, int64_t capacity) {
+void throw_on_status(const Status& st, int experts, int64_t capacity, int ep_size) {
+  const std::string who = ep_size > 1 ? "rank " + std::to_string(st.rank) + ": " : "";
   if (st.code == kBadExpertId)
     throw Error(ErrorCode::invalid_argument,
-                "topk_ids[" + std::to_string(st.token) + ", " + std::to_string(st.k) +
+                who + "topk_ids[" + std::to_string(st.token) + ", " + std::to_string(st.k) +
                     "] = " + std::to_string(st.id) + " is not an expert id (allowed: 0 to " +
                     std::to_string(experts - 1) + "); the output is NaN");
   if (st.code == kCapacityExceeded)
     throw Error(ErrorCode::capacity_exceeded,
-                "the batch needs " + std::to_string(st.needed_rows) +
+                who + "the batch needs " + std::to_string(st.needed_rows) +
                     " padded routed rows but the capacity is " + std::to_string(capacity) +
                     " (set routed_capacity_rows >= " + std::to_string(st.needed_rows) +
                     "); the output is NaN");

@@ -22,6 +22,7 @@ struct Status {
   int code;
   int token, k, id;  // kBadExpertId
   long long needed_rows;
+  int rank;  // EP: the rank whose batch has the bad id, or the owner that lacks capacity
 };
 
 // For kernels after the schedule: has an earlier step of this forward failed? (volatile: the
@@ -40,21 +41,27 @@ struct ScheduleBuffers {
   int32_t* tile_expert = nullptr;   // [capacity / 128]: expert of each routed m-tile, -1 unused
   int32_t* shared_tiles = nullptr;  // [token_rows / 128]: 0 for m-tiles with tokens, else -1
   int64_t* seg_begin = nullptr;     // [E + 1]
+  int64_t* segment_rows = nullptr;  // [E]: rows of each expert (EP = 1: its count)
+  int64_t* source_begin = nullptr;  // [E][2]: EP = 1 has one source, whose rows start at 0
   Status* status = nullptr;
 
   void allocate(const Config& c);
   void release();
 };
 
-// Asynchronous on `stream`; resets the status first.
+// Asynchronous on `stream`; resets the status first. With owner_tables (EP = 1) it also builds the
+// segments, tile tables and capacity check of this rank as the only source; under expert
+// parallelism those come from every source's counts (ep_schedule), so a source builds only its
+// counts, offsets and sorted slots.
 void build_forward_schedule(const DeviceBatch& b, int top_k, int experts, const ScheduleBuffers& s,
-                            cudaStream_t stream);
+                            cudaStream_t stream, bool owner_tables = true);
 
 // Throws mok::Error(invalid_argument) unless 0 <= tokens <= c.max_tokens_per_rank.
 void require_token_count(int64_t tokens, const Config& c);
 
-// Throws the mok::Error a failed status stands for (nothing if it is kOk).
-void throw_on_status(const Status& st, int experts, int64_t capacity);
+// Throws the mok::Error a failed status stands for (nothing if it is kOk); with ep_size > 1 the
+// message names the rank.
+void throw_on_status(const Status& st, int experts, int64_t capacity, int ep_size = 1);
 
 void check_cuda(cudaError_t e, const char* what);
 void* device_alloc_bytes(size_t bytes, const char* what);

@@ -7,6 +7,7 @@
 
 #include "kernels/moe_forward/forward_params.hpp"
 #include "layer/forward_schedule.hpp"
+#include "layer/rank_forward.hpp"
 #include "mok/device/tensor_map.hpp"
 #include "mok/error.hpp"
 #include "mok/gpu/moe_forward.hpp"
@@ -34,38 +35,11 @@ void require_operand(const void* p, const char* name) {
           std::string(name) + " is not 16-byte aligned (TMA and vector loads need it)");
 }
 
-const char* role_name(int role) {
-  switch (role) {
-    case kern::kRoleGateUpProducer:
-      return "a gate/up producer waiting for dispatched row block";
-    case kern::kRoleDownProducer:
-      return "a down producer waiting for the activations of row block";
-    case kern::kRoleSharedDownProducer:
-      return "a shared-expert down producer waiting for the activations of token block";
-    case kern::kRoleConsumer:
-      return "a GEMM consumer waiting for the TMA loads of tile";
-    case kern::kRoleCombine:
-      return "the combine waiting for the expert outputs of token";
-    case kern::kRoleDispatchPacing:
-      return "dispatch waiting for the GEMMs to reach the tiles before row block";
-    case kern::kRoleProducerRing:
-      return "a producer waiting for a free ring stage, at tile";
-    default:
-      return "an unknown role";
-  }
-}
-
 }  // namespace
 
 struct MoeForward::Workspace {
-  detail::ScheduleBuffers sched;
-  __nv_bfloat16 *routed_x, *act, *act_shared, *y_slots, *y_shared;
-  uint32_t* counters;  // x_ready | act_ready | act_shared_ready | token_done | combine_next |
-                       // tile_next
-  size_t counter_words;
-  kern::ForwardFault* fault;
-  unsigned long long* timings;  // [kForwardTimings] when profiling, else nullptr
-  CUtensorMap routed_x_map, act_map, act_shared_map;
+  detail::RankBuffers rank;
+  int* aborted;
 };
 
 MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
@@ -76,7 +50,7 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   require(c.precision == Precision::bf16, ErrorCode::unsupported,
           std::string("precision ") + precision_name(c.precision) +
               ": the GPU forward is BF16 only for now");
-  const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width(), K = c.top_k;
+  const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width();
   require(H % 64 == 0 && I % 64 == 0 && S % 64 == 0, ErrorCode::unsupported,
           "the GPU forward needs hidden, intermediate and the shared width to be multiples of 64 "
           "(one 128-byte TMA box of K); got H = " +
@@ -121,36 +95,14 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
 
   auto* w = new Workspace{};
   ws_ = w;
-  const char* what = "cudaMalloc (MoeForward workspace)";
-  w->sched.allocate(c);
-  const int64_t cap = w->sched.capacity, token_rows = w->sched.token_rows,
-                max_t = c.max_tokens_per_rank;
-  w->routed_x = device_alloc<__nv_bfloat16>(size_t(cap * H), what);
-  w->act = device_alloc<__nv_bfloat16>(size_t(cap * I), what);
-  w->act_shared = S ? device_alloc<__nv_bfloat16>(size_t(token_rows * S), what) : nullptr;
-  w->y_slots = device_alloc<__nv_bfloat16>(size_t(max_t * K * H), what);
-  w->y_shared = S ? device_alloc<__nv_bfloat16>(size_t(max_t * H), what) : nullptr;
-  w->counter_words = size_t(2 * cap / kTileRows + token_rows / kTileRows + max_t + 2);
-  w->counters = device_alloc<uint32_t>(w->counter_words, what);
-  w->fault = device_alloc<kern::ForwardFault>(1, what);
-  w->timings = options.profile_wait_times
-                   ? device_alloc<unsigned long long>(kern::kForwardTimings, what)
-                   : nullptr;
-  w->routed_x_map =
-      dev::make_bf16_map_2d(w->routed_x, uint64_t(cap), uint64_t(H), uint64_t(H), kTileRows);
-  w->act_map = dev::make_bf16_map_2d(w->act, uint64_t(cap), uint64_t(I), uint64_t(I), kTileRows);
-  w->act_shared_map = S ? dev::make_bf16_map_2d(w->act_shared, uint64_t(token_rows), uint64_t(S),
-                                                uint64_t(S), kTileRows)
-                        : w->act_map;
+  w->rank.allocate(c, options.profile_wait_times);
+  w->aborted = device_alloc<int>(1, "cudaMalloc (MoeForward workspace)");
 }
 
 MoeForward::~MoeForward() {
   if (!ws_) return;
-  ws_->sched.release();
-  for (void* p :
-       {(void*)ws_->routed_x, (void*)ws_->act, (void*)ws_->act_shared, (void*)ws_->y_slots,
-        (void*)ws_->y_shared, (void*)ws_->counters, (void*)ws_->fault, (void*)ws_->timings})
-    cudaFree(p);
+  ws_->rank.release();
+  cudaFree(ws_->aborted);
   delete ws_;
 }
 
@@ -158,7 +110,7 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
                          cudaStream_t stream) {
   const Config& c = config_;
   Workspace& w = *ws_;
-  const int64_t T = b.tokens, H = c.hidden, I = c.intermediate, S = c.shared_width();
+  const int64_t T = b.tokens, S = c.shared_width();
   const int E = c.num_experts;
   detail::require_token_count(T, c);
   require_operand(wt.gate, "gate weights");
@@ -176,80 +128,27 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
             "topk_ids and topk_weights must not be null");
   }
 
-  detail::build_forward_schedule(b, c.top_k, E, w.sched, stream);
-  check_cuda(cudaMemsetAsync(w.counters, 0, w.counter_words * sizeof(uint32_t), stream),
-             "cudaMemsetAsync");
-  check_cuda(cudaMemsetAsync(w.fault, 0, sizeof(kern::ForwardFault), stream), "cudaMemsetAsync");
-  if (w.timings)
-    check_cuda(
-        cudaMemsetAsync(w.timings, 0, kern::kForwardTimings * sizeof(unsigned long long), stream),
-        "cudaMemsetAsync");
-
-  const uint32_t bn = uint32_t(block_n_);
-  kern::ForwardMaps maps;
-  maps.routed_x = w.routed_x_map;
-  maps.act = w.act_map;
-  maps.act_shared = w.act_shared_map;
-  maps.x = T > 0 ? dev::make_bf16_map_2d(b.x, uint64_t(T), uint64_t(H), uint64_t(H), kTileRows)
-                 : w.routed_x_map;
-  maps.gate = dev::make_bf16_map_3d(wt.gate, uint64_t(E), uint64_t(I), uint64_t(H), bn / 2);
-  maps.up = dev::make_bf16_map_3d(wt.up, uint64_t(E), uint64_t(I), uint64_t(H), bn / 2);
-  maps.down = dev::make_bf16_map_3d(wt.down, uint64_t(E), uint64_t(H), uint64_t(I), bn);
-  if (S > 0) {
-    maps.shared_gate = dev::make_bf16_map_3d(wt.shared_gate, 1, uint64_t(S), uint64_t(H), bn / 2);
-    maps.shared_up = dev::make_bf16_map_3d(wt.shared_up, 1, uint64_t(S), uint64_t(H), bn / 2);
-    maps.shared_down = dev::make_bf16_map_3d(wt.shared_down, 1, uint64_t(H), uint64_t(S), bn);
-  } else {
-    maps.shared_gate = maps.shared_up = maps.gate;
-    maps.shared_down = maps.down;
-  }
-
-  const int64_t cap_blocks = w.sched.capacity / kTileRows;
-  kern::ForwardParams p{};
-  p.counts = w.sched.counts;
-  p.offsets = w.sched.offsets;
-  p.sorted = w.sched.sorted;
-  p.seg_begin = w.sched.seg_begin;
-  p.tile_expert = w.sched.tile_expert;
-  p.status = &w.sched.status->code;
-  p.x = b.x;
-  p.topk_weights = b.topk_weights;
-  p.tokens = T;
-  p.top_k = c.top_k;
-  p.experts = E;
-  p.hidden = c.hidden;
-  p.intermediate = c.intermediate;
-  p.shared_width = c.shared_width();
-  p.routed_x = w.routed_x;
-  p.act = w.act;
-  p.act_shared = w.act_shared;
-  p.y_slots = w.y_slots;
-  p.y_shared = w.y_shared;
-  p.out = out;
-  p.x_ready = w.counters;
-  p.act_ready = p.x_ready + cap_blocks;
-  p.act_shared_ready = p.act_ready + cap_blocks;
-  p.token_done = p.act_shared_ready + w.sched.token_rows / kTileRows;
-  p.combine_next = p.token_done + c.max_tokens_per_rank;
-  p.tile_next = p.combine_next + 1;
-  p.fault = w.fault;
-  p.dispatch_ctas = dispatch_ctas_;
-  p.dispatch_lookahead = dispatch_lookahead_;
-  p.wait_cycles = wait_cycles_;
-  p.delay_ns = options_.dispatch_delay_ns;
-  p.delay_seed = options_.delay_seed;
-  p.never_publish_block = options_.never_publish_block;
-  p.timings = w.timings;
-  p.profile_flags = (options_.profile_without_dispatch_copy ? kern::kProfileNoDispatchCopy : 0) |
-                    (options_.profile_without_combine ? kern::kProfileNoCombine : 0);
-  check_cuda(kern::launch_moe_forward(maps, p, block_n_, grid_, stream), "the forward megakernel");
+  detail::build_forward_schedule(b, c.top_k, E, w.rank.sched, stream);
+  w.rank.reset(stream);
+  check_cuda(cudaMemsetAsync(w.aborted, 0, sizeof(int), stream), "cudaMemsetAsync");
+  detail::RankLaunchOptions o;
+  o.dispatch_ctas = dispatch_ctas_;
+  o.dispatch_lookahead = dispatch_lookahead_;
+  o.wait_cycles = wait_cycles_;
+  o.aborted = w.aborted;
+  o.options = &options_;
+  kern::ForwardLaunch launch{};
+  launch.ranks = 1;
+  launch.maps[0] = detail::rank_maps(w.rank, c, b, wt, block_n_);
+  launch.params[0] = detail::rank_params(w.rank, c, b, out, o);
+  check_cuda(kern::launch_moe_forward(launch, block_n_, grid_, stream), "the forward megakernel");
 }
 
 ForwardProfile MoeForward::last_profile(cudaStream_t stream) const {
-  require(ws_->timings != nullptr, ErrorCode::invalid_argument,
+  require(ws_->rank.timings != nullptr, ErrorCode::invalid_argument,
           "last_profile needs a MoeForward constructed with profile_wait_times = true");
   unsigned long long ns[kern::kForwardTimings] = {};
-  check_cuda(cudaMemcpyAsync(ns, ws_->timings, sizeof ns, cudaMemcpyDeviceToHost, stream),
+  check_cuda(cudaMemcpyAsync(ns, ws_->rank.timings, sizeof ns, cudaMemcpyDeviceToHost, stream),
              "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
   const double gemm_ctas = grid_ - dispatch_ctas_, warpgroups = 2.0 * gemm_ctas,
@@ -273,13 +172,16 @@ void MoeForward::check(cudaStream_t stream) {
   detail::Status st{};
   kern::ForwardFault fault{};
   static_assert(std::is_trivially_copyable_v<kern::ForwardFault>);
-  check_cuda(cudaMemcpyAsync(&st, ws_->sched.status, sizeof st, cudaMemcpyDeviceToHost, stream),
-             "cudaMemcpyAsync");
-  check_cuda(cudaMemcpyAsync(&fault, ws_->fault, sizeof fault, cudaMemcpyDeviceToHost, stream),
+  check_cuda(
+      cudaMemcpyAsync(&st, ws_->rank.sched.status, sizeof st, cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync");
+  check_cuda(cudaMemcpyAsync(&fault, ws_->rank.fault, sizeof fault, cudaMemcpyDeviceToHost, stream),
              "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
-  detail::throw_on_status(st, config_.num_experts, ws_->sched.capacity);
-  if (fault.aborted == 0) return;
+  detail::throw_on_status(st, config_.num_experts, ws_->rank.sched.capacity);
+  bool any = false;
+  for (const auto& r : fault.records) any = any || r.seen;
+  if (!any) return;
   // The most upstream wait is the cause; the others gave up because of it.
   std::string cause, consequences;
   for (int role = 0; role < kern::kForwardRoles; ++role) {
@@ -288,7 +190,7 @@ void MoeForward::check(cudaStream_t stream) {
     const std::string what =
         role == kern::kRoleConsumer && r.what < 0
             ? "a GEMM consumer waiting for its next tile index (CTA " + std::to_string(r.cta) + ")"
-            : std::string(role_name(role)) + " " + std::to_string(r.what) + " (CTA " +
+            : std::string(detail::fault_role_name(role)) + " " + std::to_string(r.what) + " (CTA " +
                   std::to_string(r.cta) + ")";
     if (cause.empty())
       cause = what;

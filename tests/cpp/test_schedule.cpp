@@ -117,21 +117,21 @@ TEST(Schedule, RingCountersNeverOverwriteAndNeverDeadlock) {
 // The GEMM tile order visits every (row block, n-tile) of a group exactly once, whatever the sizes,
 // and keeps the row blocks of one group together.
 TEST(Schedule, GroupedTileOrderIsABijection) {
-  for (int64_t blocks : {1, 2, 7, 8, 9, 16, 17, 100}) {
-    for (int n_tiles : {1, 3, 16, 28}) {
-      std::vector<int> seen(size_t(blocks * n_tiles), 0);
-      for (int64_t i = 0; i < blocks * n_tiles; ++i) {
-        const mok::sched::TileCoord t = mok::sched::grouped_tile(i, blocks, n_tiles);
-        ASSERT_GE(t.block, 0);
-        ASSERT_LT(t.block, blocks);
-        ASSERT_GE(t.n_tile, 0);
-        ASSERT_LT(t.n_tile, n_tiles);
-        ++seen[size_t(t.block * n_tiles + t.n_tile)];
-        // Consecutive tiles inside a full group share the n-tile (the weight slice).
-        EXPECT_EQ(t.block / mok::sched::kTileGroupRows,
-                  i / (int64_t(mok::sched::kTileGroupRows) * n_tiles));
+  for (int group : {1, 3, mok::sched::kTileGroupRows})
+    for (int64_t blocks : {1, 2, 7, 8, 9, 16, 17, 100}) {
+      for (int n_tiles : {1, 3, 16, 28}) {
+        std::vector<int> seen(size_t(blocks * n_tiles), 0);
+        for (int64_t i = 0; i < blocks * n_tiles; ++i) {
+          const mok::sched::TileCoord t = mok::sched::grouped_tile(i, blocks, n_tiles, group);
+          ASSERT_GE(t.block, 0);
+          ASSERT_LT(t.block, blocks);
+          ASSERT_GE(t.n_tile, 0);
+          ASSERT_LT(t.n_tile, n_tiles);
+          ++seen[size_t(t.block * n_tiles + t.n_tile)];
+          // Consecutive tiles inside a full group share the n-tile (the weight slice).
+          EXPECT_EQ(t.block / group, i / (int64_t(group) * n_tiles));
+        }
+        for (int s : seen) ASSERT_EQ(s, 1) << blocks << " blocks, " << n_tiles << " n-tiles";
       }
-      for (int s : seen) ASSERT_EQ(s, 1) << blocks << " blocks, " << n_tiles << " n-tiles";
     }
-  }
 }

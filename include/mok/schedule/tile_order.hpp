@@ -21,11 +21,13 @@ struct TileCoord {
 };
 
 // Tile `index` in [0, blocks * n_tiles) of a group of `blocks` row blocks: a bijection onto
-// [0, blocks) x [0, n_tiles).
-MOK_HD TileCoord grouped_tile(int64_t index, int64_t blocks, int n_tiles) {
-  const int64_t group = index / (int64_t(kTileGroupRows) * n_tiles);
-  const int64_t first = group * kTileGroupRows;
-  const int64_t size = blocks - first < kTileGroupRows ? blocks - first : kTileGroupRows;
+// [0, blocks) x [0, n_tiles). group_rows: row blocks per group (a token ring of R blocks needs
+// group_rows <= R: a group's first n-tile reads all of its blocks before any of them is freed).
+MOK_HD TileCoord grouped_tile(int64_t index, int64_t blocks, int n_tiles,
+                              int group_rows = kTileGroupRows) {
+  const int64_t group = index / (int64_t(group_rows) * n_tiles);
+  const int64_t first = group * group_rows;
+  const int64_t size = blocks - first < group_rows ? blocks - first : group_rows;
   const int64_t within = index - first * n_tiles;
   return {first + within % size, int(within / size)};
 }

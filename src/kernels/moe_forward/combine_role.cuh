@@ -15,6 +15,12 @@ namespace mok::kern {
 
 constexpr int kMaxTopK = 16;  // Config::validate's bound on top_k
 
+// Acquire at system scope when other GPUs' down epilogues add to the counter.
+__device__ __forceinline__ uint32_t token_done(const ForwardParams& p, int64_t t) {
+  return p.ep_size > 1 ? dev::load_acquire_sys(p.token_done + t)
+                       : dev::load_acquire_gpu(p.token_done + t);
+}
+
 __device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
@@ -53,13 +59,12 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
     bool ready = true;
     if (ok && lane == 0) {
       const uint64_t since = timer.now();
-      ready = wait_unless_aborted(
-          p, [&] { return dev::load_acquire_gpu(p.token_done + t) >= expected; });
+      ready = wait_unless_aborted(p, [&] { return token_done(p, t) >= expected; });
       if (!ready) record_fault(p, kRoleCombine, t);
       timer.add(kTimeCombineWaits, since);
     }
     if (!__shfl_sync(0xFFFFFFFFu, ready, 0)) return;
-    if (ok) (void)dev::load_acquire_gpu(p.token_done + t);  // each lane orders its own reads
+    if (ok) (void)token_done(p, t);  // each lane orders its own reads
     if (!ok) {
       const float nans[8] = {nan, nan, nan, nan, nan, nan, nan, nan};
       for (int v = lane; v < p.hidden / 8; v += 32)

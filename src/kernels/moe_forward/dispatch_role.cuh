@@ -29,18 +29,30 @@ __device__ __forceinline__ void injected_delay(uint32_t max_ns, uint32_t seed, i
 // memory latency (one row per warp at a time moved only ~30 GB/s per SM).
 constexpr int kDispatchUnroll = 16;
 
-// With a lookahead of L blocks, block b is gathered only once the GEMM CTAs have claimed the first
-// gate/up tile of block b - L's group, so rows are written shortly before they are read and are
-// still in L2. No deadlock for L >= kTileGroupRows: the tiles before that one need only blocks
-// before b, and the smallest block any dispatch CTA waits to gather is never waited on itself.
+// Before gathering block b, dispatch may have to wait for the GEMMs:
+// - the token ring: block b goes into ring tile b % R, which block b - R frees once all its
+//   gate/up tiles have published. The tile order keeps groups <= R blocks, so block b - R's tiles
+//   need only blocks before b.
+// - pacing (dispatch_lookahead L >= the group size): block b waits until the GEMM CTAs have claimed
+//   the first gate/up tile of block b - L's group, so rows are written shortly before they are
+//   read and still sit in L2.
+// No deadlock: the smallest block any dispatch CTA waits to gather waits only on tiles of earlier
+// blocks, which are all published or being copied (dispatch CTAs take blocks in increasing order).
 template <int kBlockN>
-__device__ __forceinline__ bool paced(const ForwardParams& p, const ForwardTiles<kBlockN>& tiles,
-                                      int64_t b) {
+__device__ __forceinline__ bool may_gather(const ForwardParams& p,
+                                           const ForwardTiles<kBlockN>& tiles, int64_t b) {
+  if (b >= p.ring_blocks) {
+    const uint32_t* freed = p.act_ready + (b - p.ring_blocks);
+    const uint32_t needed = uint32_t(kConsumers * tiles.gate_up_tiles);
+    if (!wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(freed) >= needed; }))
+      return false;
+  }
   if (p.dispatch_lookahead == 0 || b < p.dispatch_lookahead) return true;
   const int64_t m = b - p.dispatch_lookahead;
   const int expert = p.tile_expert[m];
   const int64_t first = p.seg_begin[expert] / kBlockM;
-  const int64_t group_first = first + (m - first) / sched::kTileGroupRows * sched::kTileGroupRows;
+  const int group = routed_group_rows(p);
+  const int64_t group_first = first + (m - first) / group * group;
   const uint32_t target = uint32_t(tiles.routed_gate_up_begin + group_first * tiles.gate_up_tiles);
   const volatile uint32_t* claimed = p.tile_next;
   return wait_unless_aborted(p, [&] { return *claimed >= target; });
@@ -48,7 +60,8 @@ __device__ __forceinline__ bool paced(const ForwardParams& p, const ForwardTiles
 
 template <int kBlockN>
 __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, int ctas) {
-  __shared__ int64_t source_token[kBlockM];  // token of each row of the block, -1: padding
+  __shared__ int64_t source_token[kBlockM];  // token of each row of the block on its source rank
+  __shared__ int source_rank[kBlockM];       // -1: padding
   __shared__ int paced_ok;
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   const int64_t blocks = routed_blocks(p);
@@ -57,23 +70,22 @@ __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, i
   const uint64_t start = timer.now();
   const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row (32-bit math:
   const uint32_t block_vecs = kBlockM * row_vecs;    // the divisions below stay cheap)
-  const uint4* x = reinterpret_cast<const uint4*>(p.x);
   for (int64_t b = cta; b < blocks; b += ctas) {
     if (threadIdx.x == 0) {
-      paced_ok = paced(p, tiles, b);
+      paced_ok = may_gather(p, tiles, b);
       if (!paced_ok) record_fault(p, kRoleDispatchPacing, b);
     }
     __syncthreads();
     if (!paced_ok) return;
     const uint64_t copy_start = timer.now();
     if (threadIdx.x < kBlockM) {
-      const int64_t slot = sched::routed_row_slot(b * kBlockM + threadIdx.x, p.tile_expert[b],
-                                                  p.seg_begin, p.counts, p.offsets, p.sorted);
-      source_token[threadIdx.x] = slot >= 0 ? sched::slot_token(slot, p.top_k) : -1;
+      const RowSource s = routed_row_source(p, b * kBlockM + threadIdx.x, p.tile_expert[b]);
+      source_rank[threadIdx.x] = s.src;
+      source_token[threadIdx.x] = s.src >= 0 ? sched::slot_token(s.slot, p.top_k) : -1;
     }
     __syncthreads();
     // The block as one flat run of vectors: consecutive threads move consecutive 16 bytes.
-    uint4* dst = reinterpret_cast<uint4*>(p.routed_x) + b * int64_t(block_vecs);
+    uint4* dst = reinterpret_cast<uint4*>(p.routed_x) + b % p.ring_blocks * int64_t(block_vecs);
     const uint32_t copy_vecs = p.profile_flags & kProfileNoDispatchCopy ? 0 : block_vecs;
     for (uint32_t base = threadIdx.x; base < copy_vecs; base += blockDim.x * kDispatchUnroll) {
       uint4 v[kDispatchUnroll];
@@ -82,8 +94,11 @@ __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, i
         const uint32_t i = base + u * blockDim.x;
         v[u] = make_uint4(0, 0, 0, 0);
         if (i < block_vecs) {
-          const int64_t token = source_token[i / row_vecs];
-          if (token >= 0) v[u] = __ldg(x + token * row_vecs + i % row_vecs);
+          const uint32_t r = i / row_vecs;
+          const int src = source_rank[r];
+          if (src >= 0)
+            v[u] = __ldg(reinterpret_cast<const uint4*>(p.peer_x[src]) +
+                         source_token[r] * row_vecs + i % row_vecs);
         }
       }
 #pragma unroll

@@ -24,7 +24,6 @@ enum ForwardRole : int {
 };
 
 struct ForwardFault {
-  int aborted;  // set by the first expired wait; every other wait then gives up at once
   struct Record {
     int seen, cta;
     long long what;
@@ -43,29 +42,43 @@ struct ForwardMaps {
   CUtensorMap shared_down;             // [1, H, S]
 };
 
+constexpr int kMaxRanks = 8;  // EP group sizes 1, 2, 4, 8
+
 struct ForwardParams {
-  // The schedule of this batch (written by earlier kernels on the stream).
-  const int32_t* counts;
-  const int32_t* offsets;
-  const int32_t* sorted;
-  const int64_t* seg_begin;
-  const int32_t* tile_expert;
-  const int* status;  // nonzero: the batch failed validation; no GEMM runs and out is NaN
+  // Expert parallelism: this rank's place in the group, and every rank's buffers through tables of
+  // base pointers (LSA peer pointers, or slices of one allocation when ranks are emulated on one
+  // GPU). With ep_size = 1 the tables hold this rank's own buffers.
+  int ep_size, ep_rank;
+  const __nv_bfloat16* peer_x[kMaxRanks];  // [T_r, H]: the rows dispatch gathers
+  const int32_t* peer_offsets[kMaxRanks];  // [E + 1]: each source's schedule (global experts)
+  const int32_t* peer_sorted[kMaxRanks];   // [T_r * K]
+  __nv_bfloat16* peer_y_slots[kMaxRanks];  // [T_r * K, H]: where the down epilogue puts rows
+  uint32_t* peer_token_done[kMaxRanks];    // [T_r]
+  // The owner's schedule (written by earlier kernels on the stream): its local experts' padded
+  // segments, rows per segment, and where each source's rows start inside a segment.
+  const int64_t* seg_begin;     // [experts + 1]
+  const int64_t* segment_rows;  // [experts]
+  const int64_t* source_begin;  // [experts][ep_size + 1]
+  const int32_t* tile_expert;   // local expert of each routed row block
+  const int* status;  // nonzero: a batch of the group failed validation; no GEMM, out is NaN
+  int* aborted;       // shared by the group's ranks: the first expired wait stops every wait
   // The batch.
-  const __nv_bfloat16* x;  // [T, H]
   const float* topk_weights;
   int64_t tokens;
-  int top_k, experts, hidden, intermediate, shared_width;
+  int top_k, hidden, intermediate, shared_width;
+  int experts;  // this rank's local experts
   // Intermediate buffers and the output.
-  __nv_bfloat16* routed_x;    // [capacity, H]
+  __nv_bfloat16* routed_x;    // [ring_blocks * 128, H]: the token ring, block b in b % ring_blocks
+  int64_t ring_blocks;        // >= 1; the capacity in blocks when the ring holds the whole batch
   __nv_bfloat16* act;         // [capacity, I]
   __nv_bfloat16* act_shared;  // [token_rows, S]
   __nv_bfloat16* y_slots;     // [T * K, H]: expert output of each (token, k) slot
   __nv_bfloat16* y_shared;    // [T, H]
   __nv_bfloat16* out;         // [T, H]
   // Dataflow counters, zero at launch (one memset before each forward).
-  uint32_t* x_ready;           // [capacity / 128]: 1 once dispatch wrote the row block
-  uint32_t* act_ready;         // [capacity / 128]: +1 per warpgroup per gate/up tile
+  uint32_t* x_ready;    // [capacity / 128]: 1 once dispatch wrote the row block
+  uint32_t* act_ready;  // [capacity / 128]: +1 per warpgroup per gate/up tile; once complete the
+                        // block's ring tile is free again
   uint32_t* act_shared_ready;  // [token_rows / 128]
   uint32_t* token_done;        // [T]: +1 per down tile that wrote one of the token's rows
   uint32_t* combine_next;      // the combine's work queue: next token
@@ -104,8 +117,17 @@ constexpr int kProfileNoDispatchCopy = 1, kProfileNoCombine = 2;
 // Once per device, before launches: the shared-memory opt-in, and how many CTAs fit on one SM
 // (the persistent grid needs every CTA resident).
 cudaError_t prepare_moe_forward(int block_n, int* ctas_per_sm);
+// What one launch runs: `ranks` logical ranks (1 for a real EP rank, ep_size when the group is
+// emulated on one GPU), each on its own contiguous share of the grid.
+struct ForwardLaunch {
+  ForwardMaps maps[kMaxRanks];
+  ForwardParams params[kMaxRanks];
+  int ranks;
+};
+static_assert(sizeof(ForwardLaunch) <= 32764, "kernel parameters (CUDA 12.1+, sm_70+)");
+
 // The kernel for block_n 128 or 256 with `grid` CTAs; every one must be resident at once.
-cudaError_t launch_moe_forward(const ForwardMaps& maps, const ForwardParams& p, int block_n,
-                               int grid, cudaStream_t stream);
+cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, int grid,
+                               cudaStream_t stream);
 
 }  // namespace mok::kern

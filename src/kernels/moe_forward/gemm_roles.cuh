@@ -73,7 +73,10 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         timer.add(kTimeDownWaitsGateUp, since);
       dev::fence_proxy_async_global();  // generic writes of other CTAs -> this thread's TMA reads
     }
-    const int32_t a_row = int32_t(w.m_block * kBlockM);
+    // Routed gate/up A rows live in the token ring; every other A is indexed by its block.
+    const int64_t a_block =
+        w.kind == TileKind::routed_gate_up ? w.m_block % p.ring_blocks : w.m_block;
+    const int32_t a_row = int32_t(a_block * kBlockM);
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       const uint64_t since = timer.now();
       if (!acquire_stage(ring, cursor, p.wait_cycles)) {
@@ -109,7 +112,7 @@ __device__ __forceinline__ void publish_warpgroup(uint32_t* counter, int wg) {
 __device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWork& w, int row0) {
   if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
     return row0 >= p.tokens;
-  return row0 - p.seg_begin[w.expert] >= p.counts[w.expert];
+  return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
 }
 
 template <int kBlockN>
@@ -165,22 +168,30 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       publish_warpgroup((routed ? p.act_ready : p.act_shared_ready) + w.m_block, wg);
       continue;
     }
-    // Down: the token (and slot) of each of this warpgroup's rows; -1 for padding.
+    // Down: each row goes to its (token, k) slot on its source rank (shared rows: this rank's
+    // tokens), then the token's counter there gets +1.
     const bool routed = w.kind == TileKind::routed_down;
-    auto slot_of = [&](int row) -> int64_t {
-      if (routed)
-        return sched::routed_row_slot(row, w.expert, p.seg_begin, p.counts, p.offsets, p.sorted);
-      return row < p.tokens ? row : -1;  // shared rows are tokens
+    auto source_of = [&](int row) -> RowSource {
+      if (routed) return routed_row_source(p, row, w.expert);
+      return row < p.tokens ? RowSource{p.ep_rank, row} : RowSource{-1, -1};
     };
-    __nv_bfloat16* base = (routed ? p.y_slots : p.y_shared) + w.n_tile * kBlockN;
-    store_tile<kBlockN>(d, row0, p.hidden - w.n_tile * kBlockN, [&](int row) {
-      const int64_t s = slot_of(row);
-      return s >= 0 ? base + s * p.hidden : nullptr;
+    const int64_t col0 = int64_t(w.n_tile) * kBlockN;
+    store_tile<kBlockN>(d, row0, p.hidden - int(col0), [&](int row) -> __nv_bfloat16* {
+      const RowSource s = source_of(row);
+      if (s.src < 0) return nullptr;
+      __nv_bfloat16* base = routed ? p.peer_y_slots[s.src] : p.y_shared;
+      return base + s.slot * p.hidden + col0;
     });
     dev::named_barrier_sync(1 + wg, 128);
     if (threadIdx.x % 128 < 64) {
-      const int64_t s = slot_of(row0 + threadIdx.x % 128);
-      if (s >= 0) dev::add_release_gpu(p.token_done + (routed ? s / p.top_k : s), 1);
+      const RowSource s = source_of(row0 + threadIdx.x % 128);
+      if (s.src >= 0) {
+        uint32_t* done = p.peer_token_done[s.src] + (routed ? s.slot / p.top_k : s.slot);
+        if (p.ep_size > 1)
+          dev::add_release_sys(done, 1);  // the source may be another GPU
+        else
+          dev::add_release_gpu(done, 1);
+      }
     }
   }
   return true;

@@ -10,18 +10,25 @@ namespace mok::kern {
 namespace {
 
 // The producer walks a richer tile sequence than the plain grouped GEMM's (four tile kinds, their
-// counters and maps, the tile queue): at 40 and 72 registers it spilled, at 88 it does not; the
-// consumers keep 208 (128 accumulators).
-constexpr int kForwardProducerRegs = 88, kForwardConsumerRegs = 208;
+// counters and maps, the tile queue, peer tables): at 88 registers it spilled, at 96 it does not;
+// the consumers keep 200 (128 accumulators).
+constexpr int kForwardProducerRegs = 96, kForwardConsumerRegs = 200;
 static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRegs <=
                   kThreads * 168,
               "setmaxnreg budget");
 
+// The grid is split into launch.ranks contiguous shares, one per logical rank (one share for a
+// real EP rank); inside a share the first dispatch_ctas CTAs dispatch, the rest run the GEMMs.
 template <int kBlockN>
 __global__ void __launch_bounds__(kThreads, 1)
-    moe_forward_kernel(const __grid_constant__ ForwardMaps maps, const ForwardParams p) {
-  if (int(blockIdx.x) < p.dispatch_ctas) {
-    if (batch_ok(p)) dispatch_role<kBlockN>(p, int(blockIdx.x), p.dispatch_ctas);
+    moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
+  const int per_rank = int(gridDim.x) / launch.ranks;
+  const int rank = min(int(blockIdx.x) / per_rank, launch.ranks - 1);
+  const int cta = int(blockIdx.x) - rank * per_rank;  // the last rank also takes the remainder
+  const ForwardParams& p = launch.params[rank];
+  const ForwardMaps& maps = launch.maps[rank];
+  if (cta < p.dispatch_ctas) {
+    if (batch_ok(p)) dispatch_role<kBlockN>(p, cta, p.dispatch_ctas);
     combine_role<kBlockN>(p);
     return;
   }
@@ -64,12 +71,14 @@ cudaError_t prepare_moe_forward(int block_n, int* ctas_per_sm) {
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_moe_forward(const ForwardMaps& maps, const ForwardParams& p, int block_n,
-                               int grid, cudaStream_t stream) {
+cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, int grid,
+                               cudaStream_t stream) {
+  if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < 2 * launch.ranks)
+    return cudaErrorInvalidValue;
   if (block_n == 256)
-    moe_forward_kernel<256><<<grid, kThreads, TileShape<256>::kSmemBytes, stream>>>(maps, p);
+    moe_forward_kernel<256><<<grid, kThreads, TileShape<256>::kSmemBytes, stream>>>(launch);
   else if (block_n == 128)
-    moe_forward_kernel<128><<<grid, kThreads, TileShape<128>::kSmemBytes, stream>>>(maps, p);
+    moe_forward_kernel<128><<<grid, kThreads, TileShape<128>::kSmemBytes, stream>>>(launch);
   else
     return cudaErrorInvalidValue;
   return cudaGetLastError();

@@ -20,6 +20,7 @@
 
 #include "kernels/gemm/bf16_pipeline.cuh"
 #include "kernels/moe_forward/forward_params.hpp"
+#include "mok/schedule/routing_layout.hpp"
 #include "mok/schedule/tile_order.hpp"
 
 namespace mok::kern {
@@ -44,6 +45,28 @@ __device__ __forceinline__ bool batch_ok(const ForwardParams& p) { return *p.sta
 // Routed row blocks in use: the padded segments of this batch (none once the batch failed).
 __device__ __forceinline__ int64_t routed_blocks(const ForwardParams& p) {
   return batch_ok(p) ? p.seg_begin[p.experts] / kBlockM : 0;
+}
+
+// Routed row blocks per tile group: at most the token ring's size (tile_order.hpp).
+__device__ __forceinline__ int routed_group_rows(const ForwardParams& p) {
+  return p.ring_blocks < sched::kTileGroupRows ? int(p.ring_blocks) : sched::kTileGroupRows;
+}
+
+// Where routed row `row` of local expert `expert` comes from: the source rank and the (token, k)
+// slot on it; src = -1 for a padding row. Rows of a segment are in (source rank, slot) order.
+struct RowSource {
+  int src;
+  int64_t slot;
+};
+__device__ __forceinline__ RowSource routed_row_source(const ForwardParams& p, int64_t row,
+                                                       int expert) {
+  const int64_t offset = row - p.seg_begin[expert];
+  if (offset >= p.segment_rows[expert]) return {-1, -1};
+  const int64_t* begin = p.source_begin + int64_t(expert) * (p.ep_size + 1);
+  int src = 0;
+  while (begin[src + 1] <= offset) ++src;
+  const int global_expert = sched::global_expert(p.ep_rank, expert, p.experts);
+  return {src, p.peer_sorted[src][p.peer_offsets[src][global_expert] + (offset - begin[src])]};
 }
 
 template <int kBlockN>
@@ -93,7 +116,8 @@ struct ForwardTiles {
     const int expert = p.tile_expert[i / n_tiles];
     const int64_t first = p.seg_begin[expert] / kBlockM;
     const int64_t blocks = p.seg_begin[expert + 1] / kBlockM - first;
-    const sched::TileCoord c = sched::grouped_tile(i - first * n_tiles, blocks, n_tiles);
+    const sched::TileCoord c =
+        sched::grouped_tile(i - first * n_tiles, blocks, n_tiles, routed_group_rows(p));
     return {TileKind::routed_gate_up, first + c.block, c.n_tile, expert, 0};
   }
 };
@@ -140,7 +164,7 @@ __device__ __forceinline__ uint32_t token_contributions(const ForwardParams& p) 
 // A bounded wait that also gives up as soon as another wait has expired.
 template <class Ready>
 __device__ __forceinline__ bool wait_unless_aborted(const ForwardParams& p, Ready ready) {
-  const volatile int* aborted = &p.fault->aborted;
+  const volatile int* aborted = p.aborted;
   return dev::spin_until([&] { return ready() || *aborted != 0; }, p.wait_cycles) && ready();
 }
 
@@ -153,7 +177,7 @@ __device__ __forceinline__ void record_fault(const ForwardParams& p, ForwardRole
     r.cta = int(blockIdx.x);
     r.what = what;
   }
-  atomicExch(&p.fault->aborted, 1);
+  atomicExch(p.aborted, 1);
 }
 
 }  // namespace mok::kern

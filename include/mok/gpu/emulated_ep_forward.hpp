@@ -1,0 +1,50 @@
+// Expert parallelism with every rank of the group on one GPU: ep_size logical ranks, each with its
+// own batch, its own local experts' weights and its own output, run by ONE launch of the forward
+// megakernel whose grid is split between the ranks. The kernel reaches the other ranks' buffers
+// through the same peer tables a real EP group fills from NCCL's LSA pointers, so this is how the
+// dispatch/combine protocol is developed and tested when only one GPU is lent.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "mok/config.hpp"
+#include "mok/gpu/device_layer.hpp"
+#include "mok/gpu/moe_forward.hpp"
+
+namespace mok::gpu {
+
+class EmulatedEpForward {
+ public:
+  // c.ep_size in {2, 4, 8}; every rank gets c.max_tokens_per_rank, c's capacity and ring
+  // (c.ring_rows: 0 holds the whole batch; smaller rings are reused in turn). Options as for
+  // MoeForward; dispatch_ctas is per rank, and never_publish_block applies to rank stuck_rank only.
+  explicit EmulatedEpForward(const Config& c, const ForwardOptions& options = {},
+                             int stuck_rank = -1);
+  ~EmulatedEpForward();
+  EmulatedEpForward(const EmulatedEpForward&) = delete;
+  EmulatedEpForward& operator=(const EmulatedEpForward&) = delete;
+
+  // batches[r], weights[r] (rank r's local experts: gate/up [E/ep, I, H], down [E/ep, H, I], and
+  // the shared experts) and outs[r] for every rank r. Asynchronous; no host synchronisation.
+  void forward(const std::vector<DeviceBatch>& batches,
+               const std::vector<DeviceLayerWeights>& weights,
+               const std::vector<__nv_bfloat16*>& outs, cudaStream_t stream);
+  // As MoeForward::check, for the whole group; errors name the rank.
+  void check(cudaStream_t stream);
+
+  int ranks() const { return config_.ep_size; }
+  int ctas_per_rank() const { return grid_ / config_.ep_size; }
+
+ private:
+  struct Workspace;
+  Config config_;
+  ForwardOptions options_;
+  int stuck_rank_;
+  int block_n_ = 0, dispatch_ctas_ = 0, grid_ = 0;
+  uint64_t wait_cycles_ = 0;
+  Workspace* ws_;
+};
+
+}  // namespace mok::gpu

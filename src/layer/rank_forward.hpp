@@ -1,0 +1,53 @@
+// One rank's share of the forward megakernel on the host: its device buffers, and the tensor maps
+// and parameters of its part of a launch. MoeForward (one rank) and EmulatedEpForward (a group of
+// logical ranks on one GPU) are built from it; they fill the peer tables.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include "kernels/moe_forward/forward_params.hpp"
+#include "layer/forward_schedule.hpp"
+#include "mok/gpu/moe_forward.hpp"
+
+namespace mok::gpu::detail {
+
+struct RankBuffers {
+  ScheduleBuffers sched;  // the rank's source schedule (and at EP = 1 its owner tables)
+  // Owner tables at EP > 1 (built from every source's counts by ep_schedule.cu).
+  int64_t *owner_seg_begin = nullptr, *owner_segment_rows = nullptr, *owner_source_begin = nullptr;
+  int32_t* owner_tile_expert = nullptr;
+  Status* group_status = nullptr;  // the group's outcome: any rank's failure fails every rank
+  __nv_bfloat16 *routed_x = nullptr, *act = nullptr, *act_shared = nullptr, *y_slots = nullptr,
+                *y_shared = nullptr;
+  uint32_t* counters = nullptr;  // x_ready | act_ready | act_shared_ready | token_done |
+  size_t counter_words = 0;      // combine_next | tile_next
+  kern::ForwardFault* fault = nullptr;
+  unsigned long long* timings = nullptr;
+  int64_t capacity_blocks = 0, ring_blocks = 0, token_blocks = 0;
+  CUtensorMap routed_x_map{}, act_map{}, act_shared_map{};
+
+  void allocate(const Config& c, bool with_timings);
+  void release();
+  // Zeroes the counters, the fault record and the timings (asynchronous).
+  void reset(cudaStream_t stream) const;
+};
+
+// Tensor maps of rank `w` for this batch and its local experts' weights.
+kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceBatch& b,
+                            const DeviceLayerWeights& wt, int block_n);
+
+struct RankLaunchOptions {
+  int ep_rank = 0, dispatch_ctas = 1, dispatch_lookahead = 0;
+  uint64_t wait_cycles = 0;
+  int* aborted = nullptr;
+  const ForwardOptions* options = nullptr;
+};
+
+// Parameters of rank `w` with its own buffers in every peer-table entry of its rank; the caller
+// fills the other ranks' entries and the owner tables at EP > 1.
+kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const DeviceBatch& b,
+                                __nv_bfloat16* out, const RankLaunchOptions& o);
+
+// What a role of kern::ForwardRole was waiting for, for error messages ("... row block 2").
+const char* fault_role_name(int role);
+
+}  // namespace mok::gpu::detail
