@@ -9,6 +9,7 @@
 
 #include "kernels/moe_forward/forward_params.hpp"
 #include "layer/forward_schedule.hpp"
+#include "layer/owner_schedule.cuh"
 #include "layer/rank_forward.hpp"
 #include "mok/error.hpp"
 #include "mok/gpu/emulated_ep_forward.hpp"
@@ -20,8 +21,6 @@ namespace {
 using detail::check_cuda;
 using detail::kTileRows;
 using detail::Status;
-
-constexpr int kMaxExperts = 512;  // Config::validate's bound
 
 struct OwnerScheduleArgs {
   int ranks, experts;
@@ -35,40 +34,18 @@ struct OwnerScheduleArgs {
   Status* group_status[kern::kMaxRanks];
 };
 
-// Block r builds owner r's tables, with the same host/device code as the EP simulation
-// (sched::build_segments), and the group's status: every block reaches the same verdict.
+// Block r builds owner r's tables and the group's status; every block reaches the same verdict.
 __global__ void owner_schedule_kernel(const __grid_constant__ OwnerScheduleArgs a) {
-  __shared__ int32_t counts[kern::kMaxRanks * kMaxExperts];  // [source][expert]
-  __shared__ int failed;
+  __shared__ int32_t counts[kern::kMaxRanks * detail::kMaxEpExperts];  // [source][expert]
   const int owner = int(blockIdx.x), n = a.ranks, e_all = a.experts;
   for (int i = int(threadIdx.x); i < n * e_all; i += int(blockDim.x))
     counts[i] = a.counts[i / e_all][i % e_all];
   __syncthreads();
-  if (threadIdx.x == 0) {
-    Status st{};
-    for (int src = 0; src < n && st.code == detail::kOk; ++src)
-      if (a.source_status[src]->code != detail::kOk) {
-        st = *a.source_status[src];
-        st.rank = src;
-      }
-    for (int o = 0; o < n && st.code == detail::kOk; ++o) {
-      const int64_t need = sched::padded_rows_of_rank(counts, n, e_all, o, kTileRows);
-      if (need > a.capacity) {
-        st.code = detail::kCapacityExceeded;
-        st.needed_rows = need;
-        st.rank = o;
-      }
-    }
-    *a.group_status[owner] = st;
-    failed = st.code != detail::kOk;
-    sched::build_segments(counts, n, e_all, owner, kTileRows, a.seg_begin[owner],
-                          a.segment_rows[owner], a.source_begin[owner]);
-  }
-  __syncthreads();
-  const int local = e_all / n;
-  for (int64_t m = threadIdx.x; m < a.capacity_blocks; m += blockDim.x)
-    a.tile_expert[owner][m] =
-        failed ? -1 : sched::segment_of_row(m * kTileRows, a.seg_begin[owner], local);
+  detail::build_owner_tables(
+      counts, n, e_all, owner, a.capacity, a.capacity_blocks,
+      [&](int src) { return *a.source_status[src]; }, /*missing=*/-1, 0,
+      {a.seg_begin[owner], a.segment_rows[owner], a.source_begin[owner], a.tile_expert[owner],
+       a.group_status[owner]});
 }
 
 void require(bool ok, ErrorCode code, const std::string& message) {
@@ -88,49 +65,20 @@ EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& opti
   const int n = c.ep_size;
   require(n == 2 || n == 4 || n == 8, ErrorCode::unsupported,
           "EmulatedEpForward runs ep_size 2, 4 or 8 logical ranks, got " + std::to_string(n));
-  require(c.precision == Precision::bf16, ErrorCode::unsupported,
-          std::string("precision ") + precision_name(c.precision) +
-              ": the GPU forward is BF16 only for now");
-  require(c.num_experts <= kMaxExperts, ErrorCode::unsupported, "at most 512 experts");
-  const int64_t I = c.intermediate, S = c.shared_width();
-  require(c.hidden % 64 == 0 && I % 64 == 0 && S % 64 == 0, ErrorCode::unsupported,
-          "the GPU forward needs hidden, intermediate and the shared width to be multiples of 64");
-  const bool wide_ok = I % 128 == 0 && S % 128 == 0;
-  block_n_ = options.block_n == 0 ? (wide_ok ? 256 : 128) : options.block_n;
-  require(block_n_ == 128 || (block_n_ == 256 && wide_ok), ErrorCode::invalid_argument,
-          "block_n = " + std::to_string(options.block_n) +
-              ": allowed 0 (automatic), 128, or 256 when I and S are multiples of 128");
-  if (options_.wait_seconds == 0) {
-    const char* env = std::getenv("MOK_WAIT_SECONDS");
-    options_.wait_seconds = env ? std::atof(env) : 2.0;
-  }
-  require(options_.wait_seconds > 0 && options_.wait_seconds <= 600, ErrorCode::invalid_argument,
-          "wait_seconds must be in (0, 600]");
-  int device = 0, sms = 0, clock_khz = 0, per_sm = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute");
-  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
-      clock_khz <= 0)
-    clock_khz = 2'000'000;
-  check_cuda(kern::prepare_moe_forward(block_n_, &per_sm), "preparing the forward kernel");
-  require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
-  grid_ = options.max_ctas > 0 ? std::min(options.max_ctas, sms) : sms;
-  const int share = grid_ / n;
-  dispatch_ctas_ = options.dispatch_ctas > 0
-                       ? options.dispatch_ctas
-                       : std::max(1, num_dispatch_ctas(share, c.intermediate));
-  require(share >= 2 && dispatch_ctas_ < share, ErrorCode::invalid_argument,
-          "a grid of " + std::to_string(grid_) + " CTAs gives each of " + std::to_string(n) +
-              " ranks " + std::to_string(share) + " CTAs, too few for " +
-              std::to_string(dispatch_ctas_) + " dispatch CTAs and the GEMMs");
+  require(c.num_experts <= detail::kMaxEpExperts, ErrorCode::unsupported, "at most 512 experts");
+  const detail::LaunchPlan plan = detail::plan_forward_launch(c, options, n, "EmulatedEpForward");
+  block_n_ = plan.block_n;
+  grid_ = plan.grid;
+  dispatch_ctas_ = plan.dispatch_ctas;
+  options_.wait_seconds = plan.wait_seconds;
+  wait_cycles_ = plan.wait_cycles;
   require(options.dispatch_lookahead <= 0, ErrorCode::unsupported,
           "dispatch_lookahead is not supported with emulated ranks");
-  wait_cycles_ = uint64_t(options_.wait_seconds * double(clock_khz) * 1e3);
   auto* w = new Workspace{};
   ws_ = w;
   w->ranks.resize(size_t(n));
-  for (auto& r : w->ranks) r.allocate(c, options.profile_wait_times);
+  for (auto& r : w->ranks)
+    r.allocate(c, {.timings = options.profile_wait_times, .owner_tables = true});
   w->aborted = detail::device_alloc<int>(1, "cudaMalloc (EmulatedEpForward)");
 }
 

@@ -16,7 +16,8 @@ namespace mok::gpu::detail {
 
 constexpr int kTileRows = 128;  // routed rows per m-tile: the GEMMs' BLOCK_M
 
-enum StatusCode : int { kOk = 0, kBadExpertId = 1, kCapacityExceeded = 2 };
+// kPeerMissing (real EP only): rank `rank` did not publish its counts for forward `needed_rows`.
+enum StatusCode : int { kOk = 0, kBadExpertId = 1, kCapacityExceeded = 2, kPeerMissing = 3 };
 
 struct Status {
   int code;

@@ -1,10 +1,88 @@
 #include "layer/rank_forward.hpp"
 
 #include <algorithm>
+#include <cstdlib>
+#include <string>
 
 #include "mok/device/tensor_map.hpp"
+#include "mok/error.hpp"
 
 namespace mok::gpu::detail {
+
+namespace {
+void require(bool ok, ErrorCode code, const std::string& message) {
+  if (!ok) throw Error(code, message);
+}
+}  // namespace
+
+LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,
+                               const char* who) {
+  require(c.precision == Precision::bf16, ErrorCode::unsupported,
+          std::string("precision ") + precision_name(c.precision) +
+              ": the GPU forward is BF16 only for now");
+  const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width();
+  require(H % 64 == 0 && I % 64 == 0 && S % 64 == 0, ErrorCode::unsupported,
+          "the GPU forward needs hidden, intermediate and the shared width to be multiples of 64 "
+          "(one 128-byte TMA box of K); got H = " +
+              std::to_string(H) + ", I = " + std::to_string(I) + ", S = " + std::to_string(S));
+  LaunchPlan plan;
+  const bool wide_ok = I % 128 == 0 && S % 128 == 0;
+  plan.block_n = o.block_n == 0 ? (wide_ok ? 256 : 128) : o.block_n;
+  require(plan.block_n == 128 || (plan.block_n == 256 && wide_ok), ErrorCode::invalid_argument,
+          "block_n = " + std::to_string(o.block_n) +
+              ": allowed 0 (automatic), 128, or 256 when I and S are multiples of 128");
+  plan.wait_seconds = o.wait_seconds;
+  if (plan.wait_seconds == 0) {
+    const char* env = std::getenv("MOK_WAIT_SECONDS");
+    plan.wait_seconds = env ? std::atof(env) : 2.0;
+  }
+  require(plan.wait_seconds > 0 && plan.wait_seconds <= 600, ErrorCode::invalid_argument,
+          "wait_seconds must be in (0, 600], got " + std::to_string(plan.wait_seconds));
+  int device = 0, sms = 0, clock_khz = 0, per_sm = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute");
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
+      clock_khz <= 0)
+    clock_khz = 2'000'000;
+  check_cuda(kern::prepare_moe_forward(plan.block_n, &per_sm), "preparing the forward kernel");
+  require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
+  // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.
+  plan.grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
+  const int share = plan.grid / ranks_in_launch;
+  plan.dispatch_ctas = o.dispatch_ctas > 0 ? o.dispatch_ctas
+                                           : std::max(1, num_dispatch_ctas(share, c.intermediate));
+  require(share >= 2 && plan.dispatch_ctas < share, ErrorCode::invalid_argument,
+          std::string(who) + ": a grid of " + std::to_string(plan.grid) + " CTAs gives each of " +
+              std::to_string(ranks_in_launch) + " rank(s) " + std::to_string(share) +
+              " CTAs, too few for " + std::to_string(plan.dispatch_ctas) +
+              " dispatch CTAs and the GEMMs");
+  plan.wait_cycles = uint64_t(plan.wait_seconds * double(clock_khz) * 1e3);
+  return plan;
+}
+
+void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
+                    const std::string& prefix) {
+  std::string cause, consequences;
+  for (int role = 0; role < kern::kForwardRoles; ++role) {
+    const auto& r = fault.records[role];
+    if (!r.seen) continue;
+    const std::string what =
+        role == kern::kRoleConsumer && r.what < 0
+            ? "a GEMM consumer waiting for its next tile index (CTA " + std::to_string(r.cta) + ")"
+            : std::string(fault_role_name(role)) + " " + std::to_string(r.what) + " (CTA " +
+                  std::to_string(r.cta) + ")";
+    if (cause.empty())
+      cause = what;
+    else
+      consequences += (consequences.empty() ? "" : "; ") + what;
+  }
+  if (cause.empty()) return;
+  throw Error(ErrorCode::peer_timeout, prefix + "the forward stopped: " + cause + " gave up after " +
+                                           std::to_string(wait_seconds) + " s" +
+                                           (consequences.empty() ? "" : "; then " + consequences) +
+                                           "; the output is incomplete");
+}
 
 const char* fault_role_name(int role) {
   switch (role) {
@@ -27,7 +105,7 @@ const char* fault_role_name(int role) {
   }
 }
 
-void RankBuffers::allocate(const Config& c, bool with_timings) {
+void RankBuffers::allocate(const Config& c, const Parts& parts) {
   const char* what = "cudaMalloc (forward workspace)";
   const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width(), K = c.top_k,
                 max_t = c.max_tokens_per_rank, El = c.experts_per_rank();
@@ -35,7 +113,7 @@ void RankBuffers::allocate(const Config& c, bool with_timings) {
   capacity_blocks = sched.capacity / kTileRows;
   token_blocks = sched.token_rows / kTileRows;
   ring_blocks = std::clamp<int64_t>(c.effective_ring_rows() / kTileRows, 1, capacity_blocks);
-  if (c.ep_size > 1) {
+  if (parts.owner_tables) {
     owner_seg_begin = device_alloc<int64_t>(size_t(El + 1), what);
     owner_segment_rows = device_alloc<int64_t>(size_t(El), what);
     owner_source_begin = device_alloc<int64_t>(size_t(El * (c.ep_size + 1)), what);
@@ -45,12 +123,12 @@ void RankBuffers::allocate(const Config& c, bool with_timings) {
   routed_x = device_alloc<__nv_bfloat16>(size_t(ring_blocks * kTileRows * H), what);
   act = device_alloc<__nv_bfloat16>(size_t(sched.capacity * I), what);
   act_shared = S ? device_alloc<__nv_bfloat16>(size_t(sched.token_rows * S), what) : nullptr;
-  y_slots = device_alloc<__nv_bfloat16>(size_t(max_t * K * H), what);
+  y_slots = parts.y_slots ? device_alloc<__nv_bfloat16>(size_t(max_t * K * H), what) : nullptr;
   y_shared = S ? device_alloc<__nv_bfloat16>(size_t(max_t * H), what) : nullptr;
   counter_words = size_t(2 * capacity_blocks + token_blocks + max_t + 2);
   counters = device_alloc<uint32_t>(counter_words, what);
   fault = device_alloc<kern::ForwardFault>(1, what);
-  timings = with_timings ? device_alloc<unsigned long long>(kern::kForwardTimings, what) : nullptr;
+  timings = parts.timings ? device_alloc<unsigned long long>(kern::kForwardTimings, what) : nullptr;
   routed_x_map = dev::make_bf16_map_2d(routed_x, uint64_t(ring_blocks * kTileRows), uint64_t(H),
                                        uint64_t(H), kTileRows);
   act_map =
@@ -105,6 +183,34 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
   return maps;
 }
 
+namespace {
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+void require_operand(const void* p, const char* name) {
+  require(p != nullptr, ErrorCode::invalid_argument, std::string(name) + " is null");
+  require(aligned16(p), ErrorCode::invalid_argument,
+          std::string(name) + " is not 16-byte aligned (TMA and vector loads need it)");
+}
+}  // namespace
+
+void require_forward_operands(const Config& c, const DeviceBatch& b, const DeviceLayerWeights& wt,
+                              const __nv_bfloat16* out) {
+  require_token_count(b.tokens, c);
+  require_operand(wt.gate, "gate weights");
+  require_operand(wt.up, "up weights");
+  require_operand(wt.down, "down weights");
+  if (c.shared_width() > 0) {
+    require_operand(wt.shared_gate, "shared gate weights");
+    require_operand(wt.shared_up, "shared up weights");
+    require_operand(wt.shared_down, "shared down weights");
+  }
+  if (b.tokens > 0) {
+    require_operand(b.x, "x");
+    require_operand(out, "out");
+    require(b.topk_ids && b.topk_weights, ErrorCode::invalid_argument,
+            "topk_ids and topk_weights must not be null");
+  }
+}
+
 kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const DeviceBatch& b,
                                 __nv_bfloat16* out, const RankLaunchOptions& o) {
   const ForwardOptions& fo = *o.options;
@@ -116,7 +222,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.peer_sorted[o.ep_rank] = w.sched.sorted;
   p.peer_y_slots[o.ep_rank] = w.y_slots;
   p.peer_token_done[o.ep_rank] = w.counters + 2 * w.capacity_blocks + w.token_blocks;
-  const bool owner_tables = c.ep_size > 1;
+  const bool owner_tables = w.owner_tile_expert != nullptr;
   p.seg_begin = owner_tables ? w.owner_seg_begin : w.sched.seg_begin;
   p.segment_rows = owner_tables ? w.owner_segment_rows : w.sched.segment_rows;
   p.source_begin = owner_tables ? w.owner_source_begin : w.sched.source_begin;

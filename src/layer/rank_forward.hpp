@@ -4,6 +4,8 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <string>
+
 #include "kernels/moe_forward/forward_params.hpp"
 #include "layer/forward_schedule.hpp"
 #include "mok/gpu/moe_forward.hpp"
@@ -25,7 +27,12 @@ struct RankBuffers {
   int64_t capacity_blocks = 0, ring_blocks = 0, token_blocks = 0;
   CUtensorMap routed_x_map{}, act_map{}, act_shared_map{};
 
-  void allocate(const Config& c, bool with_timings);
+  // Owner tables: built from every source's counts (EP groups, and EpForward even at ep_size 1).
+  // Without y_slots the caller provides them (EpForward: in its symmetric window).
+  struct Parts {
+    bool timings = false, owner_tables = false, y_slots = true;
+  };
+  void allocate(const Config& c, const Parts& parts);
   void release();
   // Zeroes the counters, the fault record and the timings (asynchronous).
   void reset(cudaStream_t stream) const;
@@ -42,10 +49,32 @@ struct RankLaunchOptions {
   const ForwardOptions* options = nullptr;
 };
 
+// Checks a forward's operands (token count, null or misaligned pointers) with clear errors.
+void require_forward_operands(const Config& c, const DeviceBatch& b, const DeviceLayerWeights& wt,
+                              const __nv_bfloat16* out);
+
 // Parameters of rank `w` with its own buffers in every peer-table entry of its rank; the caller
 // fills the other ranks' entries and the owner tables at EP > 1.
 kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const DeviceBatch& b,
                                 __nv_bfloat16* out, const RankLaunchOptions& o);
+
+// How a forward launches, from the configuration and options (validated here, with clear errors):
+// the GEMM tile width, the grid (one CTA per SM: every CTA must be resident), each rank's share and
+// dispatch CTAs, and the wait bound in clock cycles. `ranks_in_launch` > 1 when one launch hosts
+// several logical ranks (emulated EP); `who` names the class in messages.
+struct LaunchPlan {
+  int block_n = 0, grid = 0, dispatch_ctas = 0;
+  double wait_seconds = 0;
+  uint64_t wait_cycles = 0;
+};
+LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,
+                               const char* who);
+
+// Turns the fault records of a forward into mok::Error(peer_timeout): the most upstream wait is
+// the cause, the others gave up because of it. `prefix` goes first ("rank 1: "). Nothing if no
+// role gave up.
+void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
+                    const std::string& prefix);
 
 // What a role of kern::ForwardRole was waiting for, for error messages ("... row block 2").
 const char* fault_role_name(int role);

@@ -3,45 +3,24 @@
 // for bit, for random, skewed and empty routings, rings smaller than the batch and random dispatch
 // delays; capacity overflow on one owner fails every rank; a rank whose dispatch stops ends in an
 // error naming it, not a hang.
-#include <numeric>
-
-#include "forward_test_util.hpp"
+#include "ep_test_util.hpp"
 #include "mok/gpu/emulated_ep_forward.hpp"
 #include "mok/gpu/moe_forward.hpp"
 
-using namespace fwd_test;
+using namespace ep_test;
 
 namespace {
 
-struct EpCase {
-  std::vector<int64_t> tokens;  // per rank
-  int routing = 0;              // 0 random, 1 every token to rank 0's experts, 2 to one expert
-  int64_t ring_rows = 0;
-  uint32_t delay_ns = 0;
-};
-
-// Runs the global batch at EP = 1 and split over the ranks; returns whether every rank's rows are
-// bitwise equal, after checking the EP = 1 output against the CPU reference.
+// Runs the global batch at EP = 1 and split over the ranks; expects every rank's rows bitwise
+// equal (the EP = 1 output itself is checked against the CPU reference).
 void expect_ep_equals_ep1(int ranks, const EpCase& k) {
-  mok::Config global = mok::preset("tiny");
-  const int64_t total = std::accumulate(k.tokens.begin(), k.tokens.end(), int64_t(0));
-  global.max_tokens_per_rank = int(std::max<int64_t>(total, 1));
-  const mok::LayerParams p = mok::tools::random_params(global, 51);
-  mok::Batch b = mok::tools::random_batch(global, total, 52 + uint64_t(ranks));
-  const int El = global.num_experts / ranks;
-  for (size_t i = 0; i < b.topk_ids.size(); ++i) {
-    if (k.routing == 1) b.topk_ids[i] = int32_t(i % size_t(global.top_k)) % El;  // rank 0 only
-    if (k.routing == 2) b.topk_ids[i] = global.num_experts - 1;
-  }
-  const GpuLayer layer(p);
-  mok::gpu::MoeForward ep1(global);
-  const std::vector<double> want = gpu_forward(ep1, global, layer, b);
-  expect_matches_reference(global, p, b, want);
-
-  mok::Config c = global;
-  c.ep_size = ranks;
-  c.max_tokens_per_rank = int(*std::max_element(k.tokens.begin(), k.tokens.end()));
-  c.ring_rows = k.ring_rows;
+  const GlobalBatch g = make_global_batch(ranks, k);
+  const std::vector<double> want = ep1_output(g);
+  const mok::Config c = rank_config(g, ranks, k);
+  const mok::Batch& b = g.batch;
+  const int64_t total = g.total;
+  const int El = c.num_experts / ranks;
+  const GpuLayer layer(g.params);
   mok::gpu::ForwardOptions o;
   o.dispatch_delay_ns = k.delay_ns;
   o.delay_seed = 7;
@@ -84,15 +63,7 @@ void expect_ep_equals_ep1(int ranks, const EpCase& k) {
 TEST(EmulatedEpGpu, EveryRankEqualsTheSingleGpuForwardBitForBit) {
   MOK_REQUIRE_GPU();
   for (int ranks : {2, 4, 8}) {
-    std::vector<EpCase> cases;
-    cases.push_back({std::vector<int64_t>(size_t(ranks), 300)});
-    std::vector<int64_t> uneven(static_cast<size_t>(ranks));
-    for (int r = 0; r < ranks; ++r) uneven[size_t(r)] = r == 1 ? 0 : 37 * (r + 1);  // rank 1 empty
-    cases.push_back({uneven});
-    cases.push_back({std::vector<int64_t>(size_t(ranks), 200), 1});       // all to rank 0
-    cases.push_back({std::vector<int64_t>(size_t(ranks), 200), 2});       // all to one expert
-    cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 128});  // a one-block ring
-    cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 3 * 128, 100'000});  // + delays
+    const std::vector<EpCase> cases = standard_cases(ranks);
     for (size_t i = 0; i < cases.size(); ++i) {
       SCOPED_TRACE("ranks " + std::to_string(ranks) + ", case " + std::to_string(i));
       expect_ep_equals_ep1(ranks, cases[i]);

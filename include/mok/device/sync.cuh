@@ -59,6 +59,9 @@ __device__ __forceinline__ void add_release_sys(uint32_t* p, uint32_t v) {
 __device__ __forceinline__ void store_release_gpu(uint32_t* p, uint32_t v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
+__device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
+  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
 
 // Spins until `ready()` or until `max_cycles` have passed; false on timeout. The caller records
 // what it waited for and exits cleanly instead of trapping.

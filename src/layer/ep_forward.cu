@@ -1,0 +1,322 @@
+// EpForward's host side and its counts-exchange kernel (see mok/gpu/ep_forward.hpp). The window
+// layout, the exchange and the peer tables are all that differ from MoeForward; the megakernel,
+// the source schedule and the owner tables are shared with it and with the emulated group.
+#include <climits>
+#include <string>
+
+#include "kernels/moe_forward/forward_params.hpp"
+#include "layer/forward_schedule.hpp"
+#include "layer/owner_schedule.cuh"
+#include "layer/rank_forward.hpp"
+#include "mok/device/sync.cuh"
+#include "mok/error.hpp"
+#include "mok/gpu/ep_forward.hpp"
+#include "transport/symmetric_window.hpp"
+
+namespace mok::gpu {
+namespace {
+
+using detail::check_cuda;
+using detail::Status;
+
+void require(bool ok, ErrorCode code, const std::string& message) {
+  if (!ok) throw Error(code, message);
+}
+
+// Byte offsets inside every rank's window (the same on every rank: one Config). The exchange area
+// is double-buffered by the parity of the forward's epoch: a rank can be at most one forward ahead
+// of a peer's exchange (it cannot finish forward e + 1's exchange before every peer has published
+// e + 1, which each does only after finishing e's).
+struct WindowLayout {
+  size_t x, offsets, sorted, y_slots, token_done, counts, status, flags, bytes;
+};
+
+WindowLayout window_layout(const Config& c) {
+  const size_t T = size_t(c.max_tokens_per_rank), H = size_t(c.hidden), K = size_t(c.top_k),
+               E = size_t(c.num_experts), n = size_t(c.ep_size);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t begin = at;
+    at = (at + bytes + 255) / 256 * 256;
+    return begin;
+  };
+  WindowLayout L;
+  L.x = take(T * H * 2);                      // [T, H] BF16: the rows owners pull
+  L.offsets = take((E + 1) * 4);              // the source schedule owners read
+  L.sorted = take(T * K * 4);                 //
+  L.y_slots = take(T * K * H * 2);            // [T * K, H] BF16: owners write expert outputs
+  L.token_done = take(T * 4);                 // [T]: owners release one per finished (token, k)
+  L.counts = take(2 * n * E * 4);             // [parity][source][E]
+  L.status = take(2 * n * sizeof(Status));    // [parity][source]
+  L.flags = take(2 * n * 4);                  // [parity][source]: the epoch, once published
+  L.bytes = (at + 4095) / 4096 * 4096;
+  return L;
+}
+
+struct ExchangeArgs {
+  char* peer_base[kern::kMaxRanks];  // every rank's window (this rank's: its own pointer)
+  WindowLayout layout;
+  int ranks, me, experts;
+  int64_t capacity, capacity_blocks;
+  uint64_t wait_cycles;
+  uint32_t* epoch;           // this rank's forward counter (device memory: graph replays count)
+  const int32_t* counts;     // this rank's source schedule: [E]
+  const Status* status;      //   and its status
+  detail::OwnerTables out;
+};
+
+// One block. Publishes this rank's counts and status to every rank (itself included), waits for
+// every rank's, then builds the owner tables from them.
+__global__ void exchange_kernel(const __grid_constant__ ExchangeArgs a) {
+  __shared__ int32_t counts[kern::kMaxRanks * detail::kMaxEpExperts];
+  __shared__ uint32_t epoch;
+  __shared__ int missing;
+  const int n = a.ranks, E = a.experts;
+  const WindowLayout& L = a.layout;
+  if (threadIdx.x == 0) {
+    epoch = *a.epoch + 1;
+    *a.epoch = epoch;
+    missing = INT_MAX;
+  }
+  __syncthreads();
+  const int slot = int(epoch & 1) * n;  // this forward's half of the exchange area
+  for (int q = 0; q < n; ++q) {
+    int32_t* dst = reinterpret_cast<int32_t*>(a.peer_base[q] + L.counts) + (slot + a.me) * E;
+    for (int e = int(threadIdx.x); e < E; e += int(blockDim.x)) dst[e] = a.counts[e];
+  }
+  if (int(threadIdx.x) < n)
+    reinterpret_cast<Status*>(a.peer_base[threadIdx.x] + L.status)[slot + a.me] = *a.status;
+  __threadfence_system();  // each thread's stores, before the flags below (system scope: NVLink)
+  __syncthreads();
+  if (int(threadIdx.x) < n)
+    dev::store_release_sys(
+        reinterpret_cast<uint32_t*>(a.peer_base[threadIdx.x] + L.flags) + slot + a.me, epoch);
+  if (int(threadIdx.x) < n) {
+    const uint32_t* flag = reinterpret_cast<const uint32_t*>(a.peer_base[a.me] + L.flags) + slot +
+                           int(threadIdx.x);
+    if (!dev::spin_until([&] { return dev::load_acquire_sys(flag) == epoch; }, a.wait_cycles))
+      atomicMin(&missing, int(threadIdx.x));
+  }
+  __syncthreads();
+  __threadfence_system();
+  const int32_t* all = reinterpret_cast<const int32_t*>(a.peer_base[a.me] + L.counts) + slot * E;
+  for (int i = int(threadIdx.x); i < n * E; i += int(blockDim.x)) counts[i] = __ldcg(all + i);
+  __syncthreads();
+  const Status* statuses = reinterpret_cast<const Status*>(a.peer_base[a.me] + L.status) + slot;
+  detail::build_owner_tables(
+      counts, n, E, a.me, a.capacity, a.capacity_blocks,
+      [&](int src) {
+        Status s;
+        const volatile int* v = reinterpret_cast<const volatile int*>(statuses + src);
+        int* d = reinterpret_cast<int*>(&s);
+        for (size_t i = 0; i < sizeof(Status) / sizeof(int); ++i) d[i] = v[i];
+        return s;
+      },
+      missing == INT_MAX ? -1 : missing, epoch, a.out);
+}
+
+// Restores the caller's current device on scope exit (forward() runs on this rank's device).
+struct DeviceGuard {
+  int saved = 0;
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&saved);
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(saved); }
+};
+
+}  // namespace
+
+struct EpForward::Workspace {
+  detail::RankBuffers rank;
+  WindowLayout layout{};
+  std::unique_ptr<transport::SymmetricWindow> window;
+  int* aborted = nullptr;
+  uint32_t* epoch = nullptr;
+  int* barrier = nullptr;  // one process per GPU: the teardown barrier's all-reduce operand
+};
+
+EpForward::EpForward(const Config& c, const ForwardOptions& options, int rank, int device)
+    : config_(c), options_(options), rank_(rank), device_(device) {
+  config_.ep_rank = rank;
+  config_.validate();
+  const int n = c.ep_size;
+  require(n == 1 || n == 2 || n == 4 || n == 8, ErrorCode::unsupported,
+          "EpForward runs EP groups of 1, 2, 4 or 8 ranks, got ep_size = " + std::to_string(n));
+  require(c.num_experts <= detail::kMaxEpExperts, ErrorCode::unsupported, "at most 512 experts");
+  require(options.dispatch_lookahead <= 0, ErrorCode::unsupported,
+          "dispatch_lookahead is not supported under expert parallelism");
+  DeviceGuard on(device_);
+  const detail::LaunchPlan plan = detail::plan_forward_launch(config_, options, 1, "EpForward");
+  block_n_ = plan.block_n;
+  grid_ = plan.grid;
+  dispatch_ctas_ = plan.dispatch_ctas;
+  options_.wait_seconds = plan.wait_seconds;
+  wait_cycles_ = plan.wait_cycles;
+  ws_ = new Workspace{};
+  ws_->layout = window_layout(config_);
+  ws_->rank.allocate(config_, {.timings = options.profile_wait_times,
+                               .owner_tables = true,
+                               .y_slots = false});
+  ws_->aborted = detail::device_alloc<int>(1, "cudaMalloc (EpForward)");
+  ws_->epoch = detail::device_alloc<uint32_t>(1, "cudaMalloc (EpForward)");
+  check_cuda(cudaMemset(ws_->epoch, 0, sizeof(uint32_t)), "cudaMemset");
+}
+
+EpForward::EpForward(const Config& c, ncclComm_t comm, const ForwardOptions& options)
+    : EpForward(c, options, c.ep_rank, [&] {
+        int device = 0, ranks = 0, rank = 0;
+        transport::check_nccl(ncclCommCuDevice(comm, &device), "ncclCommCuDevice", comm);
+        transport::check_nccl(ncclCommCount(comm, &ranks), "ncclCommCount", comm);
+        transport::check_nccl(ncclCommUserRank(comm, &rank), "ncclCommUserRank", comm);
+        require(ranks == c.ep_size && rank == c.ep_rank, ErrorCode::invalid_argument,
+                "the communicator has " + std::to_string(ranks) + " ranks and this is rank " +
+                    std::to_string(rank) + ", but the Config says ep_size = " +
+                    std::to_string(c.ep_size) + ", ep_rank = " + std::to_string(c.ep_rank));
+        return device;
+      }()) {
+  DeviceGuard on(device_);
+  ws_->window = transport::open_window(comm, ws_->layout.bytes);
+  ws_->barrier = detail::device_alloc<int>(1, "cudaMalloc (EpForward)");
+}
+
+std::vector<std::unique_ptr<EpForward>> EpForward::create_group(
+    const Config& c, const std::vector<ncclComm_t>& comms, const ForwardOptions& options) {
+  require(int(comms.size()) == c.ep_size, ErrorCode::invalid_argument,
+          "create_group: " + std::to_string(comms.size()) + " communicators for ep_size = " +
+              std::to_string(c.ep_size));
+  std::vector<std::unique_ptr<EpForward>> group;
+  std::vector<int> devices;
+  for (int r = 0; r < c.ep_size; ++r) {
+    int device = 0;
+    transport::check_nccl(ncclCommCuDevice(comms[size_t(r)], &device), "ncclCommCuDevice");
+    devices.push_back(device);
+    group.push_back(std::unique_ptr<EpForward>(new EpForward(c, options, r, device)));
+  }
+  for (auto& f : group) f->group_devices_ = devices;
+  auto windows = transport::open_windows(comms, group[0]->ws_->layout.bytes);
+  for (size_t r = 0; r < group.size(); ++r) group[r]->ws_->window = std::move(windows[r]);
+  return group;
+}
+
+EpForward::~EpForward() {
+  if (!ws_) return;
+  int saved = 0;
+  cudaGetDevice(&saved);
+  // Peers write into this window until their forward ends; only then may it go.
+  if (!group_devices_.empty()) {
+    for (int d : group_devices_) {
+      cudaSetDevice(d);
+      cudaDeviceSynchronize();
+    }
+  } else if (ws_->window) {
+    cudaSetDevice(device_);
+    cudaDeviceSynchronize();
+    ncclAllReduce(ws_->barrier, ws_->barrier, 1, ncclInt, ncclSum, ws_->window->comm, nullptr);
+    cudaDeviceSynchronize();
+  }
+  cudaSetDevice(device_);
+  ws_->window.reset();
+  ws_->rank.release();
+  cudaFree(ws_->aborted);
+  cudaFree(ws_->epoch);
+  cudaFree(ws_->barrier);
+  delete ws_;
+  cudaSetDevice(saved);
+}
+
+void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv_bfloat16* out,
+                        cudaStream_t stream) {
+  const Config& c = config_;
+  detail::require_forward_operands(c, b, wt, out);
+  DeviceGuard on(device_);
+  Workspace& w = *ws_;
+  const WindowLayout& L = w.layout;
+  char* win = w.window->local;
+  const int64_t T = b.tokens, H = c.hidden, K = c.top_k;
+  const int E = c.num_experts, n = c.ep_size;
+  // What peers read goes into the window before this rank's flag is released (stream order, then
+  // the exchange kernel's system-scope release covers it).
+  if (T > 0)
+    check_cuda(cudaMemcpyAsync(win + L.x, b.x, size_t(T * H) * 2, cudaMemcpyDeviceToDevice, stream),
+               "cudaMemcpyAsync (x into the window)");
+  detail::build_forward_schedule(b, c.top_k, E, w.rank.sched, stream, /*owner_tables=*/false);
+  check_cuda(cudaMemcpyAsync(win + L.offsets, w.rank.sched.offsets, size_t(E + 1) * 4,
+                             cudaMemcpyDeviceToDevice, stream),
+             "cudaMemcpyAsync");
+  if (T > 0)
+    check_cuda(cudaMemcpyAsync(win + L.sorted, w.rank.sched.sorted, size_t(T * K) * 4,
+                               cudaMemcpyDeviceToDevice, stream),
+               "cudaMemcpyAsync");
+  w.rank.reset(stream);
+  check_cuda(cudaMemsetAsync(win + L.token_done, 0, size_t(c.max_tokens_per_rank) * 4, stream),
+             "cudaMemsetAsync");
+  check_cuda(cudaMemsetAsync(w.aborted, 0, sizeof(int), stream), "cudaMemsetAsync");
+
+  ExchangeArgs a{};
+  for (int q = 0; q < n; ++q) a.peer_base[q] = q == rank_ ? win : w.window->peer_base[q];
+  a.layout = L;
+  a.ranks = n;
+  a.me = rank_;
+  a.experts = E;
+  a.capacity = w.rank.sched.capacity;
+  a.capacity_blocks = w.rank.capacity_blocks;
+  a.wait_cycles = wait_cycles_;
+  a.epoch = w.epoch;
+  a.counts = w.rank.sched.counts;
+  a.status = w.rank.sched.status;
+  a.out = {w.rank.owner_seg_begin, w.rank.owner_segment_rows, w.rank.owner_source_begin,
+           w.rank.owner_tile_expert, w.rank.group_status};
+  exchange_kernel<<<1, 256, 0, stream>>>(a);
+  check_cuda(cudaGetLastError(), "the counts exchange kernel");
+
+  detail::RankLaunchOptions o;
+  o.ep_rank = rank_;
+  o.dispatch_ctas = dispatch_ctas_;
+  o.wait_cycles = wait_cycles_;
+  o.aborted = w.aborted;
+  o.options = &options_;
+  kern::ForwardLaunch launch{};
+  launch.ranks = 1;
+  launch.maps[0] = detail::rank_maps(w.rank, c, b, wt, block_n_);
+  kern::ForwardParams& p = launch.params[0];
+  p = detail::rank_params(w.rank, c, b, out, o);
+  p.y_slots = reinterpret_cast<__nv_bfloat16*>(win + L.y_slots);
+  p.token_done = reinterpret_cast<uint32_t*>(win + L.token_done);
+  for (int q = 0; q < n; ++q) {
+    char* base = a.peer_base[q];
+    p.peer_x[q] = reinterpret_cast<const __nv_bfloat16*>(base + L.x);
+    p.peer_offsets[q] = reinterpret_cast<const int32_t*>(base + L.offsets);
+    p.peer_sorted[q] = reinterpret_cast<const int32_t*>(base + L.sorted);
+    p.peer_y_slots[q] = reinterpret_cast<__nv_bfloat16*>(base + L.y_slots);
+    p.peer_token_done[q] = reinterpret_cast<uint32_t*>(base + L.token_done);
+  }
+  check_cuda(kern::launch_moe_forward(launch, block_n_, grid_, stream),
+             "the forward megakernel (EP over NCCL)");
+}
+
+void EpForward::check(cudaStream_t stream) {
+  DeviceGuard on(device_);
+  Status st{};
+  kern::ForwardFault fault{};
+  check_cuda(cudaMemcpyAsync(&st, ws_->rank.group_status, sizeof st, cudaMemcpyDeviceToHost,
+                             stream),
+             "cudaMemcpyAsync");
+  check_cuda(cudaMemcpyAsync(&fault, ws_->rank.fault, sizeof fault, cudaMemcpyDeviceToHost,
+                             stream),
+             "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(stream), "the forward");
+  const std::string me = "rank " + std::to_string(rank_) + ": ";
+  if (st.code == detail::kPeerMissing)
+    throw Error(ErrorCode::peer_timeout,
+                me + "rank " + std::to_string(st.rank) +
+                    " did not publish its routing counts for forward " +
+                    std::to_string(st.needed_rows) + " within " +
+                    std::to_string(options_.wait_seconds) +
+                    " s; the output is NaN and the group is out of step (destroy and recreate it "
+                    "on every rank)");
+  detail::throw_on_status(st, config_.num_experts, ws_->rank.sched.capacity, config_.ep_size);
+  detail::throw_on_fault(fault, options_.wait_seconds, config_.ep_size > 1 ? me : "");
+}
+
+}  // namespace mok::gpu
