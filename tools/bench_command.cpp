@@ -17,6 +17,8 @@
 #include <cuda_runtime_api.h>
 
 #include "baseline/unfused_forward.hpp"
+#include "bench_ceilings.hpp"
+#include "bench_ep.hpp"
 #include "cuda_util.hpp"
 #include "mok/compare.hpp"
 #include "mok/formats/codecs.hpp"
@@ -43,6 +45,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.dispatch_ctas = std::max(0, std::atoi(v.c_str()));
     else if (a == "--dispatch-lookahead")
       o.dispatch_lookahead = std::atoi(v.c_str());
+    else if (a == "--ep")
+      o.ep = std::atoi(v.c_str());
     else if (a == "--breakdown")
       o.breakdown = v == "1" || v == "yes";
     else
@@ -53,10 +57,6 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
 
 #if defined(MOK_WITH_CUDA_KERNELS)
 namespace {
-
-struct Ceilings {
-  double bf16_tflops = 0, hbm_tbps = 0;
-};
 
 // Dense BF16 GEMM 8192^3 (cuBLAS) and a device-to-device copy of 2 GiB, measured now.
 Ceilings measure_ceilings(cublasHandle_t h) {
@@ -203,7 +203,17 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
 
 }  // namespace
 
+Ceilings measure_ceilings_now() {
+  cublasHandle_t h;
+  if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
+    throw Error(ErrorCode::unsupported, "cublasCreate failed");
+  const Ceilings c = measure_ceilings(h);
+  cublasDestroy(h);
+  return c;
+}
+
 int bench_command(const BenchOptions& o) {
+  if (o.ep > 1) return bench_ep_command(o);
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
     throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");

@@ -9,10 +9,10 @@ struct BenchOptions {
   std::string preset = "all";  // a preset name, or "all": every standard shape of design.md
   int64_t tokens = -1;         // tokens per rank (default: the preset's)
   int iterations = 20;
-  bool breakdown = false;
+  bool breakdown = false;  // also time the megakernel without its dispatch copy / its combine
+  int ep = 1;              // > 1: the expert-parallel forward (bench_ep.cpp)
   int dispatch_ctas = 0;        // 0: the megakernel's default
-  int dispatch_lookahead = -1;  // -1: the megakernel's default  // also time the megakernel without
-                                // its dispatch copy / its combine
+  int dispatch_lookahead = -1;  // -1: the megakernel's default
 };
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args);

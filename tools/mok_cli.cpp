@@ -30,6 +30,8 @@ const char* kUsage =
     "      [--dispatch-ctas N]      CTAs of the megakernel that gather rows (default: automatic)\n"
     "      [--dispatch-lookahead N] row blocks dispatch may run ahead (0: no limit)\n"
     "      [--breakdown 1]          also time variants that drop the dispatch copy or the combine\n"
+    "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"
+    "                               when fewer are visible), beside EP = 1 and the roofline\n"
     "presets: tiny, dsv3, mok-default, qwen3-30b, fine\n";
 
 int info() {

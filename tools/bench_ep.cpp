@@ -1,0 +1,260 @@
+// `mok bench --ep N`: the expert-parallel forward timed per GPU on the standard shapes, with
+// tokens per rank fixed. With N GPUs visible, one process drives them (ncclCommInitAll +
+// EpForward::create_group); with fewer, the N ranks are emulated on GPU 0 (EmulatedEpForward:
+// correctness only, the times are the whole group's on one GPU). Beside it, in the same run:
+// the EP = 1 megakernel on one GPU with the same tokens per rank (the overlap figure), and the
+// per-GPU roofline bound of the local work: max(FLOPs / BF16 peak, local weights / HBM
+// bandwidth, NVLink bytes / measured NVLink bandwidth).
+#include "bench_ep.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+
+#include "mok/config.hpp"
+#include "mok/error.hpp"
+#include "run_command.hpp"
+
+#if defined(MOK_WITH_CUDA_KERNELS)
+#include <cuda_runtime_api.h>
+
+#include "bench_ceilings.hpp"
+#include "cuda_util.hpp"
+#include "mok/gpu/emulated_ep_forward.hpp"
+#include "mok/gpu/moe_forward.hpp"
+#include "mok/gpu/random_fill.hpp"
+#if defined(MOK_WITH_NCCL_DEVICE)
+#include <nccl.h>
+
+#include "mok/gpu/ep_forward.hpp"
+#endif
+#endif
+
+namespace mok::tools {
+
+#if defined(MOK_WITH_CUDA_KERNELS)
+namespace {
+
+// One rank's layer share and batch on its device.
+struct RankData {
+  int64_t tokens;
+  DeviceArray<__nv_bfloat16> sg, su, sd, g, u, d, x, out;
+  DeviceArray<int32_t> ids;
+  DeviceArray<float> w;
+  RankData(const Config& c, int experts, int64_t t, uint64_t seed)
+      : tokens(t),
+        sg(size_t(c.shared_width() * c.hidden)),
+        su(sg.n),
+        sd(sg.n),
+        g(size_t(experts) * c.intermediate * c.hidden),
+        u(g.n),
+        d(g.n),
+        x(size_t(t * c.hidden)),
+        out(x.n),
+        ids(size_t(t * c.top_k)),
+        w(ids.n) {
+    const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width();
+    const float bh = 1.0f / std::sqrt(float(H)), bi = 1.0f / std::sqrt(float(I));
+    cuda_ok(gpu::fill_uniform_bf16(sg.ptr, S * H, 11, bh, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(su.ptr, S * H, 12, bh, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(sd.ptr, S * H, 13, S ? 1.0f / std::sqrt(float(S)) : 0.0f,
+                                   nullptr),
+            "fill");
+    cuda_ok(gpu::fill_uniform_bf16(g.ptr, int64_t(g.n), seed + 14, bh, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(u.ptr, int64_t(u.n), seed + 15, bh, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(d.ptr, int64_t(d.n), seed + 16, bi, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(x.ptr, t * H, seed + 17, 1.0f, nullptr), "fill");
+    cuda_ok(gpu::random_topk(ids.ptr, w.ptr, t, c.num_experts, c.top_k, seed + 18, nullptr),
+            "random_topk");
+  }
+  gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
+  gpu::DeviceLayerWeights weights() const { return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr}; }
+};
+
+void sync_all(int devices) {
+  for (int dev = 0; dev < devices; ++dev) {
+    cuda_ok(cudaSetDevice(dev), "cudaSetDevice");
+    cuda_ok(cudaDeviceSynchronize(), "the forward");
+  }
+  cuda_ok(cudaSetDevice(0), "cudaSetDevice");
+}
+
+// Median wall time of f over `iterations`, every device idle before and after each run.
+template <class F>
+double median_wall_ms(F&& f, int iterations, int devices) {
+  std::vector<double> t;
+  for (int i = 0; i < iterations; ++i) {
+    sync_all(devices);
+    const auto a = std::chrono::steady_clock::now();
+    f();
+    sync_all(devices);
+    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a)
+                    .count());
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// GPU 0 -> GPU 1 copy bandwidth (GB/s), one direction, peer access on.
+double measure_nvlink_gbps() {
+  const size_t bytes = size_t(1) << 30;
+  cuda_ok(cudaSetDevice(0), "cudaSetDevice");
+  cudaDeviceEnablePeerAccess(1, 0);
+  cudaGetLastError();  // already enabled is fine
+  DeviceArray<uint8_t> src(bytes);
+  cuda_ok(cudaSetDevice(1), "cudaSetDevice");
+  DeviceArray<uint8_t> dst(bytes);
+  cuda_ok(cudaSetDevice(0), "cudaSetDevice");
+  auto copy = [&] { cudaMemcpyPeerAsync(dst.ptr, 1, src.ptr, 0, bytes); };
+  median_ms(copy, 2);
+  return double(bytes) / (median_ms(copy, 10) * 1e-3) * 1e-9;
+}
+
+}  // namespace
+
+int bench_ep_command(const BenchOptions& o) {
+  const int n = o.ep;
+  if (n != 2 && n != 4 && n != 8)
+    throw UsageError("--ep takes 2, 4 or 8 (the EP group size), got " + std::to_string(n));
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
+    throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");
+  const bool real = gpus >= n;
+#if !defined(MOK_WITH_NCCL_DEVICE)
+  if (real)
+    std::printf("(this build has no NCCL device API: the %d ranks are emulated on GPU 0)\n", n);
+  const bool use_nccl = false;
+#else
+  const bool use_nccl = real;
+#endif
+  cudaDeviceProp prop{};
+  cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::vector<std::pair<std::string, int64_t>> shapes;
+  if (o.preset == "all")
+    shapes = {
+        {"dsv3", 4096}, {"dsv3", 8192}, {"mok-default", 2048}, {"qwen3-30b", 8192}, {"fine", 4096}};
+  else
+    shapes = {{o.preset, o.tokens >= 0 ? o.tokens : preset(o.preset).max_tokens_per_rank}};
+  const double nvlink_gbps = use_nccl ? measure_nvlink_gbps() : 0;
+  std::printf(
+      "mok bench --ep %d: %s on %s; tokens per rank fixed; medians of %d runs (wall time, every "
+      "GPU idle before and after); NVLink %s\n\n",
+      n,
+      use_nccl ? "one process driving every GPU (NCCL device API)"
+               : "ranks EMULATED on GPU 0 (correctness only: the times are the whole group's)",
+      prop.name, o.iterations,
+      use_nccl ? (std::to_string(int(nvlink_gbps)) + " GB/s GPU0->GPU1 measured").c_str()
+               : "not used");
+  std::printf(
+      "| shape | T per rank | EP ms | TFLOP/s per GPU | EP=1 ms (same T, one GPU) | EP=1 "
+      "TFLOP/s | dispatch + combine NVLink GB/s per GPU (over the forward) | roofline ms "
+      "(bound) | %% of roofline |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& [name, tokens] : shapes) {
+    Config c = preset(name);
+    c.max_tokens_per_rank = int(tokens);
+    c.ep_size = n;
+    const int El = c.num_experts / n;
+    const int64_t H = c.hidden;
+    // EP = 1 on GPU 0 first (it needs every expert's weights there), with its ceilings.
+    cuda_ok(cudaSetDevice(0), "cudaSetDevice");
+    Ceilings ceil;
+    double ep1_ms = 0;
+    {
+      ceil = measure_ceilings_now();
+      Config c1 = c;
+      c1.ep_size = 1;
+      RankData one(c1, c1.num_experts, tokens, 1000);
+      gpu::MoeForward f(c1);
+      auto run1 = [&] { f.forward(one.batch(), one.weights(), one.out.ptr, nullptr); };
+      median_ms(run1, 3);
+      f.check(nullptr);
+      ep1_ms = median_ms(run1, o.iterations);
+    }
+    std::vector<std::unique_ptr<RankData>> ranks;
+    int64_t worst_nvlink_rows = 0, remote_rows_total = 0;
+    std::vector<std::vector<int32_t>> ids_host;
+    for (int r = 0; r < n; ++r) {
+      cuda_ok(cudaSetDevice(use_nccl ? r : 0), "cudaSetDevice");
+      ranks.push_back(std::make_unique<RankData>(c, El, tokens, 100 * uint64_t(r + 1)));
+      ids_host.push_back(ranks.back()->ids.to_host());
+    }
+    cuda_ok(cudaSetDevice(0), "cudaSetDevice");
+    // Rows crossing NVLink per rank: pulled in by dispatch (others' rows for its experts) plus
+    // combine rows written into it (its rows computed elsewhere).
+    for (int r = 0; r < n; ++r) {
+      int64_t pulled = 0, pushed_in = 0;
+      for (int q = 0; q < n; ++q)
+        for (int32_t id : ids_host[size_t(q)]) {
+          if (q != r && id / El == r) ++pulled;
+          if (q == r && id / El != r) ++pushed_in;
+        }
+      remote_rows_total += pushed_in;
+      worst_nvlink_rows = std::max(worst_nvlink_rows, pulled + pushed_in);
+    }
+    double ep_ms = 0;
+    if (use_nccl) {
+#if defined(MOK_WITH_NCCL_DEVICE)
+      setenv("NCCL_NVLS_ENABLE", "0", 1);
+      std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
+      if (ncclCommInitAll(comms.data(), n, nullptr) != ncclSuccess)
+        throw Error(ErrorCode::unsupported, "ncclCommInitAll failed");
+      {
+        auto group = gpu::EpForward::create_group(c, comms);
+        auto run = [&] {
+          for (int r = 0; r < n; ++r)
+            group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
+                                      ranks[size_t(r)]->out.ptr, nullptr);
+        };
+        run();
+        for (auto& f : group) f->check(nullptr);
+        ep_ms = median_wall_ms(run, o.iterations, n);
+        for (auto& f : group) f->check(nullptr);
+      }
+      for (ncclComm_t comm : comms) ncclCommDestroy(comm);
+#endif
+    } else {
+      gpu::EmulatedEpForward ep(c);
+      std::vector<gpu::DeviceBatch> batches;
+      std::vector<gpu::DeviceLayerWeights> weights;
+      std::vector<__nv_bfloat16*> outs;
+      for (auto& r : ranks) {
+        batches.push_back(r->batch());
+        weights.push_back(r->weights());
+        outs.push_back(r->out.ptr);
+      }
+      auto run = [&] { ep.forward(batches, weights, outs, nullptr); };
+      run();
+      ep.check(nullptr);
+      ep_ms = median_ms(run, o.iterations);
+      ep.check(nullptr);
+    }
+    const double flops = forward_flops(c, tokens);  // one rank's tokens
+    const double weight_bytes = 2.0 * (3.0 * double(El) * double(c.intermediate) * double(H) +
+                                       3.0 * double(c.shared_width()) * double(H));
+    const double nvlink_bytes = double(worst_nvlink_rows) * double(H) * 2.0;
+    const double compute_ms = flops / (ceil.bf16_tflops * 1e12) * 1e3,
+                 memory_ms = weight_bytes / (ceil.hbm_tbps * 1e12) * 1e3,
+                 link_ms = use_nccl ? nvlink_bytes / (nvlink_gbps * 1e9) * 1e3 : 0;
+    const double bound = std::max({compute_ms, memory_ms, link_ms});
+    const char* by = bound == compute_ms ? "compute" : bound == memory_ms ? "weights" : "NVLink";
+    const double moved = 2.0 * double(remote_rows_total) / n * double(H) * 2.0;  // per GPU
+    std::printf("| %s | %lld | %.3f | %.0f | %.3f | %.0f | %.0f | %.3f (%s) | %.0f%% |\n",
+                name.c_str(), (long long)tokens, ep_ms, flops / (ep_ms * 1e-3) * 1e-12, ep1_ms,
+                flops / (ep1_ms * 1e-3) * 1e-12, moved / (ep_ms * 1e-3) * 1e-9, bound, by,
+                use_nccl ? 100.0 * bound / ep_ms : 0.0);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+#else
+
+int bench_ep_command(const BenchOptions&) {
+  throw Error(ErrorCode::unsupported, "mok bench --ep needs a build with CUDA (nvcc) and a GPU");
+}
+
+#endif
+
+}  // namespace mok::tools
