@@ -59,9 +59,9 @@ struct RankData {
     const float bh = 1.0f / std::sqrt(float(H)), bi = 1.0f / std::sqrt(float(I));
     cuda_ok(gpu::fill_uniform_bf16(sg.ptr, S * H, 11, bh, nullptr), "fill");
     cuda_ok(gpu::fill_uniform_bf16(su.ptr, S * H, 12, bh, nullptr), "fill");
-    cuda_ok(gpu::fill_uniform_bf16(sd.ptr, S * H, 13, S ? 1.0f / std::sqrt(float(S)) : 0.0f,
-                                   nullptr),
-            "fill");
+    cuda_ok(
+        gpu::fill_uniform_bf16(sd.ptr, S * H, 13, S ? 1.0f / std::sqrt(float(S)) : 0.0f, nullptr),
+        "fill");
     cuda_ok(gpu::fill_uniform_bf16(g.ptr, int64_t(g.n), seed + 14, bh, nullptr), "fill");
     cuda_ok(gpu::fill_uniform_bf16(u.ptr, int64_t(u.n), seed + 15, bh, nullptr), "fill");
     cuda_ok(gpu::fill_uniform_bf16(d.ptr, int64_t(d.n), seed + 16, bi, nullptr), "fill");
@@ -90,8 +90,8 @@ double median_wall_ms(F&& f, int iterations, int devices) {
     const auto a = std::chrono::steady_clock::now();
     f();
     sync_all(devices);
-    t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a)
-                    .count());
+    t.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
   }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];

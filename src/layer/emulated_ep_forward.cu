@@ -41,11 +41,10 @@ __global__ void owner_schedule_kernel(const __grid_constant__ OwnerScheduleArgs 
   for (int i = int(threadIdx.x); i < n * e_all; i += int(blockDim.x))
     counts[i] = a.counts[i / e_all][i % e_all];
   __syncthreads();
-  detail::build_owner_tables(
-      counts, n, e_all, owner, a.capacity, a.capacity_blocks,
-      [&](int src) { return *a.source_status[src]; }, /*missing=*/-1, 0,
-      {a.seg_begin[owner], a.segment_rows[owner], a.source_begin[owner], a.tile_expert[owner],
-       a.group_status[owner]});
+  detail::build_owner_tables(counts, n, e_all, owner, a.capacity, a.capacity_blocks,
+                             [&](int src) { return *a.source_status[src]; }, /*missing=*/-1, 0,
+                             {a.seg_begin[owner], a.segment_rows[owner], a.source_begin[owner],
+                              a.tile_expert[owner], a.group_status[owner]});
 }
 
 void require(bool ok, ErrorCode code, const std::string& message) {

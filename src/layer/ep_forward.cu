@@ -41,14 +41,14 @@ WindowLayout window_layout(const Config& c) {
     return begin;
   };
   WindowLayout L;
-  L.x = take(T * H * 2);                      // [T, H] BF16: the rows owners pull
-  L.offsets = take((E + 1) * 4);              // the source schedule owners read
-  L.sorted = take(T * K * 4);                 //
-  L.y_slots = take(T * K * H * 2);            // [T * K, H] BF16: owners write expert outputs
-  L.token_done = take(T * 4);                 // [T]: owners release one per finished (token, k)
-  L.counts = take(2 * n * E * 4);             // [parity][source][E]
-  L.status = take(2 * n * sizeof(Status));    // [parity][source]
-  L.flags = take(2 * n * 4);                  // [parity][source]: the epoch, once published
+  L.x = take(T * H * 2);                    // [T, H] BF16: the rows owners pull
+  L.offsets = take((E + 1) * 4);            // the source schedule owners read
+  L.sorted = take(T * K * 4);               //
+  L.y_slots = take(T * K * H * 2);          // [T * K, H] BF16: owners write expert outputs
+  L.token_done = take(T * 4);               // [T]: owners release one per finished (token, k)
+  L.counts = take(2 * n * E * 4);           // [parity][source][E]
+  L.status = take(2 * n * sizeof(Status));  // [parity][source]
+  L.flags = take(2 * n * 4);                // [parity][source]: the epoch, once published
   L.bytes = (at + 4095) / 4096 * 4096;
   return L;
 }
@@ -59,9 +59,9 @@ struct ExchangeArgs {
   int ranks, me, experts;
   int64_t capacity, capacity_blocks;
   uint64_t wait_cycles;
-  uint32_t* epoch;           // this rank's forward counter (device memory: graph replays count)
-  const int32_t* counts;     // this rank's source schedule: [E]
-  const Status* status;      //   and its status
+  uint32_t* epoch;        // this rank's forward counter (device memory: graph replays count)
+  const int32_t* counts;  // this rank's source schedule: [E]
+  const Status* status;   //   and its status
   detail::OwnerTables out;
 };
 
@@ -92,8 +92,8 @@ __global__ void exchange_kernel(const __grid_constant__ ExchangeArgs a) {
     dev::store_release_sys(
         reinterpret_cast<uint32_t*>(a.peer_base[threadIdx.x] + L.flags) + slot + a.me, epoch);
   if (int(threadIdx.x) < n) {
-    const uint32_t* flag = reinterpret_cast<const uint32_t*>(a.peer_base[a.me] + L.flags) + slot +
-                           int(threadIdx.x);
+    const uint32_t* flag =
+        reinterpret_cast<const uint32_t*>(a.peer_base[a.me] + L.flags) + slot + int(threadIdx.x);
     if (!dev::spin_until([&] { return dev::load_acquire_sys(flag) == epoch; }, a.wait_cycles))
       atomicMin(&missing, int(threadIdx.x));
   }
@@ -155,9 +155,8 @@ EpForward::EpForward(const Config& c, const ForwardOptions& options, int rank, i
   wait_cycles_ = plan.wait_cycles;
   ws_ = new Workspace{};
   ws_->layout = window_layout(config_);
-  ws_->rank.allocate(config_, {.timings = options.profile_wait_times,
-                               .owner_tables = true,
-                               .y_slots = false});
+  ws_->rank.allocate(
+      config_, {.timings = options.profile_wait_times, .owner_tables = true, .y_slots = false});
   ws_->aborted = detail::device_alloc<int>(1, "cudaMalloc (EpForward)");
   ws_->epoch = detail::device_alloc<uint32_t>(1, "cudaMalloc (EpForward)");
   check_cuda(cudaMemset(ws_->epoch, 0, sizeof(uint32_t)), "cudaMemset");
@@ -183,8 +182,8 @@ EpForward::EpForward(const Config& c, ncclComm_t comm, const ForwardOptions& opt
 std::vector<std::unique_ptr<EpForward>> EpForward::create_group(
     const Config& c, const std::vector<ncclComm_t>& comms, const ForwardOptions& options) {
   require(int(comms.size()) == c.ep_size, ErrorCode::invalid_argument,
-          "create_group: " + std::to_string(comms.size()) + " communicators for ep_size = " +
-              std::to_string(c.ep_size));
+          "create_group: " + std::to_string(comms.size()) +
+              " communicators for ep_size = " + std::to_string(c.ep_size));
   std::vector<std::unique_ptr<EpForward>> group;
   std::vector<int> devices;
   for (int r = 0; r < c.ep_size; ++r) {
@@ -299,11 +298,10 @@ void EpForward::check(cudaStream_t stream) {
   DeviceGuard on(device_);
   Status st{};
   kern::ForwardFault fault{};
-  check_cuda(cudaMemcpyAsync(&st, ws_->rank.group_status, sizeof st, cudaMemcpyDeviceToHost,
-                             stream),
-             "cudaMemcpyAsync");
-  check_cuda(cudaMemcpyAsync(&fault, ws_->rank.fault, sizeof fault, cudaMemcpyDeviceToHost,
-                             stream),
+  check_cuda(
+      cudaMemcpyAsync(&st, ws_->rank.group_status, sizeof st, cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync");
+  check_cuda(cudaMemcpyAsync(&fault, ws_->rank.fault, sizeof fault, cudaMemcpyDeviceToHost, stream),
              "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
   const std::string me = "rank " + std::to_string(rank_) + ": ";

@@ -63,8 +63,7 @@ __device__ void build_owner_tables(const int32_t* counts, int ranks, int experts
   __syncthreads();
   const int local = experts / ranks;
   for (int64_t m = threadIdx.x; m < capacity_blocks; m += blockDim.x)
-    out.tile_expert[m] =
-        failed ? -1 : sched::segment_of_row(m * kTileRows, out.seg_begin, local);
+    out.tile_expert[m] = failed ? -1 : sched::segment_of_row(m * kTileRows, out.seg_begin, local);
 }
 
 }  // namespace mok::gpu::detail

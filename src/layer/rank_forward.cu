@@ -50,8 +50,8 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
   // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.
   plan.grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   const int share = plan.grid / ranks_in_launch;
-  plan.dispatch_ctas = o.dispatch_ctas > 0 ? o.dispatch_ctas
-                                           : std::max(1, num_dispatch_ctas(share, c.intermediate));
+  plan.dispatch_ctas =
+      o.dispatch_ctas > 0 ? o.dispatch_ctas : std::max(1, num_dispatch_ctas(share, c.intermediate));
   require(share >= 2 && plan.dispatch_ctas < share, ErrorCode::invalid_argument,
           std::string(who) + ": a grid of " + std::to_string(plan.grid) + " CTAs gives each of " +
               std::to_string(ranks_in_launch) + " rank(s) " + std::to_string(share) +
@@ -78,8 +78,8 @@ void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
       consequences += (consequences.empty() ? "" : "; ") + what;
   }
   if (cause.empty()) return;
-  throw Error(ErrorCode::peer_timeout, prefix + "the forward stopped: " + cause + " gave up after " +
-                                           std::to_string(wait_seconds) + " s" +
+  throw Error(ErrorCode::peer_timeout, prefix + "the forward stopped: " + cause +
+                                           " gave up after " + std::to_string(wait_seconds) + " s" +
                                            (consequences.empty() ? "" : "; then " + consequences) +
                                            "; the output is incomplete");
 }

@@ -44,8 +44,10 @@ void fill_peer_bases(SymmetricWindow& w) {
   const auto* dc = static_cast<const ncclDevComm*>(w.dev_comm);
   if (dc->lsaSize != dc->nRanks)
     throw Error(ErrorCode::unsupported,
-                "the EP group's " + std::to_string(dc->nRanks) + " ranks are not all in one NVLink "
-                "domain (NCCL's LSA team has " + std::to_string(dc->lsaSize) +
+                "the EP group's " + std::to_string(dc->nRanks) +
+                    " ranks are not all in one NVLink "
+                    "domain (NCCL's LSA team has " +
+                    std::to_string(dc->lsaSize) +
                     "); mok's transport needs every rank reachable by load/store");
   check_cuda(cudaSetDevice(w.device), "cudaSetDevice");
   char** d = nullptr;
@@ -71,7 +73,8 @@ void check_nccl(ncclResult_t r, const char* what, ncclComm_t comm) {
   if (r == ncclSuccess) return;
   std::string detail = ncclGetErrorString(r);
   if (comm != nullptr)
-    if (const char* last = ncclGetLastError(comm); last && *last) detail += std::string(" (") + last + ")";
+    if (const char* last = ncclGetLastError(comm); last && *last)
+      detail += std::string(" (") + last + ")";
   throw Error(ErrorCode::unsupported, std::string(what) + " failed: " + detail);
 }
 

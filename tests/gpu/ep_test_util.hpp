@@ -67,7 +67,8 @@ inline GlobalBatch make_global_batch(int ranks, const EpCase& k) {
 inline mok::Config rank_config(const GlobalBatch& g, int ranks, const EpCase& k) {
   mok::Config c = g.global;
   c.ep_size = ranks;
-  c.max_tokens_per_rank = int(std::max<int64_t>(*std::max_element(k.tokens.begin(), k.tokens.end()), 1));
+  c.max_tokens_per_rank =
+      int(std::max<int64_t>(*std::max_element(k.tokens.begin(), k.tokens.end()), 1));
   c.ring_rows = k.ring_rows;
   return c;
 }

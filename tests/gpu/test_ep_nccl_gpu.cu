@@ -149,7 +149,8 @@ TEST(EpNcclProcess, EveryRankEqualsTheSingleGpuForwardAndErrorsReachEveryRank) {
   const char* ranks_env = std::getenv("MOK_EP_RANKS");
   const char* id_file = std::getenv("MOK_EP_ID_FILE");
   if (!rank_env || !ranks_env || !id_file)
-    GTEST_SKIP() << "started by scripts/ep_processes.sh (MOK_EP_RANK, MOK_EP_RANKS, MOK_EP_ID_FILE)";
+    GTEST_SKIP()
+        << "started by scripts/ep_processes.sh (MOK_EP_RANK, MOK_EP_RANKS, MOK_EP_ID_FILE)";
   const int rank = std::atoi(rank_env), ranks = std::atoi(ranks_env);
   ASSERT_LE(ranks, gpu_count());
   ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
