@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <string>
 
 #include "mok/config.hpp"
 #include "mok/error.hpp"
@@ -151,6 +152,7 @@ int bench_ep_command(const BenchOptions& o) {
       "| shape | T per rank | EP ms | TFLOP/s per GPU | EP=1 ms (same T, one GPU) | EP=1 "
       "TFLOP/s | dispatch + combine NVLink GB/s per GPU (over the forward) | roofline ms "
       "(bound) | %% of roofline |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::string profile_lines;
   for (const auto& [name, tokens] : shapes) {
     Config c = preset(name);
     c.max_tokens_per_rank = int(tokens);
@@ -173,7 +175,7 @@ int bench_ep_command(const BenchOptions& o) {
       ep1_ms = median_ms(run1, o.iterations);
     }
     std::vector<std::unique_ptr<RankData>> ranks;
-    int64_t worst_nvlink_rows = 0, remote_rows_total = 0;
+    int64_t worst_nvlink_rows = 0, remote_rows_total = 0, pulled_rank0 = 0, pushed_in_rank0 = 0;
     std::vector<std::vector<int32_t>> ids_host;
     for (int r = 0; r < n; ++r) {
       cuda_ok(cudaSetDevice(use_nccl ? r : 0), "cudaSetDevice");
@@ -191,6 +193,7 @@ int bench_ep_command(const BenchOptions& o) {
           if (q == r && id / El != r) ++pushed_in;
         }
       remote_rows_total += pushed_in;
+      if (r == 0) pulled_rank0 = pulled, pushed_in_rank0 = pushed_in;
       worst_nvlink_rows = std::max(worst_nvlink_rows, pulled + pushed_in);
     }
     double ep_ms = 0;
@@ -211,6 +214,24 @@ int bench_ep_command(const BenchOptions& o) {
         for (auto& f : group) f->check(nullptr);
         ep_ms = median_wall_ms(run, o.iterations, n);
         for (auto& f : group) f->check(nullptr);
+      }
+      {  // one profiled forward (same output): the spans of dispatch and combine on rank 0
+        gpu::ForwardOptions timed;
+        timed.profile_wait_times = true;
+        auto group = gpu::EpForward::create_group(c, comms, timed);
+        for (int i = 0; i < 3; ++i)
+          for (int r = 0; r < n; ++r)
+            group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
+                                      ranks[size_t(r)]->out.ptr, nullptr);
+        for (auto& f : group) f->check(nullptr);
+        const gpu::ForwardProfile f = group[0]->last_profile(nullptr);
+        char line[256];
+        std::snprintf(line, sizeof line, "| %s | %lld | %.3f | %.0f | %.3f | %.0f |\n",
+                      name.c_str(), (long long)tokens, f.dispatch_total,
+                      double(pulled_rank0) * double(H) * 2.0 / (f.dispatch_total * 1e-3) * 1e-9,
+                      f.combine_total,
+                      double(pushed_in_rank0) * double(H) * 2.0 / (f.combine_total * 1e-3) * 1e-9);
+        profile_lines += line;
       }
       for (ncclComm_t comm : comms) ncclCommDestroy(comm);
 #endif
@@ -246,6 +267,14 @@ int bench_ep_command(const BenchOptions& o) {
                 use_nccl ? 100.0 * bound / ep_ms : 0.0);
     std::fflush(stdout);
   }
+  if (!profile_lines.empty())
+    std::printf(
+        "\nDispatch and combine on rank 0 (a profiled forward): dispatch = the dispatch CTAs' "
+        "span (start to last published block), NVLink bytes = rows pulled from the other ranks; "
+        "combine = the combine warps' span (first token to the last), bytes = rows the other "
+        "ranks wrote into rank 0's slots\n| shape | T per rank | dispatch ms | dispatch NVLink "
+        "GB/s | combine ms | combine NVLink GB/s |\n|---|---|---|---|---|---|\n%s",
+        profile_lines.c_str());
   return 0;
 }
 

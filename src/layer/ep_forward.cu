@@ -294,6 +294,13 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
              "the forward megakernel (EP over NCCL)");
 }
 
+ForwardProfile EpForward::last_profile(cudaStream_t stream) const {
+  require(ws_->rank.timings != nullptr, ErrorCode::invalid_argument,
+          "last_profile needs an EpForward constructed with profile_wait_times = true");
+  DeviceGuard on(device_);
+  return detail::read_profile(ws_->rank.timings, grid_, dispatch_ctas_, stream);
+}
+
 void EpForward::check(cudaStream_t stream) {
   DeviceGuard on(device_);
   Status st{};

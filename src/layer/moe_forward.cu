@@ -93,25 +93,7 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
 ForwardProfile MoeForward::last_profile(cudaStream_t stream) const {
   require(ws_->rank.timings != nullptr, ErrorCode::invalid_argument,
           "last_profile needs a MoeForward constructed with profile_wait_times = true");
-  unsigned long long ns[kern::kForwardTimings] = {};
-  check_cuda(cudaMemcpyAsync(ns, ws_->rank.timings, sizeof ns, cudaMemcpyDeviceToHost, stream),
-             "cudaMemcpyAsync");
-  check_cuda(cudaStreamSynchronize(stream), "the forward");
-  const double gemm_ctas = grid_ - dispatch_ctas_, warpgroups = 2.0 * gemm_ctas,
-               dispatchers = dispatch_ctas_,
-               combine_warps = 12.0 * dispatch_ctas_ + 8.0 * gemm_ctas;  // 384 / 256 threads
-  auto ms = [&](int i, double participants) { return double(ns[i]) * 1e-6 / participants; };
-  ForwardProfile f;
-  f.gate_up_waits_dispatch = ms(kern::kTimeGateUpWaitsDispatch, gemm_ctas);
-  f.down_waits_gate_up = ms(kern::kTimeDownWaitsGateUp, gemm_ctas);
-  f.producer_waits_ring = ms(kern::kTimeProducerWaitsRing, gemm_ctas);
-  f.consumer_starved = ms(kern::kTimeConsumerWaitsLoads, warpgroups);
-  f.consumer_total = ms(kern::kTimeConsumerTotal, warpgroups);
-  f.dispatch_copying = ms(kern::kTimeDispatchCopying, dispatchers);
-  f.dispatch_total = ms(kern::kTimeDispatchTotal, dispatchers);
-  f.combine_waits = ms(kern::kTimeCombineWaits, combine_warps);
-  f.combine_total = ms(kern::kTimeCombineTotal, combine_warps);
-  return f;
+  return detail::read_profile(ws_->rank.timings, grid_, dispatch_ctas_, stream);
 }
 
 void MoeForward::check(cudaStream_t stream) {

@@ -84,6 +84,29 @@ void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
                                            "; the output is incomplete");
 }
 
+ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dispatch_ctas,
+                            cudaStream_t stream) {
+  unsigned long long ns[kern::kForwardTimings] = {};
+  check_cuda(cudaMemcpyAsync(ns, timings, sizeof ns, cudaMemcpyDeviceToHost, stream),
+             "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(stream), "the forward");
+  const double gemm_ctas = ctas - dispatch_ctas, warpgroups = 2.0 * gemm_ctas,
+               dispatchers = dispatch_ctas,
+               combine_warps = 12.0 * dispatch_ctas + 8.0 * gemm_ctas;  // 384 / 256 threads
+  auto ms = [&](int i, double participants) { return double(ns[i]) * 1e-6 / participants; };
+  ForwardProfile f;
+  f.gate_up_waits_dispatch = ms(kern::kTimeGateUpWaitsDispatch, gemm_ctas);
+  f.down_waits_gate_up = ms(kern::kTimeDownWaitsGateUp, gemm_ctas);
+  f.producer_waits_ring = ms(kern::kTimeProducerWaitsRing, gemm_ctas);
+  f.consumer_starved = ms(kern::kTimeConsumerWaitsLoads, warpgroups);
+  f.consumer_total = ms(kern::kTimeConsumerTotal, warpgroups);
+  f.dispatch_copying = ms(kern::kTimeDispatchCopying, dispatchers);
+  f.dispatch_total = ms(kern::kTimeDispatchTotal, dispatchers);
+  f.combine_waits = ms(kern::kTimeCombineWaits, combine_warps);
+  f.combine_total = ms(kern::kTimeCombineTotal, combine_warps);
+  return f;
+}
+
 const char* fault_role_name(int role) {
   switch (role) {
     case kern::kRoleGateUpProducer:

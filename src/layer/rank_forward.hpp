@@ -76,6 +76,11 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
 void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
                     const std::string& prefix);
 
+// The wait-time profile of the last forward from its timings buffer (kern::ForwardTiming), per
+// participant, for a rank with `ctas` CTAs of which `dispatch_ctas` dispatch. Synchronises.
+ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dispatch_ctas,
+                            cudaStream_t stream);
+
 // What a role of kern::ForwardRole was waiting for, for error messages ("... row block 2").
 const char* fault_role_name(int role);
 

@@ -56,6 +56,9 @@ class EpForward {
   // that did not arrive, or a wait that expired (naming this rank and the role).
   void check(cudaStream_t stream);
 
+  // As MoeForward::last_profile (needs options.profile_wait_times): this rank's role times.
+  ForwardProfile last_profile(cudaStream_t stream) const;
+
   int rank() const { return rank_; }
   int device() const { return device_; }
 
