@@ -203,8 +203,10 @@ int bench_ep_command(const BenchOptions& o) {
       std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
       if (ncclCommInitAll(comms.data(), n, nullptr) != ncclSuccess)
         throw Error(ErrorCode::unsupported, "ncclCommInitAll failed");
+      gpu::ForwardOptions fo;
+      fo.dispatch_ctas = o.dispatch_ctas;
       {
-        auto group = gpu::EpForward::create_group(c, comms);
+        auto group = gpu::EpForward::create_group(c, comms, fo);
         auto run = [&] {
           for (int r = 0; r < n; ++r)
             group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
@@ -215,8 +217,21 @@ int bench_ep_command(const BenchOptions& o) {
         ep_ms = median_wall_ms(run, o.iterations, n);
         for (auto& f : group) f->check(nullptr);
       }
+      double no_copy_ms = 0;
+      {  // what the pulls cost: the same forward without the dispatch copy (wrong output)
+        gpu::ForwardOptions no_copy = fo;
+        no_copy.profile_without_dispatch_copy = true;
+        auto group = gpu::EpForward::create_group(c, comms, no_copy);
+        no_copy_ms = median_wall_ms(
+            [&] {
+              for (int r = 0; r < n; ++r)
+                group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
+                                          ranks[size_t(r)]->out.ptr, nullptr);
+            },
+            o.iterations, n);
+      }
       {  // one profiled forward (same output): the spans of dispatch and combine on rank 0
-        gpu::ForwardOptions timed;
+        gpu::ForwardOptions timed = fo;
         timed.profile_wait_times = true;
         auto group = gpu::EpForward::create_group(c, comms, timed);
         for (int i = 0; i < 3; ++i)
@@ -225,11 +240,15 @@ int bench_ep_command(const BenchOptions& o) {
                                       ranks[size_t(r)]->out.ptr, nullptr);
         for (auto& f : group) f->check(nullptr);
         const gpu::ForwardProfile f = group[0]->last_profile(nullptr);
-        char line[256];
-        std::snprintf(line, sizeof line, "| %s | %lld | %.3f | %.0f | %.3f | %.0f |\n",
-                      name.c_str(), (long long)tokens, f.dispatch_total,
+        char line[512];
+        std::snprintf(line, sizeof line,
+                      "| %s | %lld | %d | %.3f | %.3f | %.3f | %.0f | %.3f / %.3f | %.3f / %.3f | "
+                      "%.3f | %.0f |\n",
+                      name.c_str(), (long long)tokens, group[0]->dispatch_ctas(), ep_ms, no_copy_ms,
+                      f.dispatch_total,
                       double(pulled_rank0) * double(H) * 2.0 / (f.dispatch_total * 1e-3) * 1e-9,
-                      f.combine_total,
+                      f.gate_up_waits_dispatch, f.producer_waits_ring, f.consumer_starved,
+                      f.consumer_total, f.combine_total,
                       double(pushed_in_rank0) * double(H) * 2.0 / (f.combine_total * 1e-3) * 1e-9);
         profile_lines += line;
       }
@@ -272,8 +291,11 @@ int bench_ep_command(const BenchOptions& o) {
         "\nDispatch and combine on rank 0 (a profiled forward): dispatch = the dispatch CTAs' "
         "span (start to last published block), NVLink bytes = rows pulled from the other ranks; "
         "combine = the combine warps' span (first token to the last), bytes = rows the other "
-        "ranks wrote into rank 0's slots\n| shape | T per rank | dispatch ms | dispatch NVLink "
-        "GB/s | combine ms | combine NVLink GB/s |\n|---|---|---|---|---|---|\n%s",
+        "ranks wrote into rank 0's slots (not a link rate: they arrive during the down tiles)\n"
+        "| shape | T per rank | dispatch CTAs | EP ms | EP ms without the dispatch copy | "
+        "dispatch span ms | dispatch NVLink GB/s | GEMM producers wait for rows / for a free stage "
+        "(per CTA) | consumers starved / busy (per warpgroup) | combine span ms | bytes into rank "
+        "0's slots / combine span, GB/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n%s",
         profile_lines.c_str());
   return 0;
 }

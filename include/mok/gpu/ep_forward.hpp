@@ -60,6 +60,7 @@ class EpForward {
   ForwardProfile last_profile(cudaStream_t stream) const;
 
   int rank() const { return rank_; }
+  int dispatch_ctas() const { return dispatch_ctas_; }
   int device() const { return device_; }
 
  private:
