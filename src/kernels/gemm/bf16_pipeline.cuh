@@ -148,6 +148,51 @@ __device__ __forceinline__ void store_tile(const float (&d)[kBlockN / 2], int ro
   }
 }
 
+// Store epilogue with 16-byte stores, for rows that may live on another GPU (4-byte stores waste
+// NVLink): the 4 lanes of a quad hold 8 consecutive columns of a row between them, 2 each; an
+// exchange over 4 column groups (3 xor-shuffles per row) gives each lane all 8 columns of one
+// group. Same bits as store_tile. `valid` must be a multiple of 32.
+template <int kBlockN, class RowPtr>
+__device__ __forceinline__ void store_tile_vec16(const float (&d)[kBlockN / 2], int row0, int valid,
+                                                 RowPtr row_ptr) {
+  const Fragment f = Fragment::mine();
+  const int q = int(threadIdx.x % 4);
+  __nv_bfloat16* lo = row_ptr(row0 + f.row_lo);
+  __nv_bfloat16* hi = row_ptr(row0 + f.row_lo + 8);
+  auto pack = [](float a, float b) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&v);
+  };
+  auto pick = [](const uint32_t(&v)[4], int i) {
+    return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
+  };
+#pragma unroll
+  for (int g = 0; g < kBlockN / 32; ++g) {  // 32 columns: fragments j = 4g .. 4g + 3
+    if (32 * g >= valid) break;
+    uint32_t in_lo[4], in_hi[4], got_lo[4], got_hi[4];
+#pragma unroll
+    for (int jj = 0; jj < 4; ++jj) {
+      const int j = 4 * g + jj;
+      in_lo[jj] = pack(d[4 * j], d[4 * j + 1]);
+      in_hi[jj] = pack(d[4 * j + 2], d[4 * j + 3]);
+    }
+    // got[m]: lane q ^ m's two columns of group 4g + q (it sends its in[q ^ m] to lane q ^ m).
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const uint32_t send_lo = pick(in_lo, q ^ m), send_hi = pick(in_hi, q ^ m);
+      got_lo[m] = m == 0 ? send_lo : __shfl_xor_sync(0xFFFFFFFFu, send_lo, m);
+      got_hi[m] = m == 0 ? send_hi : __shfl_xor_sync(0xFFFFFFFFu, send_hi, m);
+    }
+    const int c = 32 * g + 8 * q;  // word s of the 16 bytes: lane s's columns = got[s ^ q]
+    if (lo)
+      *reinterpret_cast<uint4*>(lo + c) = make_uint4(pick(got_lo, q), pick(got_lo, 1 ^ q),
+                                                     pick(got_lo, 2 ^ q), pick(got_lo, 3 ^ q));
+    if (hi)
+      *reinterpret_cast<uint4*>(hi + c) = make_uint4(pick(got_hi, q), pick(got_hi, 1 ^ q),
+                                                     pick(got_hi, 2 ^ q), pick(got_hi, 3 ^ q));
+  }
+}
+
 // SwiGLU epilogue: the tile's first kBlockN/2 columns are gate rows, the second half the up rows of
 // the same outputs, so one thread holds both (registers 4j+q and 4(j + kBlockN/16)+q).
 // out_lo / out_hi: this thread's two destination rows, already offset to the tile's first column.

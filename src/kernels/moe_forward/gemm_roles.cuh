@@ -176,7 +176,8 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       return row < p.tokens ? RowSource{p.ep_rank, row} : RowSource{-1, -1};
     };
     const int64_t col0 = int64_t(w.n_tile) * kBlockN;
-    store_tile<kBlockN>(d, row0, p.hidden - int(col0), [&](int row) -> __nv_bfloat16* {
+    static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
+    store_tile_vec16<kBlockN>(d, row0, p.hidden - int(col0), [&](int row) -> __nv_bfloat16* {
       const RowSource s = source_of(row);
       if (s.src < 0) return nullptr;
       __nv_bfloat16* base = routed ? p.peer_y_slots[s.src] : p.y_shared;
