@@ -29,7 +29,10 @@ const char* kUsage =
     "      [--iterations N]\n"
     "      [--dispatch-ctas N]      CTAs of the megakernel that gather rows (default: automatic)\n"
     "      [--dispatch-lookahead N] row blocks dispatch may run ahead (0: no limit)\n"
-    "      [--breakdown 1]          also time variants that drop the dispatch copy or the combine\n"
+    "      [--gather 0]             EP = 1 through dispatch CTAs that copy rows (default: the\n"
+    "                               GEMM producers gather them; dispatch options imply 0)\n"
+    "      [--breakdown 1]          also time the dispatch-copy path, without its copy, and the\n"
+    "                               megakernel without its combine\n"
     "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"
     "                               when fewer are visible), beside EP = 1 and the roofline\n"
     "presets: tiny, dsv3, mok-default, qwen3-30b, fine\n";

@@ -39,7 +39,8 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   c.validate();
   require(c.ep_size == 1, ErrorCode::unsupported,
           "MoeForward runs one GPU (ep_size = 1), got ep_size = " + std::to_string(c.ep_size));
-  const detail::LaunchPlan plan = detail::plan_forward_launch(c, options, 1, "MoeForward");
+  const detail::LaunchPlan plan =
+      detail::plan_forward_launch(c, options, 1, "MoeForward", !options.gather_in_producer);
   block_n_ = plan.block_n;
   grid_ = plan.grid;
   dispatch_ctas_ = plan.dispatch_ctas;
@@ -53,6 +54,15 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
               std::to_string(sched::kTileGroupRows));
   dispatch_lookahead_ =
       options.dispatch_lookahead == -1 ? kDefaultLookahead : options.dispatch_lookahead;
+  if (options.gather_in_producer) {
+    require(options.dispatch_ctas == 0 && dispatch_lookahead_ == 0 &&
+                options.dispatch_delay_ns == 0 && options.never_publish_block < 0 &&
+                !options.profile_without_dispatch_copy,
+            ErrorCode::invalid_argument,
+            "dispatch_ctas, dispatch_lookahead, the dispatch test hooks and "
+            "profile_without_dispatch_copy need gather_in_producer = false (with it, the GEMM "
+            "producers gather rows and there is no dispatch role)");
+  }
 
   auto* w = new Workspace{};
   ws_ = w;
@@ -80,6 +90,7 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   detail::RankLaunchOptions o;
   o.dispatch_ctas = dispatch_ctas_;
   o.dispatch_lookahead = dispatch_lookahead_;
+  o.gather_rows = options_.gather_in_producer;
   o.wait_cycles = wait_cycles_;
   o.aborted = w.aborted;
   o.options = &options_;

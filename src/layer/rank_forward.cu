@@ -16,7 +16,7 @@ void require(bool ok, ErrorCode code, const std::string& message) {
 }  // namespace
 
 LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,
-                               const char* who) {
+                               const char* who, bool with_dispatch) {
   require(c.precision == Precision::bf16, ErrorCode::unsupported,
           std::string("precision ") + precision_name(c.precision) +
               ": the GPU forward is BF16 only for now");
@@ -50,9 +50,12 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
   // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.
   plan.grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   const int share = plan.grid / ranks_in_launch;
-  plan.dispatch_ctas =
-      o.dispatch_ctas > 0 ? o.dispatch_ctas : std::max(1, num_dispatch_ctas(share, c.intermediate));
-  require(share >= 2 && plan.dispatch_ctas < share, ErrorCode::invalid_argument,
+  plan.dispatch_ctas = !with_dispatch ? 0
+                       : o.dispatch_ctas > 0
+                           ? o.dispatch_ctas
+                           : std::max(1, num_dispatch_ctas(share, c.intermediate));
+  require(share >= (with_dispatch ? 2 : 1) && plan.dispatch_ctas < share,
+          ErrorCode::invalid_argument,
           std::string(who) + ": a grid of " + std::to_string(plan.grid) + " CTAs gives each of " +
               std::to_string(ranks_in_launch) + " rank(s) " + std::to_string(share) +
               " CTAs, too few for " + std::to_string(plan.dispatch_ctas) +
@@ -91,8 +94,8 @@ ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dis
              "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
   const double gemm_ctas = ctas - dispatch_ctas, warpgroups = 2.0 * gemm_ctas,
-               dispatchers = dispatch_ctas,
-               combine_warps = 12.0 * dispatch_ctas + 8.0 * gemm_ctas;  // 384 / 256 threads
+               dispatchers = dispatch_ctas > 0 ? dispatch_ctas : 1,  // 0: no dispatch role
+      combine_warps = 12.0 * dispatch_ctas + 8.0 * gemm_ctas;        // 384 / 256 threads
   auto ms = [&](int i, double participants) { return double(ns[i]) * 1e-6 / participants; };
   ForwardProfile f;
   f.gate_up_waits_dispatch = ms(kern::kTimeGateUpWaitsDispatch, gemm_ctas);
@@ -274,6 +277,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.tile_next = p.combine_next + 1;
   p.fault = w.fault;
   p.dispatch_ctas = o.dispatch_ctas;
+  p.gather_rows = o.gather_rows ? 1 : 0;
   p.dispatch_lookahead = o.dispatch_lookahead;
   p.wait_cycles = o.wait_cycles;
   p.delay_ns = fo.dispatch_delay_ns;

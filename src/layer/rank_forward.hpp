@@ -44,6 +44,7 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
 
 struct RankLaunchOptions {
   int ep_rank = 0, dispatch_ctas = 1, dispatch_lookahead = 0;
+  bool gather_rows = false;  // EP = 1 only
   uint64_t wait_cycles = 0;
   int* aborted = nullptr;
   const ForwardOptions* options = nullptr;
@@ -68,7 +69,7 @@ struct LaunchPlan {
   uint64_t wait_cycles = 0;
 };
 LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,
-                               const char* who);
+                               const char* who, bool with_dispatch = true);
 
 // Turns the fault records of a forward into mok::Error(peer_timeout): the most upstream wait is
 // the cause, the others gave up because of it. `prefix` goes first ("rank 1: "). Nothing if no

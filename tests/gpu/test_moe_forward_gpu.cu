@@ -48,7 +48,9 @@ mok::Config widest_routing_config() {
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
-  std::vector<ForwardOptions> options(9);
+  // 0, 1, 8, 9: the producers gather rows (the default); 2-7: dispatch CTAs copy them first.
+  std::vector<ForwardOptions> options(10);
+  for (size_t i = 2; i <= 7; ++i) options[i].gather_in_producer = false;
   options[1].block_n = 128;
   options[2].dispatch_ctas = 1;
   options[3].max_ctas = 3, options[3].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
@@ -57,6 +59,7 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[6].dispatch_lookahead = 8;                        // dispatch paced by the GEMMs
   options[7].dispatch_lookahead = 8, options[7].dispatch_ctas = 1, options[7].max_ctas = 4;
   options[8].profile_wait_times = true;  // profiling changes no bit
+  options[9].max_ctas = 1;               // one CTA: every tile in turn, then the combine
   for (const mok::Config& c :
        {mok::preset("tiny"), odd_config(1), odd_config(0), widest_routing_config()}) {
     const mok::LayerParams p = mok::tools::random_params(c, 31);
@@ -97,6 +100,7 @@ TEST(MoeForwardGpu, BitwiseIdenticalAcross20RunsWithInjectedDispatchDelays) {
   expect_matches_reference(c, p, b, want);
   for (uint32_t run = 0; run < 20; ++run) {
     ForwardOptions o;
+    o.gather_in_producer = false;
     o.dispatch_delay_ns = 200'000;
     o.delay_seed = run + 1;
     o.dispatch_ctas = 1 + int(run % 4);
@@ -114,6 +118,7 @@ TEST(MoeForwardGpu, AStoppedDispatchEndsInAnErrorNotAHang) {
   const GpuLayer layer(p);
   const mok::Batch b = mok::tools::random_batch(c, 512, 35);
   ForwardOptions o;
+  o.gather_in_producer = false;
   o.never_publish_block = 2;
   o.wait_seconds = 0.25;
   MoeForward stuck(c, o);
@@ -138,6 +143,7 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   const mok::Batch b = mok::tools::random_batch(c, 512, 37);
   ForwardOptions o;
   o.profile_wait_times = true;
+  o.gather_in_producer = false;  // the dispatch role's times too
   MoeForward timed(c, o);
   expect_matches_reference(c, p, b, gpu_forward(timed, c, layer, b));
   const mok::gpu::ForwardProfile f = timed.last_profile(nullptr);
@@ -147,6 +153,13 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   EXPECT_GT(f.combine_total, 0.0);
   EXPECT_GE(f.combine_total, f.combine_waits);
   EXPECT_GE(f.consumer_total, f.consumer_starved);
+  o.gather_in_producer = true;  // no dispatch role: its times are zero
+  MoeForward gathering(c, o);
+  expect_matches_reference(c, p, b, gpu_forward(gathering, c, layer, b));
+  const mok::gpu::ForwardProfile g = gathering.last_profile(nullptr);
+  EXPECT_GT(g.consumer_total, 0.0);
+  EXPECT_EQ(g.dispatch_total, 0.0);
+  EXPECT_GT(g.combine_total, 0.0);
   MoeForward plain(c);
   EXPECT_THROW(plain.last_profile(nullptr), mok::Error);
 }
@@ -160,8 +173,12 @@ TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
   wide.block_n = 256;  // I = 192 is not a multiple of 128
   EXPECT_THROW(MoeForward(odd_config(1), wide), mok::Error);
   ForwardOptions all_dispatch;
+  all_dispatch.gather_in_producer = false;
   all_dispatch.max_ctas = 4, all_dispatch.dispatch_ctas = 4;
   EXPECT_THROW(MoeForward(mok::preset("tiny"), all_dispatch), mok::Error);
+  ForwardOptions dispatch_with_gather;
+  dispatch_with_gather.dispatch_ctas = 4;  // there is no dispatch role while producers gather
+  EXPECT_THROW(MoeForward(mok::preset("tiny"), dispatch_with_gather), mok::Error);
 }
 
 // Every standard shape, full size, random weights on the device. Three opinions: the staged

@@ -15,6 +15,11 @@
 namespace mok::gpu {
 
 struct ForwardOptions {
+  // MoeForward (EP = 1): the gate/up producers gather each tile's routed rows from x themselves
+  // (cp.async into the swizzled stage): no dispatch CTAs, no copy of x. false: dispatch CTAs copy
+  // the rows into the routed buffer first (the path expert parallelism uses; the dispatch options
+  // and test hooks below need it).
+  bool gather_in_producer = true;
   int dispatch_ctas = 0;  // CTAs that gather rows (then combine); 0: num_dispatch_ctas(SMs)
   // Row blocks dispatch may gather ahead of the GEMMs (rows then still sit in L2 when read);
   // -1: automatic, 0: no limit, else at least 8 (one tile group).

@@ -39,19 +39,21 @@ struct SmemRing {
   static constexpr int kStages = TileShape<kBlockN>::kStages;
   uint8_t* tiles_a;
   uint8_t* tiles_b;
-  uint64_t* full;   // the producer's arrive_expect_tx + TMA bytes
+  uint64_t* full;   // the producer's arrive_expect_tx + TMA bytes (+ gathering lanes' copies)
   uint64_t* empty;  // one arrival per consumer warp
 
   __device__ uint8_t* a(int stage) const { return tiles_a + stage * kTileBytesA; }
   __device__ uint8_t* b(int stage) const { return tiles_b + stage * TileShape<kBlockN>::kBytesB; }
 
-  // By the whole CTA, before any role starts.
-  __device__ static SmemRing make(uint8_t* smem_raw, uint64_t* full, uint64_t* empty) {
+  // By the whole CTA, before any role starts. full_arrivals: 1 for one producer thread, 32 when a
+  // producer warp may gather A rows itself (every lane arrives on every stage).
+  __device__ static SmemRing make(uint8_t* smem_raw, uint64_t* full, uint64_t* empty,
+                                  uint32_t full_arrivals = 1) {
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                                ~uintptr_t(1023));
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
-        dev::mbar_init(&full[s], 1);
+        dev::mbar_init(&full[s], full_arrivals);
         dev::mbar_init(&empty[s], kConsumers * 4);
       }
       dev::mbar_fence_init();
@@ -74,16 +76,19 @@ __device__ __forceinline__ bool acquire_stage(const SmemRing<kBlockN>& ring,
 // Consumer side of a whole tile: d = A[64 rows of this warpgroup] * B^T over k_blocks stages.
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
 // With `timed` (profiling), waited_ns accumulates the time spent waiting for stages to land.
+// With `gathered`, A was written by cp.async (generic proxy): a proxy fence precedes the wgmma.
 template <int kBlockN>
 __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
                                          dev::RingCursor<TileShape<kBlockN>::kStages>& c,
                                          int k_blocks, int wg, uint64_t wait_cycles,
-                                         bool timed = false, uint64_t* waited_ns = nullptr) {
+                                         bool timed = false, uint64_t* waited_ns = nullptr,
+                                         bool gathered = false) {
   const bool arrives = threadIdx.x % 32 == 0;
   for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
     const uint64_t start = timed ? dev::global_ns() : 0;
     if (!dev::mbar_wait(&ring.full[c.stage], c.phase, wait_cycles)) return false;
     if (timed) *waited_ns += dev::global_ns() - start;
+    if (gathered) dev::fence_proxy_async_shared();
     // This warpgroup's 64 rows start 64 * 128 bytes into the A tile.
     const uint64_t da =
         dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage) + wg * 64 * 128));

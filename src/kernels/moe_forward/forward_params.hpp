@@ -85,6 +85,8 @@ struct ForwardParams {
   uint32_t* tile_next;         // the GEMM tiles' work queue: next tile of the sequence
   ForwardFault* fault;
   int dispatch_ctas;       // CTAs [0, dispatch_ctas) dispatch, then combine; the rest run the GEMMs
+  int gather_rows;         // EP = 1: the gate/up producers gather routed rows from x themselves
+                           // (cp.async into the swizzled stage): no dispatch copy, no dispatch CTAs
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
   uint64_t wait_cycles;
   // Tests only: every dispatched block is published after a pseudo-random delay below delay_ns,

@@ -13,31 +13,72 @@
 
 #include "kernels/gemm/bf16_pipeline.cuh"
 #include "kernels/moe_forward/tile_schedule.cuh"
+#include "mok/device/cp_async.cuh"
 #include "mok/schedule/routing_layout.hpp"
 
 namespace mok::kern {
 
+// The A rows of a routed gate/up tile gathered from x (gather_rows): lane l copies rows l, l + 32,
+// l + 64, l + 96 of the 128, eight 16-byte chunks each per k-block, into the stage's 128B-swizzled
+// layout; padding rows are zero-filled. Lane 0's arrival is the extra kind, and comes before its
+// arrive_expect_tx for B, so the phase cannot complete before lane 0's copies land.
+struct GatherRows {
+  const __nv_bfloat16* src[4];  // this lane's rows in x (nullptr: padding)
+  __device__ void copy(uint8_t* tile_a, int kb, uint64_t* full) const {
+    const int lane = int(threadIdx.x % 32);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int row = lane + 32 * i;
+      const __nv_bfloat16* from = src[i] ? src[i] + kb * kBlockK : nullptr;
+#pragma unroll
+      for (int chunk = 0; chunk < 8; ++chunk)
+        dev::cp_async_16(
+            tile_a + dev::sw128_offset(row, chunk),
+            from ? static_cast<const void*>(from + chunk * 8) : static_cast<const void*>(tile_a),
+            from ? 16u : 0u);
+    }
+    if (lane == 0)
+      dev::cp_async_arrive_extra(full);
+    else
+      dev::cp_async_arrive_counted(full);
+  }
+};
+
+// One warp. Lane 0 claims tiles, hands them to the consumers, waits for their inputs and issues
+// the TMA loads; with gather_rows every lane also copies the A rows of routed gate/up tiles. The
+// full barriers count 32 arrivals: on TMA-only stages lanes 1..31 simply arrive.
 template <int kBlockN>
 __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const ForwardParams& p,
                                               const SmemRing<kBlockN>& ring,
                                               const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
+  const int lane = int(threadIdx.x % 32);
+  const bool leader = lane == 0;
   RoleTimer timer(p);
+  timer.on = timer.on && leader;
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
-    int64_t t = atomicAdd(p.tile_next, 1u);
-    if (t >= tiles.count()) t = -1;
-    if (!dev::mbar_wait(&queue.empty[q.stage], q.phase ^ 1u, p.wait_cycles)) {
-      record_fault(p, kRoleProducerRing, t);
-      return;
+    int64_t t = 0;
+    bool ok = true;
+    if (leader) {
+      t = atomicAdd(p.tile_next, 1u);
+      if (t >= tiles.count()) t = -1;
+      ok = dev::mbar_wait(&queue.empty[q.stage], q.phase ^ 1u, p.wait_cycles);
+      if (!ok) {
+        record_fault(p, kRoleProducerRing, t);
+      } else {
+        queue.index[q.stage] = t;
+        dev::mbar_arrive(&queue.full[q.stage]);
+      }
     }
-    queue.index[q.stage] = t;
-    dev::mbar_arrive(&queue.full[q.stage]);
+    t = __shfl_sync(0xFFFFFFFFu, t, 0);
+    if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) return;
     if (t < 0) {
       timer.flush(p);
       return;
     }
     const TileWork w = tiles.at(t, p);
+    const bool gather = p.gather_rows && w.kind == TileKind::routed_gate_up;
     const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
     const uint32_t* ready = nullptr;
     uint32_t needed = 0;
@@ -48,7 +89,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         break;
       case TileKind::routed_gate_up:
         a_map = &maps.routed_x, b_map = &maps.gate, b_up_map = &maps.up;
-        ready = p.x_ready + w.m_block, needed = 1, role = kRoleGateUpProducer;
+        if (!gather) ready = p.x_ready + w.m_block, needed = 1, role = kRoleGateUpProducer;
         break;
       case TileKind::shared_down:
         a_map = &maps.act_shared, b_map = &maps.shared_down;
@@ -61,32 +102,46 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         needed = uint32_t(kConsumers * tiles.gate_up_tiles), role = kRoleDownProducer;
         break;
     }
-    if (ready) {
+    if (ready && leader) {
       const uint64_t since = timer.now();
-      if (!wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(ready) >= needed; })) {
-        record_fault(p, role, w.m_block);
-        return;
-      }
+      ok = wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(ready) >= needed; });
+      if (!ok) record_fault(p, role, w.m_block);
       if (w.kind == TileKind::routed_gate_up)
         timer.add(kTimeGateUpWaitsDispatch, since);
       else
         timer.add(kTimeDownWaitsGateUp, since);
       dev::fence_proxy_async_global();  // generic writes of other CTAs -> this thread's TMA reads
     }
+    if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) return;
+    GatherRows rows{};
+    if (gather)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const RowSource s = routed_row_source(p, w.m_block * kBlockM + lane + 32 * i, w.expert);
+        rows.src[i] =
+            s.src >= 0 ? p.peer_x[s.src] + sched::slot_token(s.slot, p.top_k) * p.hidden : nullptr;
+      }
     // Routed gate/up A rows live in the token ring; every other A is indexed by its block.
     const int64_t a_block =
         w.kind == TileKind::routed_gate_up ? w.m_block % p.ring_blocks : w.m_block;
     const int32_t a_row = int32_t(a_block * kBlockM);
+    const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       const uint64_t since = timer.now();
-      if (!acquire_stage(ring, cursor, p.wait_cycles)) {
-        record_fault(p, kRoleProducerRing, t);
+      if (!dev::mbar_wait(&ring.empty[cursor.stage], cursor.phase ^ 1u, p.wait_cycles)) {
+        if (leader) record_fault(p, kRoleProducerRing, t);
         return;
       }
       timer.add(kTimeProducerWaitsRing, since);
       uint64_t* bar = &ring.full[cursor.stage];
+      if (gather) rows.copy(ring.a(cursor.stage), kb, bar);
+      if (!leader) {
+        if (!gather) dev::mbar_arrive(bar);
+        continue;
+      }
+      dev::mbar_arrive_expect_tx(bar, bytes);
       uint8_t* tile_b = ring.b(cursor.stage);
-      dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
+      if (!gather) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
       if (b_up_map) {  // block_n / 2 gate rows, then the up rows of the same outputs
         const int32_t row = w.n_tile * (kBlockN / 2);
         dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, row, w.expert);
@@ -153,7 +208,9 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
             wg);
       continue;
     }
-    if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles, timer.on, &starved)) {
+    const bool gathered = p.gather_rows && w.kind == TileKind::routed_gate_up;
+    if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles, timer.on, &starved,
+                           gathered)) {
       record_fault(p, kRoleConsumer, t);
       return false;
     }

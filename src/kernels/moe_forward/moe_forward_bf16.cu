@@ -28,7 +28,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const ForwardParams& p = launch.params[rank];
   const ForwardMaps& maps = launch.maps[rank];
   if (cta < p.dispatch_ctas) {
-    if (batch_ok(p)) dispatch_role<kBlockN>(p, cta, p.dispatch_ctas);
+    if (batch_ok(p) && !p.gather_rows) dispatch_role<kBlockN>(p, cta, p.dispatch_ctas);
     combine_role<kBlockN>(p);
     return;
   }
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ uint64_t full[TileShape<kBlockN>::kStages], empty[TileShape<kBlockN>::kStages];
   __shared__ int64_t queue_index[kTileQueueDepth];
   __shared__ uint64_t queue_full[kTileQueueDepth], queue_empty[kTileQueueDepth];
-  const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty);
+  const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty, 32);  // producer: a warp
   const TileQueue queue{queue_index, queue_full, queue_empty};
   if (threadIdx.x == 0) {
     queue.init();
@@ -45,7 +45,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x / 128 == kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kForwardProducerRegs));
-    if (threadIdx.x % 128 < 32 && dev::elect_one()) producer_role<kBlockN>(maps, p, ring, queue);
+    if (threadIdx.x % 128 < 32) producer_role<kBlockN>(maps, p, ring, queue);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));
@@ -73,7 +73,7 @@ cudaError_t prepare_moe_forward(int block_n, int* ctas_per_sm) {
 
 cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, int grid,
                                cudaStream_t stream) {
-  if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < 2 * launch.ranks)
+  if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)
     return cudaErrorInvalidValue;
   if (block_n == 256)
     moe_forward_kernel<256><<<grid, kThreads, TileShape<256>::kSmemBytes, stream>>>(launch);
