@@ -10,7 +10,7 @@ struct BenchOptions {
   int64_t tokens = -1;         // tokens per rank (default: the preset's)
   int iterations = 20;
   bool breakdown = false;  // also time the dispatch-copy path (with, without its copy), no combine
-  bool gather = true;      // EP = 1: the GEMM producers gather rows (false: the dispatch copy)
+  bool gather = false;     // EP = 1: the GEMM producers gather rows (default: the dispatch copy)
   int ep = 1;              // > 1: the expert-parallel forward (bench_ep.cpp)
   int dispatch_ctas = 0;   // 0: the megakernel's default
   int dispatch_lookahead = -1;  // -1: the megakernel's default

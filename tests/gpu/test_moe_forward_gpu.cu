@@ -48,9 +48,9 @@ mok::Config widest_routing_config() {
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
-  // 0, 1, 8, 9: the producers gather rows (the default); 2-7: dispatch CTAs copy them first.
-  std::vector<ForwardOptions> options(10);
-  for (size_t i = 2; i <= 7; ++i) options[i].gather_in_producer = false;
+  // 0-7: dispatch CTAs copy rows first (the default); 8-10: the producers gather them.
+  std::vector<ForwardOptions> options(11);
+  for (size_t i = 8; i <= 10; ++i) options[i].gather_in_producer = true;
   options[1].block_n = 128;
   options[2].dispatch_ctas = 1;
   options[3].max_ctas = 3, options[3].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
@@ -58,8 +58,10 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[5].max_ctas = 17, options[5].dispatch_ctas = 16;  // one GEMM CTA
   options[6].dispatch_lookahead = 8;                        // dispatch paced by the GEMMs
   options[7].dispatch_lookahead = 8, options[7].dispatch_ctas = 1, options[7].max_ctas = 4;
-  options[8].profile_wait_times = true;  // profiling changes no bit
-  options[9].max_ctas = 1;               // one CTA: every tile in turn, then the combine
+  options[0].profile_wait_times = true;  // profiling changes no bit
+  options[8].profile_wait_times = true;
+  options[9].max_ctas = 1;  // one CTA: every tile in turn, then the combine
+  options[10].block_n = 128;
   for (const mok::Config& c :
        {mok::preset("tiny"), odd_config(1), odd_config(0), widest_routing_config()}) {
     const mok::LayerParams p = mok::tools::random_params(c, 31);
@@ -177,6 +179,7 @@ TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
   all_dispatch.max_ctas = 4, all_dispatch.dispatch_ctas = 4;
   EXPECT_THROW(MoeForward(mok::preset("tiny"), all_dispatch), mok::Error);
   ForwardOptions dispatch_with_gather;
+  dispatch_with_gather.gather_in_producer = true;
   dispatch_with_gather.dispatch_ctas = 4;  // there is no dispatch role while producers gather
   EXPECT_THROW(MoeForward(mok::preset("tiny"), dispatch_with_gather), mok::Error);
 }

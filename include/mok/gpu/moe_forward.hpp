@@ -15,11 +15,12 @@
 namespace mok::gpu {
 
 struct ForwardOptions {
-  // MoeForward (EP = 1): the gate/up producers gather each tile's routed rows from x themselves
-  // (cp.async into the swizzled stage): no dispatch CTAs, no copy of x. false: dispatch CTAs copy
-  // the rows into the routed buffer first (the path expert parallelism uses; the dispatch options
-  // and test hooks below need it).
-  bool gather_in_producer = true;
+  // MoeForward (EP = 1): the gate/up producer warps gather each tile's routed rows from x
+  // themselves (cp.async into the swizzled stage): no dispatch CTAs, no copy of x. Off by default:
+  // measured slower on dsv3 (one warp's 16-byte copies do not keep up with TMA; docs/benchmarks.md)
+  // and faster on fine. false: dispatch CTAs copy the rows into the routed buffer first (the path
+  // expert parallelism uses; the dispatch options and test hooks below need it).
+  bool gather_in_producer = false;
   int dispatch_ctas = 0;  // CTAs that gather rows (then combine); 0: num_dispatch_ctas(SMs)
   // Row blocks dispatch may gather ahead of the GEMMs (rows then still sit in L2 when read);
   // -1: automatic, 0: no limit, else at least 8 (one tile group).
