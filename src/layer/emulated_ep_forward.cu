@@ -168,17 +168,12 @@ void EmulatedEpForward::check(cudaStream_t stream) {
                "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
   detail::throw_on_status(st, config_.num_experts, ws_->ranks[0].sched.capacity, n);
-  // The most upstream role of any rank is the cause.
+  // The rank whose most upstream stopped role is the furthest upstream is the cause.
   for (int role = 0; role < kern::kForwardRoles; ++role)
-    for (int r = 0; r < n; ++r) {
-      const auto& rec = faults[size_t(r)].records[role];
-      if (!rec.seen) continue;
-      throw Error(ErrorCode::peer_timeout,
-                  "rank " + std::to_string(r) +
-                      ": the forward stopped: " + detail::fault_role_name(role) + " " +
-                      std::to_string(rec.what) + " gave up after " +
-                      std::to_string(options_.wait_seconds) + " s; the output is incomplete");
-    }
+    for (int r = 0; r < n; ++r)
+      if (faults[size_t(r)].records[role].seen)
+        detail::throw_on_fault(faults[size_t(r)], options_.wait_seconds,
+                               "rank " + std::to_string(r) + ": ");
 }
 
 }  // namespace mok::gpu

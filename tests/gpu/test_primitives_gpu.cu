@@ -1,12 +1,14 @@
 // Each device primitive on the GPU: TMA loads through an mbarrier ring (swizzle layout and phase
 // bookkeeping), TMA stores, wgmma against a CPU product, release/acquire handoffs between CTAs,
-// a bounded wait that times out, named barriers and elect_one.
+// a bounded wait that times out, named barriers and elect_one, and cp.async row gathers tracked by
+// an mbarrier (counted and extra arrivals, zero fill, the 128B swizzle).
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <random>
 
 #include "gpu_test_util.hpp"
+#include "mok/device/cp_async.cuh"
 #include "mok/device/mbarrier.cuh"
 #include "mok/device/sync.cuh"
 #include "mok/device/tensor_map.hpp"
@@ -172,6 +174,71 @@ int opt_in_smem(const void* kernel, int bytes) {
 }
 
 }  // namespace
+
+// ---- A warp gathers 128 scattered rows (64 BF16 each) into a swizzled tile, over several laps of
+// one stage: lanes 1..31 arrive counted, lane 0 extra and then with the TMA-style expect_tx of 0
+// bytes, as the forward's producer does. Row `rows[i]` < 0 is zero-filled.
+__global__ void gather_kernel(const uint16_t* src, const int* rows, int laps, uint8_t* out,
+                              int* error) {
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  uint8_t* tile =
+      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  __shared__ uint64_t full;
+  if (threadIdx.x == 0) {
+    mbar_init(&full, 32);
+    mbar_fence_init();
+  }
+  __syncthreads();
+  const int lane = int(threadIdx.x);
+  for (int lap = 0; lap < laps; ++lap) {
+    for (int i = 0; i < 4; ++i) {
+      const int row = lane + 32 * i, from = rows[lap * 128 + row];
+      for (int chunk = 0; chunk < 8; ++chunk)
+        cp_async_16(tile + swizzle128_offset(uint32_t(row), uint32_t(chunk) * 16u),
+                    from >= 0 ? static_cast<const void*>(src + from * 64 + chunk * 8)
+                              : static_cast<const void*>(src),
+                    from >= 0 ? 16u : 0u);
+    }
+    if (lane == 0) {
+      cp_async_arrive_extra(&full);
+      mbar_arrive_expect_tx(&full, 0);
+    } else {
+      cp_async_arrive_counted(&full);
+    }
+    if (!mbar_wait(&full, uint32_t(lap & 1), kTimeoutCycles)) {
+      atomicExch(error, 1);
+      return;
+    }
+    for (int b = lane; b < 128 * 128; b += 32) out[size_t(lap) * 128 * 128 + b] = tile[b];
+    __syncwarp();  // every lane has read the tile before any lane overwrites it
+  }
+}
+
+TEST(PrimitivesGpu, CpAsyncGatherFillsTheSwizzledTileAndCompletesTheBarrier) {
+  MOK_REQUIRE_GPU();
+  const int src_rows = 300, laps = 3;
+  const std::vector<uint16_t> src = pattern(size_t(src_rows) * 64);
+  std::vector<int> rows(size_t(laps) * 128);
+  std::mt19937 rng(5);
+  for (int& r : rows) r = int(rng() % (src_rows + 40)) - 40;  // about 12% padding rows
+  DeviceBuffer<uint16_t> g(src);
+  DeviceBuffer<int> r(rows);
+  DeviceBuffer<uint8_t> out(size_t(laps) * 128 * 128);  // poisoned
+  DeviceBuffer<int> error(1, 0);
+  const int smem = 128 * 128 + 1024;
+  gather_kernel<<<1, 32, smem>>>(g.ptr, r.ptr, laps, out.ptr, error.ptr);
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  ASSERT_EQ(error.to_host()[0], 0);
+  const std::vector<uint8_t> got = out.to_host();
+  for (int lap = 0; lap < laps; ++lap)
+    for (int row = 0; row < 128; ++row)
+      for (int c = 0; c < 64; ++c) {
+        uint16_t v;
+        std::memcpy(&v, &got[size_t(lap) * 128 * 128 + swizzle128_offset(row, c * 2)], 2);
+        const int from = rows[size_t(lap * 128 + row)];
+        ASSERT_EQ(v, from >= 0 ? src[size_t(from) * 64 + c] : 0) << lap << " " << row << " " << c;
+      }
+}
 
 TEST(PrimitivesGpu, TmaLoadsThroughAnMbarrierRingFollowTheSwizzle) {
   MOK_REQUIRE_GPU();

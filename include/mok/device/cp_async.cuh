@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "mok/device/sync.cuh"
+#include "mok/device/tma.cuh"  // swizzle128_offset: where gathered chunks go
 
 namespace mok::dev {
 
@@ -26,12 +27,6 @@ __device__ __forceinline__ void cp_async_arrive_counted(uint64_t* bar) {
 // The same, but not one of the barrier's arrivals: the phase only also waits for the copies.
 __device__ __forceinline__ void cp_async_arrive_extra(uint64_t* bar) {
   asm volatile("cp.async.mbarrier.arrive.shared::cta.b64 [%0];" ::"r"(smem_addr(bar)) : "memory");
-}
-
-// Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a K-major tile of 128-byte rows
-// with the 128B swizzle (the layout TMA writes and wgmma's descriptors read; tile 1024-aligned).
-__device__ __forceinline__ uint32_t sw128_offset(int row, int chunk) {
-  return uint32_t(row) * 128u + uint32_t((chunk ^ (row & 7)) * 16);
 }
 
 }  // namespace mok::dev

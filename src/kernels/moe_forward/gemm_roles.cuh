@@ -33,7 +33,7 @@ struct GatherRows {
 #pragma unroll
       for (int chunk = 0; chunk < 8; ++chunk)
         dev::cp_async_16(
-            tile_a + dev::sw128_offset(row, chunk),
+            tile_a + dev::swizzle128_offset(uint32_t(row), uint32_t(chunk) * 16u),
             from ? static_cast<const void*>(from + chunk * 8) : static_cast<const void*>(tile_a),
             from ? 16u : 0u);
     }
