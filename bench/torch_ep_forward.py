@@ -16,21 +16,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-SHAPES = {  # name: (H, I, E, K, shared width, tokens per rank)
-    "dsv3": (7168, 2048, 256, 8, 2048, 4096),
-    "dsv3-8k": (7168, 2048, 256, 8, 2048, 8192),
-    "mok-default": (7168, 3072, 384, 6, 3072, 2048),
-    "qwen3-30b": (2048, 768, 128, 8, 0, 8192),
-    "fine": (2048, 512, 512, 10, 512, 4096),
-}
+from torch_shapes import SHAPES, forward_flops, time_ms, uniform_bf16
 
 
 def make(h, i, e, k, s, t, world, gen):
-    dev, bf = "cuda", torch.bfloat16
+    dev = "cuda"
     el = e // world
 
     def uniform(*shape, bound):
-        return torch.empty(*shape, device=dev, dtype=bf).uniform_(-bound, bound, generator=gen)
+        return uniform_bf16(shape, bound, gen)
 
     p = {"w13": uniform(el, 2 * i, h, bound=h**-0.5), "w2": uniform(el, h, i, bound=i**-0.5)}
     if s:
@@ -96,18 +90,13 @@ def main():
         run = lambda: forward(p, x, ids, w, k, world)  # noqa: E731
         for _ in range(5):
             run()
-        times = []
-        for _ in range(args.iterations):
+        def settle():
             dist.barrier()
             torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            run()
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        ms = sorted(times)[len(times) // 2]
-        flops = 6 * h * i * t * k + 6 * h * s * t  # this rank's tokens
+
+        times = sorted(time_ms(run, settle) for _ in range(args.iterations))
+        ms = times[len(times) // 2]
+        flops = forward_flops(h, i, k, s, t)  # this rank's tokens
         if rank == 0:
             print(f"| {name} | {t} | {ms:.3f} | {flops / ms * 1e-9:.0f} |", flush=True)
         del p, x, ids, w

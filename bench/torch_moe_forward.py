@@ -10,20 +10,14 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-SHAPES = {  # name: (H, I, E, K, shared width, tokens)
-    "dsv3": (7168, 2048, 256, 8, 2048, 4096),
-    "dsv3-8k": (7168, 2048, 256, 8, 2048, 8192),
-    "mok-default": (7168, 3072, 384, 6, 3072, 2048),
-    "qwen3-30b": (2048, 768, 128, 8, 0, 8192),
-    "fine": (2048, 512, 512, 10, 512, 4096),
-}
+from torch_shapes import SHAPES, forward_flops, time_ms, uniform_bf16
 
 
 def make(h, i, e, k, s, t, gen):
-    dev, bf = "cuda", torch.bfloat16
+    dev = "cuda"
 
-    def uniform(*shape, bound):  # drawn in BF16 directly: FP32 temporaries of 50 GB do not fit
-        return torch.empty(*shape, device=dev, dtype=bf).uniform_(-bound, bound, generator=gen)
+    def uniform(*shape, bound):
+        return uniform_bf16(shape, bound, gen)
 
     p = {"w13": uniform(e, 2 * i, h, bound=h**-0.5), "w2": uniform(e, h, i, bound=i**-0.5)}
     if s:
@@ -54,15 +48,7 @@ def forward(p, x, ids, w, k):
 
 
 def median_ms(fn, iterations):
-    times = []
-    for _ in range(iterations):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
+    return sorted(time_ms(fn) for _ in range(iterations))[iterations // 2]
 
 
 def main():
@@ -82,7 +68,7 @@ def main():
             run()
         torch.cuda.synchronize()
         ms = median_ms(run, args.iterations)
-        flops = 6 * h * i * t * k + 6 * h * s * t
+        flops = forward_flops(h, i, k, s, t)
         print(f"| {name} | {t} | {ms:.3f} | {flops / ms * 1e-9:.0f} |", flush=True)
         del p, x, ids, w
         torch.cuda.empty_cache()

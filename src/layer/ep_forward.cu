@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/moe_forward/forward_params.hpp"
+#include "layer/ep_window_layout.hpp"
 #include "layer/forward_schedule.hpp"
 #include "layer/owner_schedule.cuh"
 #include "layer/rank_forward.hpp"
@@ -23,35 +24,9 @@ void require(bool ok, ErrorCode code, const std::string& message) {
   if (!ok) throw Error(code, message);
 }
 
-// Byte offsets inside every rank's window (the same on every rank: one Config). The exchange area
-// is double-buffered by the parity of the forward's epoch: a rank can be at most one forward ahead
-// of a peer's exchange (it cannot finish forward e + 1's exchange before every peer has published
-// e + 1, which each does only after finishing e's).
-struct WindowLayout {
-  size_t x, offsets, sorted, y_slots, token_done, counts, status, flags, bytes;
-};
+using WindowLayout = detail::EpWindowLayout;
 
-WindowLayout window_layout(const Config& c) {
-  const size_t T = size_t(c.max_tokens_per_rank), H = size_t(c.hidden), K = size_t(c.top_k),
-               E = size_t(c.num_experts), n = size_t(c.ep_size);
-  size_t at = 0;
-  auto take = [&](size_t bytes) {
-    const size_t begin = at;
-    at = (at + bytes + 255) / 256 * 256;
-    return begin;
-  };
-  WindowLayout L;
-  L.x = take(T * H * 2);                    // [T, H] BF16: the rows owners pull
-  L.offsets = take((E + 1) * 4);            // the source schedule owners read
-  L.sorted = take(T * K * 4);               //
-  L.y_slots = take(T * K * H * 2);          // [T * K, H] BF16: owners write expert outputs
-  L.token_done = take(T * 4);               // [T]: owners release one per finished (token, k)
-  L.counts = take(2 * n * E * 4);           // [parity][source][E]
-  L.status = take(2 * n * sizeof(Status));  // [parity][source]
-  L.flags = take(2 * n * 4);                // [parity][source]: the epoch, once published
-  L.bytes = (at + 4095) / 4096 * 4096;
-  return L;
-}
+WindowLayout window_layout(const Config& c) { return detail::ep_window_layout(c, sizeof(Status)); }
 
 struct ExchangeArgs {
   char* peer_base[kern::kMaxRanks];  // every rank's window (this rank's: its own pointer)

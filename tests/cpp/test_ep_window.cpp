@@ -1,0 +1,51 @@
+// EpForward's symmetric window layout (src/layer/ep_window_layout.hpp): for every standard shape
+// and EP size, the regions come in order, do not overlap, hold what the forward writes there, are
+// aligned for 16-byte vector access, and the window size is what NCCL registers (4096-byte units).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "layer/ep_window_layout.hpp"
+#include "mok/config.hpp"
+
+namespace {
+
+struct Region {
+  const char* name;
+  size_t begin, bytes;
+};
+
+}  // namespace
+
+TEST(EpWindow, RegionsAreOrderedDisjointAlignedAndLargeEnough) {
+  const size_t status_bytes = 32;  // the device Status record is 32 bytes today; any size works
+  for (const char* name : {"tiny", "dsv3", "mok-default", "qwen3-30b", "fine"})
+    for (int ep : {1, 2, 4, 8}) {
+      SCOPED_TRACE(std::string(name) + ", ep " + std::to_string(ep));
+      mok::Config c = mok::preset(name);
+      if (c.num_experts % ep != 0) continue;
+      c.ep_size = ep;
+      const auto L = mok::gpu::detail::ep_window_layout(c, status_bytes);
+      const size_t T = size_t(c.max_tokens_per_rank), H = size_t(c.hidden), K = size_t(c.top_k),
+                   E = size_t(c.num_experts), n = size_t(ep);
+      const std::vector<Region> regions = {
+          {"x", L.x, T * H * 2},
+          {"offsets", L.offsets, (E + 1) * 4},
+          {"sorted", L.sorted, T * K * 4},
+          {"y_slots", L.y_slots, T * K * H * 2},
+          {"token_done", L.token_done, T * 4},
+          {"counts", L.counts, 2 * n * E * 4},
+          {"status", L.status, 2 * n * status_bytes},
+          {"flags", L.flags, 2 * n * 4},
+      };
+      for (size_t i = 0; i < regions.size(); ++i) {
+        const Region& r = regions[i];
+        EXPECT_EQ(r.begin % 256, 0u) << r.name;
+        const size_t end = i + 1 < regions.size() ? regions[i + 1].begin : L.bytes;
+        EXPECT_GE(end, r.begin + r.bytes) << r.name << " overlaps what follows it";
+      }
+      EXPECT_EQ(L.bytes % 4096, 0u);
+      EXPECT_LT(L.bytes - (L.flags + 2 * n * 4), 4096u + 256u) << "no slack beyond alignment";
+    }
+}
