@@ -273,7 +273,8 @@ ForwardProfile EpForward::last_profile(cudaStream_t stream) const {
   require(ws_->rank.timings != nullptr, ErrorCode::invalid_argument,
           "last_profile needs an EpForward constructed with profile_wait_times = true");
   DeviceGuard on(device_);
-  return detail::read_profile(ws_->rank.timings, grid_, dispatch_ctas_, stream);
+  return detail::read_profile(ws_->rank.timings, grid_, dispatch_ctas_,
+                              options_.combine_on_dispatch_ctas, stream);
 }
 
 void EpForward::check(cudaStream_t stream) {

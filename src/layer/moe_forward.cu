@@ -62,6 +62,8 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
             "dispatch_ctas, dispatch_lookahead, the dispatch test hooks and "
             "profile_without_dispatch_copy need gather_in_producer = false (with it, the GEMM "
             "producers gather rows and there is no dispatch role)");
+    require(!options.combine_on_dispatch_ctas, ErrorCode::invalid_argument,
+            "combine_on_dispatch_ctas needs dispatch CTAs: not with gather_in_producer");
   }
 
   auto* w = new Workspace{};
@@ -104,7 +106,8 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
 ForwardProfile MoeForward::last_profile(cudaStream_t stream) const {
   require(ws_->rank.timings != nullptr, ErrorCode::invalid_argument,
           "last_profile needs a MoeForward constructed with profile_wait_times = true");
-  return detail::read_profile(ws_->rank.timings, grid_, dispatch_ctas_, stream);
+  return detail::read_profile(ws_->rank.timings, grid_, dispatch_ctas_,
+                              options_.combine_on_dispatch_ctas, stream);
 }
 
 void MoeForward::check(cudaStream_t stream) {

@@ -88,14 +88,15 @@ void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
 }
 
 ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dispatch_ctas,
-                            cudaStream_t stream) {
+                            bool combine_on_dispatch_ctas, cudaStream_t stream) {
   unsigned long long ns[kern::kForwardTimings] = {};
   check_cuda(cudaMemcpyAsync(ns, timings, sizeof ns, cudaMemcpyDeviceToHost, stream),
              "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
   const double gemm_ctas = ctas - dispatch_ctas, warpgroups = 2.0 * gemm_ctas,
                dispatchers = dispatch_ctas > 0 ? dispatch_ctas : 1,  // 0: no dispatch role
-      combine_warps = 12.0 * dispatch_ctas + 8.0 * gemm_ctas;        // 384 / 256 threads
+      combine_warps = 12.0 * dispatch_ctas +
+                      (combine_on_dispatch_ctas ? 0.0 : 8.0 * gemm_ctas);  // 384 / 256 threads
   auto ms = [&](int i, double participants) { return double(ns[i]) * 1e-6 / participants; };
   ForwardProfile f;
   f.gate_up_waits_dispatch = ms(kern::kTimeGateUpWaitsDispatch, gemm_ctas);
@@ -278,6 +279,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.fault = w.fault;
   p.dispatch_ctas = o.dispatch_ctas;
   p.gather_rows = o.gather_rows ? 1 : 0;
+  p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;
   p.dispatch_lookahead = o.dispatch_lookahead;
   p.wait_cycles = o.wait_cycles;
   p.delay_ns = fo.dispatch_delay_ns;

@@ -80,7 +80,7 @@ void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
 // The wait-time profile of the last forward from its timings buffer (kern::ForwardTiming), per
 // participant, for a rank with `ctas` CTAs of which `dispatch_ctas` dispatch. Synchronises.
 ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dispatch_ctas,
-                            cudaStream_t stream);
+                            bool combine_on_dispatch_ctas, cudaStream_t stream);
 
 // What a role of kern::ForwardRole was waiting for, for error messages ("... row block 2").
 const char* fault_role_name(int role);

@@ -18,10 +18,12 @@ struct EpCase {
   int routing = 0;              // 0 random, 1 every token to rank 0's experts, 2 to one expert
   int64_t ring_rows = 0;
   uint32_t delay_ns = 0;
+  bool combine_on_dispatch_ctas = false;
 };
 
 // The standard cases for `ranks` ranks: random, uneven with an empty rank, all tokens to rank 0,
-// all to one expert, a one-block ring, a three-block ring with random dispatch delays.
+// all to one expert, a one-block ring, a three-block ring with random dispatch delays, and the
+// combine on the dispatch CTAs only.
 inline std::vector<EpCase> standard_cases(int ranks) {
   std::vector<EpCase> cases;
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300)});
@@ -32,6 +34,7 @@ inline std::vector<EpCase> standard_cases(int ranks) {
   cases.push_back({std::vector<int64_t>(size_t(ranks), 200), 2});
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 128});
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 3 * 128, 100'000});
+  cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 0, true});
   return cases;
 }
 
@@ -61,6 +64,15 @@ inline GlobalBatch make_global_batch(int ranks, const EpCase& k) {
     at += t;
   }
   return g;
+}
+
+// The forward options of this case.
+inline mok::gpu::ForwardOptions case_options(const EpCase& k) {
+  mok::gpu::ForwardOptions o;
+  o.dispatch_delay_ns = k.delay_ns;
+  o.delay_seed = 7;
+  o.combine_on_dispatch_ctas = k.combine_on_dispatch_ctas;
+  return o;
 }
 
 // The EP config of rank r for this case.

@@ -21,9 +21,7 @@ void expect_ep_equals_ep1(int ranks, const EpCase& k) {
   const int64_t total = g.total;
   const int El = c.num_experts / ranks;
   const GpuLayer layer(g.params);
-  mok::gpu::ForwardOptions o;
-  o.dispatch_delay_ns = k.delay_ns;
-  o.delay_seed = 7;
+  const mok::gpu::ForwardOptions o = case_options(k);
   mok::gpu::EmulatedEpForward ep(c, o);
   const int64_t H = c.hidden, I = c.intermediate;
   const mok::gpu::DeviceLayerWeights all = layer.weights();

@@ -47,9 +47,7 @@ void expect_group_equals_ep1(int ranks, const EpCase& k, int rounds) {
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
   const std::vector<double> want = ep1_output(g);
   const mok::Config c = rank_config(g, ranks, k);
-  mok::gpu::ForwardOptions o;
-  o.dispatch_delay_ns = k.delay_ns;
-  o.delay_seed = 7;
+  const mok::gpu::ForwardOptions o = case_options(k);
   Comms comms(ranks);
   std::vector<std::unique_ptr<RankInputs>> in;
   for (int r = 0; r < ranks; ++r) {
@@ -175,9 +173,7 @@ TEST(EpNcclProcess, EveryRankEqualsTheSingleGpuForwardAndErrorsReachEveryRank) {
     const std::vector<double> want = ep1_output(g);
     mok::Config c = rank_config(g, ranks, k);
     c.ep_rank = rank;
-    mok::gpu::ForwardOptions o;
-    o.dispatch_delay_ns = k.delay_ns;
-    o.delay_seed = 7;
+    const mok::gpu::ForwardOptions o = case_options(k);
     RankInputs in(g, ranks, rank, k.tokens[size_t(rank)]);
     mok::gpu::EpForward ep(c, comm, o);
     for (int round = 0; round < 3; ++round) {

@@ -48,8 +48,8 @@ mok::Config widest_routing_config() {
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
-  // 0-7: dispatch CTAs copy rows first (the default); 8-10: the producers gather them.
-  std::vector<ForwardOptions> options(11);
+  // 0-7, 11: dispatch CTAs copy rows first (the default); 8-10: the producers gather them.
+  std::vector<ForwardOptions> options(12);
   for (size_t i = 8; i <= 10; ++i) options[i].gather_in_producer = true;
   options[1].block_n = 128;
   options[2].dispatch_ctas = 1;
@@ -62,6 +62,7 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[8].profile_wait_times = true;
   options[9].max_ctas = 1;  // one CTA: every tile in turn, then the combine
   options[10].block_n = 128;
+  options[11].combine_on_dispatch_ctas = true;  // the combine on the 8 dispatch CTAs only
   for (const mok::Config& c :
        {mok::preset("tiny"), odd_config(1), odd_config(0), widest_routing_config()}) {
     const mok::LayerParams p = mok::tools::random_params(c, 31);
@@ -182,6 +183,10 @@ TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
   dispatch_with_gather.gather_in_producer = true;
   dispatch_with_gather.dispatch_ctas = 4;  // there is no dispatch role while producers gather
   EXPECT_THROW(MoeForward(mok::preset("tiny"), dispatch_with_gather), mok::Error);
+  ForwardOptions combine_without_dispatch;
+  combine_without_dispatch.gather_in_producer = true;
+  combine_without_dispatch.combine_on_dispatch_ctas = true;
+  EXPECT_THROW(MoeForward(mok::preset("tiny"), combine_without_dispatch), mok::Error);
 }
 
 // Every standard shape, full size, random weights on the device. Three opinions: the staged

@@ -22,6 +22,9 @@ struct ForwardOptions {
   // expert parallelism uses; the dispatch options and test hooks below need it).
   bool gather_in_producer = false;
   int dispatch_ctas = 0;  // CTAs that gather rows (then combine); 0: num_dispatch_ctas(SMs)
+  // The combine on the dispatch CTAs only (the communication SMs), instead of in every CTA's idle
+  // warps; needs dispatch CTAs (not with gather_in_producer).
+  bool combine_on_dispatch_ctas = false;
   // Row blocks dispatch may gather ahead of the GEMMs (rows then still sit in L2 when read);
   // -1: automatic, 0: no limit, else at least 8 (one tile group).
   int dispatch_lookahead = -1;

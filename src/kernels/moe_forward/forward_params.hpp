@@ -84,7 +84,9 @@ struct ForwardParams {
   uint32_t* combine_next;      // the combine's work queue: next token
   uint32_t* tile_next;         // the GEMM tiles' work queue: next tile of the sequence
   ForwardFault* fault;
-  int dispatch_ctas;       // CTAs [0, dispatch_ctas) dispatch, then combine; the rest run the GEMMs
+  int dispatch_ctas;  // CTAs [0, dispatch_ctas) dispatch, then combine; the rest run the GEMMs
+  int combine_on_dispatch_ctas;  // 1: only the dispatch CTAs combine (the communication SMs);
+                                 // 0: every CTA's idle warps do
   int gather_rows;         // EP = 1: the gate/up producers gather routed rows from x themselves
                            // (cp.async into the swizzled stage): no dispatch copy, no dispatch CTAs
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit

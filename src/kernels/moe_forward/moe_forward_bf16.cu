@@ -49,7 +49,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));
-  if (consumer_role<kBlockN>(p, ring, queue)) combine_role<kBlockN>(p);
+  if (consumer_role<kBlockN>(p, ring, queue) && !p.combine_on_dispatch_ctas)
+    combine_role<kBlockN>(p);
 }
 
 template <int kBlockN>
