@@ -16,24 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from torch_shapes import SHAPES, forward_flops, time_ms, uniform_bf16
-
-
-def make(h, i, e, k, s, t, world, gen):
-    dev = "cuda"
-    el = e // world
-
-    def uniform(*shape, bound):
-        return uniform_bf16(shape, bound, gen)
-
-    p = {"w13": uniform(el, 2 * i, h, bound=h**-0.5), "w2": uniform(el, h, i, bound=i**-0.5)}
-    if s:
-        p["s13"] = uniform(2 * s, h, bound=h**-0.5)
-        p["s2"] = uniform(h, s, bound=s**-0.5)
-    x = uniform(t, h, bound=1.0)
-    logits = torch.randn(t, e, device=dev, generator=gen)
-    w, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
-    return p, x, ids.to(torch.int64), (w / w.sum(-1, keepdim=True)).float()
+from torch_shapes import SHAPES, forward_flops, make_layer, time_ms
 
 
 def forward(p, x, ids, w, k, world):
@@ -86,7 +69,7 @@ def main():
         print("| shape | T per rank | forward ms | TFLOP/s per GPU |\n|---|---|---|---|")
     for name in names:
         h, i, e, k, s, t = SHAPES[name]
-        p, x, ids, w = make(h, i, e, k, s, t, world, gen)
+        p, x, ids, w = make_layer(h, i, e, k, s, t, gen, e // world)
         run = lambda: forward(p, x, ids, w, k, world)  # noqa: E731
         for _ in range(5):
             run()

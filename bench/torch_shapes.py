@@ -21,6 +21,21 @@ def uniform_bf16(shape, bound, gen):
                                                                               generator=gen)
 
 
+def make_layer(h, i, e, k, s, t, gen, local_experts=None):
+    """Weights of `local_experts` (default all e) routed experts and the shared ones, t tokens and
+    their softmax top-k routing over all e experts (ids int64, weights renormalised, FP32)."""
+    el = e if local_experts is None else local_experts
+    p = {"w13": uniform_bf16((el, 2 * i, h), h**-0.5, gen),
+         "w2": uniform_bf16((el, h, i), i**-0.5, gen)}
+    if s:
+        p["s13"] = uniform_bf16((2 * s, h), h**-0.5, gen)
+        p["s2"] = uniform_bf16((h, s), s**-0.5, gen)
+    x = uniform_bf16((t, h), 1.0, gen)
+    logits = torch.randn(t, e, device="cuda", generator=gen)
+    w, ids = torch.topk(torch.softmax(logits, -1), k, dim=-1)
+    return p, x, ids, (w / w.sum(-1, keepdim=True)).float()
+
+
 def time_ms(fn, before=None):
     """One run of fn between CUDA events (after `before`, e.g. a barrier), in ms."""
     if before is not None:

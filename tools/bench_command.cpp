@@ -19,6 +19,7 @@
 #include "baseline/unfused_forward.hpp"
 #include "bench_ceilings.hpp"
 #include "bench_ep.hpp"
+#include "bench_layer.hpp"
 #include "cuda_util.hpp"
 #include "mok/compare.hpp"
 #include "mok/formats/codecs.hpp"
@@ -102,21 +103,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   c.max_tokens_per_rank = int(tokens);
   const int64_t H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
                 K = c.top_k;
-  DeviceArray<__nv_bfloat16> sg(size_t(S * H)), su(size_t(S * H)), sd(size_t(H * S)),
-      g(size_t(E * I * H)), u(size_t(E * I * H)), d(size_t(E * H * I)), x(size_t(tokens * H)),
-      out(size_t(tokens * H));
-  DeviceArray<int32_t> ids(size_t(tokens * K));
-  DeviceArray<float> w(size_t(tokens * K));
-  const float bh = 1.0f / std::sqrt(float(H)), bi = 1.0f / std::sqrt(float(I));
-  cuda_ok(gpu::fill_uniform_bf16(sg.ptr, S * H, 11, bh, nullptr), "fill");
-  cuda_ok(gpu::fill_uniform_bf16(su.ptr, S * H, 12, bh, nullptr), "fill");
-  cuda_ok(gpu::fill_uniform_bf16(sd.ptr, S * H, 13, S ? 1.0f / std::sqrt(float(S)) : 0.0f, nullptr),
-          "fill");
-  cuda_ok(gpu::fill_uniform_bf16(g.ptr, E * I * H, 14, bh, nullptr), "fill");
-  cuda_ok(gpu::fill_uniform_bf16(u.ptr, E * I * H, 15, bh, nullptr), "fill");
-  cuda_ok(gpu::fill_uniform_bf16(d.ptr, E * I * H, 16, bi, nullptr), "fill");
-  cuda_ok(gpu::fill_uniform_bf16(x.ptr, tokens * H, 17, 1.0f, nullptr), "fill");
-  cuda_ok(gpu::random_topk(ids.ptr, w.ptr, tokens, int(E), int(K), 18, nullptr), "random_topk");
+  const BenchLayer data(c, int(E), tokens, 0);
   gpu::ForwardOptions fo;
   // Dispatch options select the dispatch-copy path (the producers cannot gather then).
   fo.gather_in_producer = o.gather && o.dispatch_ctas == 0 && o.dispatch_lookahead <= 0;
@@ -127,9 +114,9 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   bench::UnfusedForward baseline(c);
   // The staged launches and the --breakdown variants write here (the variants' outputs are wrong).
   DeviceArray<__nv_bfloat16> baseline_out(size_t(tokens * H)), scratch_out(size_t(tokens * H));
-  const gpu::DeviceLayerWeights weights{sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr};
-  const gpu::DeviceBatch batch{tokens, x.ptr, ids.ptr, w.ptr};
-  auto run = [&] { f.forward(batch, weights, out.ptr, nullptr); };
+  const gpu::DeviceLayerWeights weights = data.weights();
+  const gpu::DeviceBatch batch = data.batch();
+  auto run = [&] { f.forward(batch, weights, data.out.ptr, nullptr); };
   auto run_baseline = [&] { baseline.forward(batch, weights, baseline_out.ptr); };
   auto run_staged = [&] { staged.forward(batch, weights, scratch_out.ptr, nullptr); };
   median_ms(run, 3);
@@ -164,7 +151,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
     }
     return v;
   };
-  r.baseline_difference = relative_l2_error(host(out), host(baseline_out));
+  r.baseline_difference = relative_l2_error(host(data.out), host(baseline_out));
   const double flops = forward_flops(c, tokens);
   const double bytes =
       2.0 * (3.0 * double(E * I * H) + 3.0 * double(S * H)) + 2.0 * 2.0 * double(tokens * H);

@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include "bench_ceilings.hpp"
+#include "bench_layer.hpp"
 #include "cuda_util.hpp"
 #include "mok/gpu/emulated_ep_forward.hpp"
 #include "mok/gpu/moe_forward.hpp"
@@ -37,42 +38,6 @@ namespace mok::tools {
 
 #if defined(MOK_WITH_CUDA_KERNELS)
 namespace {
-
-// One rank's layer share and batch on its device.
-struct RankData {
-  int64_t tokens;
-  DeviceArray<__nv_bfloat16> sg, su, sd, g, u, d, x, out;
-  DeviceArray<int32_t> ids;
-  DeviceArray<float> w;
-  RankData(const Config& c, int experts, int64_t t, uint64_t seed)
-      : tokens(t),
-        sg(size_t(c.shared_width() * c.hidden)),
-        su(sg.n),
-        sd(sg.n),
-        g(size_t(experts) * c.intermediate * c.hidden),
-        u(g.n),
-        d(g.n),
-        x(size_t(t * c.hidden)),
-        out(x.n),
-        ids(size_t(t * c.top_k)),
-        w(ids.n) {
-    const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width();
-    const float bh = 1.0f / std::sqrt(float(H)), bi = 1.0f / std::sqrt(float(I));
-    cuda_ok(gpu::fill_uniform_bf16(sg.ptr, S * H, 11, bh, nullptr), "fill");
-    cuda_ok(gpu::fill_uniform_bf16(su.ptr, S * H, 12, bh, nullptr), "fill");
-    cuda_ok(
-        gpu::fill_uniform_bf16(sd.ptr, S * H, 13, S ? 1.0f / std::sqrt(float(S)) : 0.0f, nullptr),
-        "fill");
-    cuda_ok(gpu::fill_uniform_bf16(g.ptr, int64_t(g.n), seed + 14, bh, nullptr), "fill");
-    cuda_ok(gpu::fill_uniform_bf16(u.ptr, int64_t(u.n), seed + 15, bh, nullptr), "fill");
-    cuda_ok(gpu::fill_uniform_bf16(d.ptr, int64_t(d.n), seed + 16, bi, nullptr), "fill");
-    cuda_ok(gpu::fill_uniform_bf16(x.ptr, t * H, seed + 17, 1.0f, nullptr), "fill");
-    cuda_ok(gpu::random_topk(ids.ptr, w.ptr, t, c.num_experts, c.top_k, seed + 18, nullptr),
-            "random_topk");
-  }
-  gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
-  gpu::DeviceLayerWeights weights() const { return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr}; }
-};
 
 void sync_all(int devices) {
   for (int dev = 0; dev < devices; ++dev) {
@@ -167,19 +132,19 @@ int bench_ep_command(const BenchOptions& o) {
       ceil = measure_ceilings_now();
       Config c1 = c;
       c1.ep_size = 1;
-      RankData one(c1, c1.num_experts, tokens, 1000);
+      BenchLayer one(c1, c1.num_experts, tokens, 1000);
       gpu::MoeForward f(c1);
       auto run1 = [&] { f.forward(one.batch(), one.weights(), one.out.ptr, nullptr); };
       median_ms(run1, 3);
       f.check(nullptr);
       ep1_ms = median_ms(run1, o.iterations);
     }
-    std::vector<std::unique_ptr<RankData>> ranks;
+    std::vector<std::unique_ptr<BenchLayer>> ranks;
     int64_t worst_nvlink_rows = 0, remote_rows_total = 0, pulled_rank0 = 0, pushed_in_rank0 = 0;
     std::vector<std::vector<int32_t>> ids_host;
     for (int r = 0; r < n; ++r) {
       cuda_ok(cudaSetDevice(use_nccl ? r : 0), "cudaSetDevice");
-      ranks.push_back(std::make_unique<RankData>(c, El, tokens, 100 * uint64_t(r + 1)));
+      ranks.push_back(std::make_unique<BenchLayer>(c, El, tokens, 100 * uint64_t(r + 1)));
       ids_host.push_back(ranks.back()->ids.to_host());
     }
     cuda_ok(cudaSetDevice(0), "cudaSetDevice");

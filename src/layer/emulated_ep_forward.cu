@@ -20,6 +20,7 @@ namespace {
 
 using detail::check_cuda;
 using detail::kTileRows;
+using detail::require;
 using detail::Status;
 
 struct OwnerScheduleArgs {
@@ -45,10 +46,6 @@ __global__ void owner_schedule_kernel(const __grid_constant__ OwnerScheduleArgs 
                              [&](int src) { return *a.source_status[src]; }, /*missing=*/-1, 0,
                              {a.seg_begin[owner], a.segment_rows[owner], a.source_begin[owner],
                               a.tile_expert[owner], a.group_status[owner]});
-}
-
-void require(bool ok, ErrorCode code, const std::string& message) {
-  if (!ok) throw Error(code, message);
 }
 
 }  // namespace

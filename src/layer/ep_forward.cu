@@ -18,13 +18,11 @@ namespace mok::gpu {
 namespace {
 
 using detail::check_cuda;
+using detail::require;
 using detail::Status;
 
-void require(bool ok, ErrorCode code, const std::string& message) {
-  if (!ok) throw Error(code, message);
-}
-
 using WindowLayout = detail::EpWindowLayout;
+static_assert(transport::kMaxWindowRanks == kern::kMaxRanks, "one bound on the EP group size");
 
 WindowLayout window_layout(const Config& c) { return detail::ep_window_layout(c, sizeof(Status)); }
 

@@ -103,6 +103,10 @@ void build_forward_schedule(const DeviceBatch& b, int top_k, int experts, const 
   check_cuda(cudaGetLastError(), "schedule kernels");
 }
 
+void require(bool ok, ErrorCode code, const std::string& message) {
+  if (!ok) throw Error(code, message);
+}
+
 void require_token_count(int64_t tokens, const Config& c) {
   if (tokens < 0 || tokens > c.max_tokens_per_rank)
     throw Error(ErrorCode::invalid_argument, "tokens = " + std::to_string(tokens) +

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "mok/config.hpp"
+#include "mok/error.hpp"
 #include "mok/gpu/device_layer.hpp"
 
 namespace mok::gpu::detail {
@@ -65,6 +66,8 @@ void require_token_count(int64_t tokens, const Config& c);
 void throw_on_status(const Status& st, int experts, int64_t capacity, int ep_size = 1);
 
 void check_cuda(cudaError_t e, const char* what);
+// Throws mok::Error(code, message) unless ok: argument checks of the GPU forwards.
+void require(bool ok, ErrorCode code, const std::string& message);
 void* device_alloc_bytes(size_t bytes, const char* what);
 template <class T>
 T* device_alloc(size_t count, const char* what) {

@@ -20,10 +20,7 @@ namespace {
 using detail::check_cuda;
 using detail::device_alloc;
 using detail::kTileRows;
-
-void require(bool ok, ErrorCode code, const std::string& message) {
-  if (!ok) throw Error(code, message);
-}
+using detail::require;
 
 constexpr int kDefaultLookahead = 0;  // measured: see docs/benchmarks.md
 

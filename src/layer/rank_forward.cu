@@ -9,12 +9,6 @@
 
 namespace mok::gpu::detail {
 
-namespace {
-void require(bool ok, ErrorCode code, const std::string& message) {
-  if (!ok) throw Error(code, message);
-}
-}  // namespace
-
 LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,
                                const char* who, bool with_dispatch) {
   require(c.precision == Precision::bf16, ErrorCode::unsupported,
@@ -248,7 +242,6 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.peer_offsets[o.ep_rank] = w.sched.offsets;
   p.peer_sorted[o.ep_rank] = w.sched.sorted;
   p.peer_y_slots[o.ep_rank] = w.y_slots;
-  p.peer_token_done[o.ep_rank] = w.counters + 2 * w.capacity_blocks + w.token_blocks;
   const bool owner_tables = w.owner_tile_expert != nullptr;
   p.seg_begin = owner_tables ? w.owner_seg_begin : w.sched.seg_begin;
   p.segment_rows = owner_tables ? w.owner_segment_rows : w.sched.segment_rows;
@@ -274,6 +267,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.act_ready = p.x_ready + w.capacity_blocks;
   p.act_shared_ready = p.act_ready + w.capacity_blocks;
   p.token_done = p.act_shared_ready + w.token_blocks;
+  p.peer_token_done[o.ep_rank] = p.token_done;
   p.combine_next = p.token_done + c.max_tokens_per_rank;
   p.tile_next = p.combine_next + 1;
   p.fault = w.fault;

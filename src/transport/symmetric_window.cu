@@ -25,9 +25,7 @@ __global__ void lsa_bases_kernel(ncclWindow_t window, int ranks, char** out) {
 
 void allocate(SymmetricWindow& w, ncclComm_t comm, size_t bytes) {
   w.comm = comm;
-  w.bytes = bytes;
   check_nccl(ncclCommCuDevice(comm, &w.device), "ncclCommCuDevice", comm);
-  check_nccl(ncclCommUserRank(comm, &w.rank), "ncclCommUserRank", comm);
   check_nccl(ncclCommCount(comm, &w.ranks), "ncclCommCount", comm);
   if (w.ranks > kMaxWindowRanks)
     throw Error(ErrorCode::unsupported, "an EP group of " + std::to_string(w.ranks) +
@@ -99,7 +97,6 @@ std::vector<std::unique_ptr<SymmetricWindow>> open_windows(const std::vector<ncc
   std::vector<std::unique_ptr<SymmetricWindow>> ws;
   for (ncclComm_t comm : comms) {
     ws.push_back(std::make_unique<SymmetricWindow>());
-    ws.back()->grouped = true;
     allocate(*ws.back(), comm, bytes);
   }
   // One thread drives every rank: each collective call must sit in one group, or the first

@@ -17,18 +17,16 @@ constexpr int kMaxWindowRanks = 8;
 
 struct SymmetricWindow {
   ncclComm_t comm = nullptr;
-  int device = 0, rank = 0, ranks = 0;
-  size_t bytes = 0;
+  int device = 0, ranks = 0;
   char* local = nullptr;                  // this rank's window (ncclMemAlloc's pointer)
   char* peer_base[kMaxWindowRanks] = {};  // every rank's window through the LSA mapping
   ncclWindow_t window = nullptr;
   void* dev_comm = nullptr;  // ncclDevComm (kept opaque: nccl_device.h stays in .cu)
-  bool grouped = false;      // opened by open_windows (one process, all ranks)
 
   SymmetricWindow() = default;
   SymmetricWindow(const SymmetricWindow&) = delete;
   SymmetricWindow& operator=(const SymmetricWindow&) = delete;
-  ~SymmetricWindow();  // teardown; see close_window
+  ~SymmetricWindow();  // teardown in the documented order (symmetric_window.cu)
 };
 
 // One process per GPU: collective over `comm` (every rank calls it with the same bytes), on the

@@ -107,18 +107,14 @@ struct RankInputs {
   mok::gpu::DeviceLayerWeights weights;
   int64_t tokens;
 
-  static std::vector<double> slice(const std::vector<double>& v, int64_t begin, int64_t n,
-                                   int64_t width) {
-    return {v.begin() + begin * width, v.begin() + (begin + n) * width};
-  }
   template <class T>
-  static std::vector<T> slice_of(const std::vector<T>& v, int64_t begin, int64_t n, int64_t width) {
+  static std::vector<T> slice(const std::vector<T>& v, int64_t begin, int64_t n, int64_t width) {
     return {v.begin() + begin * width, v.begin() + (begin + n) * width};
   }
   RankInputs(const GlobalBatch& g, int ranks, int r, int64_t tokens_)
       : layer(g.params),
         x(to_bf16(slice(g.batch.x, g.first[size_t(r)], tokens_, g.global.hidden))),
-        ids(slice_of(g.batch.topk_ids, g.first[size_t(r)], tokens_, g.global.top_k)),
+        ids(slice(g.batch.topk_ids, g.first[size_t(r)], tokens_, g.global.top_k)),
         w([&] {
           const auto s = slice(g.batch.topk_weights, g.first[size_t(r)], tokens_, g.global.top_k);
           return std::vector<float>(s.begin(), s.end());

@@ -6,7 +6,6 @@
 #include <cstdint>
 
 #include "mok/device/sync.cuh"
-#include "mok/device/tma.cuh"  // swizzle128_offset: where gathered chunks go
 
 namespace mok::dev {
 

@@ -66,7 +66,6 @@ class EpForward {
  private:
   struct Workspace;
   EpForward(const Config& c, const ForwardOptions& options, int rank, int device);
-  void allocate_workspace();
   Config config_;
   ForwardOptions options_;
   int rank_ = 0, device_ = 0, block_n_ = 0, grid_ = 0, dispatch_ctas_ = 0;

@@ -1,0 +1,53 @@
+// The benchmarks' device data (`mok bench`, `mok bench --ep`).
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda_util.hpp"
+#include "mok/config.hpp"
+#include "mok/gpu/device_layer.hpp"
+#include "mok/gpu/random_fill.hpp"
+
+namespace mok::tools {
+
+// A layer share and a batch on the current device, random as every benchmark draws them: the
+// shared experts, `experts` routed experts, `t` tokens routed over all c.num_experts. `seed`
+// offsets the routed weights and the batch (ranks of an EP group differ; 0 for EP = 1).
+struct BenchLayer {
+  int64_t tokens;
+  DeviceArray<__nv_bfloat16> sg, su, sd, g, u, d, x, out;
+  DeviceArray<int32_t> ids;
+  DeviceArray<float> w;
+  BenchLayer(const Config& c, int experts, int64_t t, uint64_t seed)
+      : tokens(t),
+        sg(size_t(c.shared_width() * c.hidden)),
+        su(sg.n),
+        sd(sg.n),
+        g(size_t(experts) * c.intermediate * c.hidden),
+        u(g.n),
+        d(g.n),
+        x(size_t(t * c.hidden)),
+        out(x.n),
+        ids(size_t(t * c.top_k)),
+        w(ids.n) {
+    const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width();
+    const float bh = 1.0f / std::sqrt(float(H)), bi = 1.0f / std::sqrt(float(I));
+    cuda_ok(gpu::fill_uniform_bf16(sg.ptr, S * H, 11, bh, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(su.ptr, S * H, 12, bh, nullptr), "fill");
+    cuda_ok(
+        gpu::fill_uniform_bf16(sd.ptr, S * H, 13, S ? 1.0f / std::sqrt(float(S)) : 0.0f, nullptr),
+        "fill");
+    cuda_ok(gpu::fill_uniform_bf16(g.ptr, int64_t(g.n), seed + 14, bh, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(u.ptr, int64_t(u.n), seed + 15, bh, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(d.ptr, int64_t(d.n), seed + 16, bi, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(x.ptr, t * H, seed + 17, 1.0f, nullptr), "fill");
+    cuda_ok(gpu::random_topk(ids.ptr, w.ptr, t, c.num_experts, c.top_k, seed + 18, nullptr),
+            "random_topk");
+  }
+  gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
+  gpu::DeviceLayerWeights weights() const { return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr}; }
+};
+
+}  // namespace mok::tools
