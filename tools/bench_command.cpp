@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cmath>
 #include <cstring>
+#include <memory>
 
 #include "mok/config.hpp"
 #include "mok/error.hpp"
@@ -48,9 +49,11 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.dispatch_lookahead = std::atoi(v.c_str());
     else if (a == "--ep")
       o.ep = std::atoi(v.c_str());
-    else if (a == "--gather")
-      o.gather = v == "1" || v == "yes";
-    else if (a == "--breakdown")
+    else if (a == "--row-path") {
+      if (v != "auto" && v != "copy" && v != "gather")
+        throw UsageError("--row-path takes auto, copy or gather, not '" + v + "'");
+      o.row_path = v;
+    } else if (a == "--breakdown")
       o.breakdown = v == "1" || v == "yes";
     else
       throw UsageError("unknown option '" + a + "' for bench");
@@ -91,10 +94,11 @@ struct Row {
   double rows_per_expert, ms, tflops, pct_peak, bound_ms, pct_bound;
   double baseline_ms, baseline_tflops, baseline_difference;
   double staged_tflops;  // the same GEMMs as separate launches (no dispatch/combine overlap)
-  double staged_ms = 0, copy_path_ms = 0, no_copy_ms = 0, no_combine_ms = 0;  // --breakdown
+  double staged_ms = 0, other_path_ms = 0, no_copy_ms = 0, no_combine_ms = 0;  // --breakdown
   int dispatch_ctas = 0, grid = 0;
-  double profiled_ms = 0, profiled_no_copy_ms = 0;
-  gpu::ForwardProfile profile, profile_no_copy;  // the second: the dispatch-copy path
+  gpu::RowPath row_path = gpu::RowPath::automatic;
+  double profiled_ms = 0, profiled_other_ms = 0;
+  gpu::ForwardProfile profile, profile_other;  // the second: the other row path
   const char* bound_by;
 };
 
@@ -105,10 +109,11 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
                 K = c.top_k;
   const BenchLayer data(c, int(E), tokens, 0);
   gpu::ForwardOptions fo;
-  // Dispatch options select the dispatch-copy path (the producers cannot gather then).
-  fo.gather_in_producer = o.gather && o.dispatch_ctas == 0 && o.dispatch_lookahead <= 0;
+  fo.row_path = o.row_path == "copy"     ? gpu::RowPath::dispatch_copy
+                : o.row_path == "gather" ? gpu::RowPath::producer_gather
+                                         : gpu::RowPath::automatic;
   fo.dispatch_ctas = o.dispatch_ctas;
-  fo.dispatch_lookahead = fo.gather_in_producer ? 0 : o.dispatch_lookahead;
+  fo.dispatch_lookahead = o.dispatch_lookahead;
   gpu::MoeForward f(c, fo);
   gpu::StagedForward staged(c);
   bench::UnfusedForward baseline(c);
@@ -127,20 +132,36 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   r.name = name;
   r.tokens = tokens;
   r.rows_per_expert = double(tokens * K) / double(E);
-  // Alternate the three, round by round (the GPU's clock moves under its power cap).
-  std::vector<double> mine, theirs, stages;
+  // With --breakdown, the other row path (gather <-> dispatch copy) joins the rounds.
+  const bool gathers = f.row_path() == gpu::RowPath::producer_gather;
+  auto other_path = [&](gpu::ForwardOptions v) {
+    v.row_path = gathers ? gpu::RowPath::dispatch_copy : gpu::RowPath::producer_gather;
+    v.dispatch_ctas = gathers ? o.dispatch_ctas : 0;
+    v.dispatch_lookahead = gathers ? o.dispatch_lookahead : -1;
+    return v;
+  };
+  std::unique_ptr<gpu::MoeForward> other;
+  if (o.breakdown) other = std::make_unique<gpu::MoeForward>(c, other_path(fo));
+  auto run_other = [&] { other->forward(batch, weights, scratch_out.ptr, nullptr); };
+  // Alternate them, round by round (the GPU's clock moves under its power cap: a kernel timed
+  // right after the cuBLAS pipeline runs slower than one timed after itself).
+  std::vector<double> mine, theirs, stages, others;
   for (int round = 0; round < 3; ++round) {
     mine.push_back(median_ms(run, iterations));
     theirs.push_back(median_ms(run_baseline, iterations));
     stages.push_back(median_ms(run_staged, iterations));
+    if (other) others.push_back(median_ms(run_other, iterations));
   }
-  std::sort(mine.begin(), mine.end());
-  std::sort(theirs.begin(), theirs.end());
-  std::sort(stages.begin(), stages.end());
-  r.ms = mine[1];
-  r.baseline_ms = theirs[1];
+  auto middle = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+  };
+  r.ms = middle(mine);
+  r.baseline_ms = middle(theirs);
+  r.other_path_ms = middle(others);
   f.check(nullptr);
   staged.check(nullptr);
+  if (other) other->check(nullptr);
   // Same inputs, same math: the two outputs must agree to BF16 rounding.
   auto host = [](const DeviceArray<__nv_bfloat16>& a) {
     std::vector<double> v;
@@ -159,25 +180,16 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
                memory_ms = bytes / (ceil.hbm_tbps * 1e12) * 1e3;
   r.tflops = flops / (r.ms * 1e-3) * 1e-12;
   r.baseline_tflops = flops / (r.baseline_ms * 1e-3) * 1e-12;
-  r.staged_tflops = flops / (stages[1] * 1e-3) * 1e-12;
-  r.staged_ms = stages[1];
+  r.staged_ms = middle(stages);
+  r.staged_tflops = flops / (r.staged_ms * 1e-3) * 1e-12;
   r.dispatch_ctas = f.dispatch_ctas();
   r.grid = f.grid();
+  r.row_path = f.row_path();
   if (o.breakdown) {
-    gpu::ForwardOptions copy_path = fo, no_combine = fo;
-    auto other_path = [&](gpu::ForwardOptions v) {  // gather <-> dispatch copy
-      v.gather_in_producer = !fo.gather_in_producer;
-      v.dispatch_ctas = v.gather_in_producer ? 0 : o.dispatch_ctas;
-      v.dispatch_lookahead = v.gather_in_producer ? 0 : o.dispatch_lookahead;
-      return v;
-    };
-    copy_path = other_path(copy_path);
-    gpu::ForwardOptions no_copy = fo.gather_in_producer ? other_path(fo) : fo;
+    gpu::ForwardOptions no_copy = gathers ? other_path(fo) : fo, no_combine = fo;
     no_copy.profile_without_dispatch_copy = true;
     no_combine.profile_without_combine = true;
-    gpu::MoeForward a(c, no_copy), b(c, no_combine), copying(c, copy_path);
-    r.copy_path_ms =
-        median_ms([&] { copying.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
+    gpu::MoeForward a(c, no_copy), b(c, no_combine);
     r.no_copy_ms =
         median_ms([&] { a.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
     r.no_combine_ms =
@@ -190,10 +202,10 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
     t.check(nullptr);
     r.profile = t.last_profile(nullptr);  // the last of those runs
     timed = other_path(timed);
-    gpu::MoeForward timed_no_copy(c, timed);
-    r.profiled_no_copy_ms = median_ms(
-        [&] { timed_no_copy.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
-    r.profile_no_copy = timed_no_copy.last_profile(nullptr);
+    gpu::MoeForward timed_other(c, timed);
+    r.profiled_other_ms = median_ms(
+        [&] { timed_other.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
+    r.profile_other = timed_other.last_profile(nullptr);
   }
   r.pct_peak = 100.0 * r.tflops / ceil.bf16_tflops;
   r.bound_ms = std::max(compute_ms, memory_ms);
@@ -259,14 +271,14 @@ int bench_command(const BenchOptions& o) {
   if (o.breakdown) {
     std::printf(
         "\nWhere the time goes (ms, medians; a variant that drops a stage gives a wrong output):\n"
-        "| shape | T | grid (dispatch CTAs) | megakernel | dispatch-copy path | that without the "
-        "copy "
-        "| megakernel without the "
-        "combine | staged launches |\n|---|---|---|---|---|---|---|\n");
+        "| shape | T | grid (dispatch CTAs) | megakernel (row path) | the other row path | the "
+        "dispatch-copy path without its copy | megakernel without the combine | staged launches "
+        "|\n|---|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows)
-      std::printf("| %s | %lld | %d (%d) | %.3f | %.3f | %.3f | %.3f | %.3f |\n", r.name.c_str(),
-                  (long long)r.tokens, r.grid, r.dispatch_ctas, r.ms, r.copy_path_ms, r.no_copy_ms,
-                  r.no_combine_ms, r.staged_ms);
+      std::printf("| %s | %lld | %d (%d) | %.3f (%s) | %.3f | %.3f | %.3f | %.3f |\n",
+                  r.name.c_str(), (long long)r.tokens, r.grid, r.dispatch_ctas, r.ms,
+                  gpu::row_path_name(r.row_path), r.other_path_ms, r.no_copy_ms, r.no_combine_ms,
+                  r.staged_ms);
     std::printf(
         "\nWaits inside the megakernel (a profiled run; ms per participant, from %%globaltimer):\n"
         "| shape | T | forward ms (profiled) | GEMM producer waits for dispatch / activations / a "
@@ -274,14 +286,17 @@ int bench_command(const BenchOptions& o) {
         "total (per CTA) | combine waits / total (per warp) |\n|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows) {
       for (int variant = 0; variant < 2; ++variant) {
-        const gpu::ForwardProfile& f = variant ? r.profile_no_copy : r.profile;
+        const gpu::ForwardProfile& f = variant ? r.profile_other : r.profile;
         std::printf(
             "| %s%s | %lld | %.3f | %.3f / %.3f / %.3f | %.3f / %.3f | %.3f / %.3f | %.3f / %.3f "
             "|\n",
-            r.name.c_str(), variant ? " (the other row path)" : "", (long long)r.tokens,
-            variant ? r.profiled_no_copy_ms : r.profiled_ms, f.gate_up_waits_dispatch,
-            f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved, f.consumer_total,
-            f.dispatch_copying, f.dispatch_total, f.combine_waits, f.combine_total);
+            r.name.c_str(),
+            (r.row_path == gpu::RowPath::producer_gather) == (variant == 0) ? " (producer gather)"
+                                                                            : " (dispatch copy)",
+            (long long)r.tokens, variant ? r.profiled_other_ms : r.profiled_ms,
+            f.gate_up_waits_dispatch, f.down_waits_gate_up, f.producer_waits_ring,
+            f.consumer_starved, f.consumer_total, f.dispatch_copying, f.dispatch_total,
+            f.combine_waits, f.combine_total);
       }
     }
   }

@@ -9,11 +9,12 @@ struct BenchOptions {
   std::string preset = "all";  // a preset name, or "all": every standard shape of design.md
   int64_t tokens = -1;         // tokens per rank (default: the preset's)
   int iterations = 20;
-  bool breakdown = false;  // also time the dispatch-copy path (with, without its copy), no combine
-  bool gather = false;     // EP = 1: the GEMM producers gather rows (default: the dispatch copy)
-  int ep = 1;              // > 1: the expert-parallel forward (bench_ep.cpp)
-  int dispatch_ctas = 0;   // 0: the megakernel's default
-  int dispatch_lookahead = -1;  // -1: the megakernel's default
+  bool breakdown =
+      false;  // also time the other row path, the copy path without its copy, no combine
+  std::string row_path = "auto";  // EP = 1: auto, copy (dispatch CTAs) or gather (GEMM producers)
+  int ep = 1;                     // > 1: the expert-parallel forward (bench_ep.cpp)
+  int dispatch_ctas = 0;          // 0: the megakernel's default
+  int dispatch_lookahead = -1;    // -1: the megakernel's default
 };
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args);

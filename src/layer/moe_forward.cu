@@ -24,7 +24,31 @@ using detail::require;
 
 constexpr int kDefaultLookahead = 0;  // measured: see docs/benchmarks.md
 
+// Options that only the dispatch role takes.
+bool needs_dispatch_role(const ForwardOptions& o) {
+  return o.dispatch_ctas != 0 || o.dispatch_lookahead > 0 || o.dispatch_delay_ns != 0 ||
+         o.never_publish_block >= 0 || o.profile_without_dispatch_copy ||
+         o.combine_on_dispatch_ctas;
+}
+
+RowPath resolve_row_path(const ForwardOptions& o) {
+  if (o.row_path != RowPath::automatic) return o.row_path;
+  return needs_dispatch_role(o) ? RowPath::dispatch_copy : RowPath::producer_gather;
+}
+
 }  // namespace
+
+const char* row_path_name(RowPath p) {
+  switch (p) {
+    case RowPath::automatic:
+      return "automatic";
+    case RowPath::dispatch_copy:
+      return "dispatch copy";
+    case RowPath::producer_gather:
+      return "producer gather";
+  }
+  return "?";
+}
 
 struct MoeForward::Workspace {
   detail::RankBuffers rank;
@@ -36,8 +60,14 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   c.validate();
   require(c.ep_size == 1, ErrorCode::unsupported,
           "MoeForward runs one GPU (ep_size = 1), got ep_size = " + std::to_string(c.ep_size));
-  const detail::LaunchPlan plan =
-      detail::plan_forward_launch(c, options, 1, "MoeForward", !options.gather_in_producer);
+  row_path_ = resolve_row_path(options);
+  const bool gather = row_path_ == RowPath::producer_gather;
+  require(!gather || !needs_dispatch_role(options), ErrorCode::invalid_argument,
+          "dispatch_ctas, dispatch_lookahead > 0, combine_on_dispatch_ctas, the dispatch test "
+          "hooks and profile_without_dispatch_copy need the dispatch role: row_path = "
+          "dispatch_copy or automatic, not producer_gather (the GEMM producers gather rows then "
+          "and there are no dispatch CTAs)");
+  const detail::LaunchPlan plan = detail::plan_forward_launch(c, options, 1, "MoeForward", !gather);
   block_n_ = plan.block_n;
   grid_ = plan.grid;
   dispatch_ctas_ = plan.dispatch_ctas;
@@ -51,17 +81,6 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
               std::to_string(sched::kTileGroupRows));
   dispatch_lookahead_ =
       options.dispatch_lookahead == -1 ? kDefaultLookahead : options.dispatch_lookahead;
-  if (options.gather_in_producer) {
-    require(options.dispatch_ctas == 0 && dispatch_lookahead_ == 0 &&
-                options.dispatch_delay_ns == 0 && options.never_publish_block < 0 &&
-                !options.profile_without_dispatch_copy,
-            ErrorCode::invalid_argument,
-            "dispatch_ctas, dispatch_lookahead, the dispatch test hooks and "
-            "profile_without_dispatch_copy need gather_in_producer = false (with it, the GEMM "
-            "producers gather rows and there is no dispatch role)");
-    require(!options.combine_on_dispatch_ctas, ErrorCode::invalid_argument,
-            "combine_on_dispatch_ctas needs dispatch CTAs: not with gather_in_producer");
-  }
 
   auto* w = new Workspace{};
   ws_ = w;
@@ -89,7 +108,7 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   detail::RankLaunchOptions o;
   o.dispatch_ctas = dispatch_ctas_;
   o.dispatch_lookahead = dispatch_lookahead_;
-  o.gather_rows = options_.gather_in_producer;
+  o.gather_rows = row_path_ == RowPath::producer_gather;
   o.wait_cycles = wait_cycles_;
   o.aborted = w.aborted;
   o.options = &options_;

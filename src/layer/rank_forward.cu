@@ -19,6 +19,10 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
           "the GPU forward needs hidden, intermediate and the shared width to be multiples of 64 "
           "(one 128-byte TMA box of K); got H = " +
               std::to_string(H) + ", I = " + std::to_string(I) + ", S = " + std::to_string(S));
+  require(!with_dispatch || o.row_path != RowPath::producer_gather, ErrorCode::invalid_argument,
+          std::string(who) +
+              ": row_path = producer_gather is for MoeForward (EP = 1); expert parallelism "
+              "dispatches rows through its dispatch CTAs (leave row_path automatic)");
   LaunchPlan plan;
   const bool wide_ok = I % 128 == 0 && S % 128 == 0;
   plan.block_n = o.block_n == 0 ? (wide_ok ? 256 : 128) : o.block_n;

@@ -139,4 +139,17 @@ TEST(EmulatedEpGpu, CapacityOverflowAndAStoppedRankAreErrorsOnEveryRank) {
           << e.what();
     }
   }
+  {
+    mok::gpu::ForwardOptions o;
+    o.row_path = mok::gpu::RowPath::producer_gather;  // EP dispatches through its dispatch CTAs
+    try {
+      mok::gpu::EmulatedEpForward ep(c, o);
+      FAIL() << "no error";
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.code(), mok::ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find("row_path = producer_gather is for MoeForward"),
+                std::string::npos)
+          << e.what();
+    }
+  }
 }

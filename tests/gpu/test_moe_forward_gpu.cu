@@ -16,6 +16,7 @@
 using namespace fwd_test;
 using mok::gpu::ForwardOptions;
 using mok::gpu::MoeForward;
+using mok::gpu::RowPath;
 
 namespace {
 
@@ -48,9 +49,10 @@ mok::Config widest_routing_config() {
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
-  // 0-7, 11: dispatch CTAs copy rows first (the default); 8-10: the producers gather them.
+  // 0-7, 11: dispatch CTAs copy rows first; 8-10: the producers gather them (the default).
   std::vector<ForwardOptions> options(12);
-  for (size_t i = 8; i <= 10; ++i) options[i].gather_in_producer = true;
+  for (ForwardOptions& o : options) o.row_path = RowPath::dispatch_copy;
+  for (size_t i = 8; i <= 10; ++i) options[i].row_path = RowPath::producer_gather;
   options[1].block_n = 128;
   options[2].dispatch_ctas = 1;
   options[3].max_ctas = 3, options[3].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
@@ -103,7 +105,7 @@ TEST(MoeForwardGpu, BitwiseIdenticalAcross20RunsWithInjectedDispatchDelays) {
   expect_matches_reference(c, p, b, want);
   for (uint32_t run = 0; run < 20; ++run) {
     ForwardOptions o;
-    o.gather_in_producer = false;
+    o.row_path = RowPath::dispatch_copy;
     o.dispatch_delay_ns = 200'000;
     o.delay_seed = run + 1;
     o.dispatch_ctas = 1 + int(run % 4);
@@ -121,7 +123,7 @@ TEST(MoeForwardGpu, AStoppedDispatchEndsInAnErrorNotAHang) {
   const GpuLayer layer(p);
   const mok::Batch b = mok::tools::random_batch(c, 512, 35);
   ForwardOptions o;
-  o.gather_in_producer = false;
+  o.row_path = RowPath::dispatch_copy;
   o.never_publish_block = 2;
   o.wait_seconds = 0.25;
   MoeForward stuck(c, o);
@@ -146,7 +148,7 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   const mok::Batch b = mok::tools::random_batch(c, 512, 37);
   ForwardOptions o;
   o.profile_wait_times = true;
-  o.gather_in_producer = false;  // the dispatch role's times too
+  o.row_path = RowPath::dispatch_copy;  // the dispatch role's times too
   MoeForward timed(c, o);
   expect_matches_reference(c, p, b, gpu_forward(timed, c, layer, b));
   const mok::gpu::ForwardProfile f = timed.last_profile(nullptr);
@@ -156,7 +158,7 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   EXPECT_GT(f.combine_total, 0.0);
   EXPECT_GE(f.combine_total, f.combine_waits);
   EXPECT_GE(f.consumer_total, f.consumer_starved);
-  o.gather_in_producer = true;  // no dispatch role: its times are zero
+  o.row_path = RowPath::producer_gather;  // no dispatch role: its times are zero
   MoeForward gathering(c, o);
   expect_matches_reference(c, p, b, gpu_forward(gathering, c, layer, b));
   const mok::gpu::ForwardProfile g = gathering.last_profile(nullptr);
@@ -165,6 +167,28 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   EXPECT_GT(g.combine_total, 0.0);
   MoeForward plain(c);
   EXPECT_THROW(plain.last_profile(nullptr), mok::Error);
+}
+
+// automatic: the producers gather, unless an option needs the dispatch role.
+TEST(MoeForwardGpu, AutomaticRowPathGathersUnlessADispatchOptionIsSet) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset("tiny");
+  const MoeForward plain(c);
+  EXPECT_EQ(plain.row_path(), RowPath::producer_gather);
+  EXPECT_EQ(plain.dispatch_ctas(), 0);
+  ForwardOptions o;
+  o.dispatch_ctas = 3;
+  const MoeForward three(c, o);
+  EXPECT_EQ(three.row_path(), RowPath::dispatch_copy);
+  EXPECT_EQ(three.dispatch_ctas(), 3);
+  o = {};
+  o.combine_on_dispatch_ctas = true;
+  const MoeForward combining(c, o);
+  EXPECT_EQ(combining.row_path(), RowPath::dispatch_copy);
+  EXPECT_GT(combining.dispatch_ctas(), 0);
+  o = {};
+  o.row_path = RowPath::dispatch_copy;
+  EXPECT_GT(MoeForward(c, o).dispatch_ctas(), 0);
 }
 
 TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
@@ -176,15 +200,15 @@ TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
   wide.block_n = 256;  // I = 192 is not a multiple of 128
   EXPECT_THROW(MoeForward(odd_config(1), wide), mok::Error);
   ForwardOptions all_dispatch;
-  all_dispatch.gather_in_producer = false;
+  all_dispatch.row_path = RowPath::dispatch_copy;
   all_dispatch.max_ctas = 4, all_dispatch.dispatch_ctas = 4;
   EXPECT_THROW(MoeForward(mok::preset("tiny"), all_dispatch), mok::Error);
   ForwardOptions dispatch_with_gather;
-  dispatch_with_gather.gather_in_producer = true;
+  dispatch_with_gather.row_path = RowPath::producer_gather;
   dispatch_with_gather.dispatch_ctas = 4;  // there is no dispatch role while producers gather
   EXPECT_THROW(MoeForward(mok::preset("tiny"), dispatch_with_gather), mok::Error);
   ForwardOptions combine_without_dispatch;
-  combine_without_dispatch.gather_in_producer = true;
+  combine_without_dispatch.row_path = RowPath::producer_gather;
   combine_without_dispatch.combine_on_dispatch_ctas = true;
   EXPECT_THROW(MoeForward(mok::preset("tiny"), combine_without_dispatch), mok::Error);
 }

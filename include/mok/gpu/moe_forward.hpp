@@ -14,16 +14,21 @@
 
 namespace mok::gpu {
 
+// How routed rows reach the gate/up GEMMs at EP = 1.
+enum class RowPath {
+  automatic,        // producer_gather, unless an option below needs the dispatch role
+  dispatch_copy,    // dispatch CTAs copy rows into the routed buffer first (the path EP uses)
+  producer_gather,  // the gate/up producer warpgroup gathers each tile's rows from x (cp.async
+                    // into the swizzled stage): no dispatch CTAs, no copy of x. Measured faster
+                    // on every standard shape (4-13%, docs/benchmarks.md)
+};
+const char* row_path_name(RowPath p);
+
 struct ForwardOptions {
-  // MoeForward (EP = 1): the gate/up producer warps gather each tile's routed rows from x
-  // themselves (cp.async into the swizzled stage): no dispatch CTAs, no copy of x. Off by default:
-  // measured slower on dsv3 (one warp's 16-byte copies do not keep up with TMA; docs/benchmarks.md)
-  // and faster on fine. false: dispatch CTAs copy the rows into the routed buffer first (the path
-  // expert parallelism uses; the dispatch options and test hooks below need it).
-  bool gather_in_producer = false;
+  RowPath row_path = RowPath::automatic;  // MoeForward only; the EP forwards dispatch-copy
   int dispatch_ctas = 0;  // CTAs that gather rows (then combine); 0: num_dispatch_ctas(SMs)
   // The combine on the dispatch CTAs only (the communication SMs), instead of in every CTA's idle
-  // warps; needs dispatch CTAs (not with gather_in_producer).
+  // warps; needs dispatch CTAs (the dispatch-copy row path).
   bool combine_on_dispatch_ctas = false;
   // Row blocks dispatch may gather ahead of the GEMMs (rows then still sit in L2 when read);
   // -1: automatic, 0: no limit, else at least 8 (one tile group).
@@ -86,6 +91,7 @@ class MoeForward {
   // After the stream has finished; throws unless constructed with profile_wait_times.
   ForwardProfile last_profile(cudaStream_t stream) const;
 
+  RowPath row_path() const { return row_path_; }  // never automatic
   int block_n() const { return block_n_; }
   int dispatch_ctas() const { return dispatch_ctas_; }
   int grid() const { return grid_; }
@@ -94,6 +100,7 @@ class MoeForward {
   struct Workspace;
   Config config_;
   ForwardOptions options_;
+  RowPath row_path_ = RowPath::dispatch_copy;
   int block_n_ = 0, dispatch_ctas_ = 0, dispatch_lookahead_ = 0, grid_ = 0;
   uint64_t wait_cycles_ = 0;
   Workspace* ws_;

@@ -39,14 +39,14 @@ struct SmemRing {
   static constexpr int kStages = TileShape<kBlockN>::kStages;
   uint8_t* tiles_a;
   uint8_t* tiles_b;
-  uint64_t* full;   // the producer's arrive_expect_tx + TMA bytes (+ gathering lanes' copies)
+  uint64_t* full;   // the producer's arrive_expect_tx + TMA bytes (+ gathering threads' copies)
   uint64_t* empty;  // one arrival per consumer warp
 
   __device__ uint8_t* a(int stage) const { return tiles_a + stage * kTileBytesA; }
   __device__ uint8_t* b(int stage) const { return tiles_b + stage * TileShape<kBlockN>::kBytesB; }
 
-  // By the whole CTA, before any role starts. full_arrivals: 1 for one producer thread, 32 when a
-  // producer warp may gather A rows itself (every lane arrives on every stage).
+  // By the whole CTA, before any role starts. full_arrivals: 1 for one producer thread, more when
+  // producer threads gather A rows themselves (each then arrives on every stage).
   __device__ static SmemRing make(uint8_t* smem_raw, uint64_t* full, uint64_t* empty,
                                   uint32_t full_arrivals = 1) {
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &

@@ -18,61 +18,83 @@
 
 namespace mok::kern {
 
-// The A rows of a routed gate/up tile gathered from x (gather_rows): lane l copies rows l, l + 32,
-// l + 64, l + 96 of the 128, eight 16-byte chunks each per k-block, into the stage's 128B-swizzled
-// layout; padding rows are zero-filled. Lane 0's arrival is the extra kind, and comes before its
-// arrive_expect_tx for B, so the phase cannot complete before lane 0's copies land.
+// With gather_rows the whole producer warpgroup runs: warp w gathers rows [32w, 32w + 32) of every
+// routed gate/up tile from x (four warps' copies keep up with TMA where one warp's did not), into
+// the stage's 128B-swizzled layout; padding rows are zero-filled. Per k-block a row is one 128-byte
+// line: lane l copies 16-byte chunk l % 8 of rows 32w + 4i + l / 8, i = 0..7, so each warp
+// instruction reads 4 whole lines (one lane per row would fetch a 32-byte sector per 16 bytes).
+// Without gather_rows only warp 0 runs and only its lane 0 arrives.
+constexpr int kGatherWarps = 4;
+constexpr uint32_t kGatherFullArrivals = kGatherWarps * 32;
+constexpr int kGatherRowsPerThread = kBlockM / (kGatherWarps * 4);
+static_assert(kBlockK * 2 == 8 * 16, "a k-block of a row: eight 16-byte chunks, one per lane");
+
 struct GatherRows {
-  const __nv_bfloat16* src[4];  // this lane's rows in x (nullptr: padding)
-  __device__ void copy(uint8_t* tile_a, int kb, uint64_t* full) const {
-    const int lane = int(threadIdx.x % 32);
+  const __nv_bfloat16* src[kGatherRowsPerThread];  // rows 32w + 4i + l / 8 in x (nullptr: padding)
+  __device__ static int row(int i) {
+    return int(threadIdx.x % 128) / 32 * 32 + 4 * i + int(threadIdx.x % 32) / 8;
+  }
+  __device__ void copy(uint8_t* tile_a, int kb) const {
+    const uint32_t chunk = threadIdx.x % 8;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int row = lane + 32 * i;
-      const __nv_bfloat16* from = src[i] ? src[i] + kb * kBlockK : nullptr;
-#pragma unroll
-      for (int chunk = 0; chunk < 8; ++chunk)
-        dev::cp_async_16(
-            tile_a + dev::swizzle128_offset(uint32_t(row), uint32_t(chunk) * 16u),
-            from ? static_cast<const void*>(from + chunk * 8) : static_cast<const void*>(tile_a),
-            from ? 16u : 0u);
+    for (int i = 0; i < kGatherRowsPerThread; ++i) {
+      const __nv_bfloat16* from = src[i] ? src[i] + kb * kBlockK + chunk * 8 : nullptr;
+      dev::cp_async_16(tile_a + dev::swizzle128_offset(uint32_t(row(i)), chunk * 16u),
+                       from ? static_cast<const void*>(from) : static_cast<const void*>(tile_a),
+                       from ? 16u : 0u);
     }
-    if (lane == 0)
-      dev::cp_async_arrive_extra(full);
-    else
-      dev::cp_async_arrive_counted(full);
   }
 };
 
-// One warp. Lane 0 claims tiles, hands them to the consumers, waits for their inputs and issues
-// the TMA loads; with gather_rows every lane also copies the A rows of routed gate/up tiles. The
-// full barriers count 32 arrivals: on TMA-only stages lanes 1..31 simply arrive.
+// The next tile index for this producer warp: warp 0's lane 0 claims it from the global counter
+// and publishes it in the queue (for the consumers and the other producer warps); the other warps'
+// lane 0 read it there. -1 ends the sequence, -2: a bounded wait expired.
+__device__ __forceinline__ int64_t next_producer_tile(const ForwardParams& p,
+                                                      const TileQueue& queue,
+                                                      const dev::RingCursor<kTileQueueDepth>& q,
+                                                      int64_t tile_count, int warp) {
+  int64_t t = 0;
+  if (threadIdx.x % 32 == 0) {
+    if (warp == 0) {
+      t = atomicAdd(p.tile_next, 1u);
+      if (t >= tile_count) t = -1;
+      if (!dev::mbar_wait(&queue.empty[q.stage], q.phase ^ 1u, p.wait_cycles)) {
+        record_fault(p, kRoleProducerRing, t);
+        t = -2;
+      } else {
+        queue.index[q.stage] = t;
+        dev::mbar_arrive(&queue.full[q.stage]);
+      }
+    } else if (!dev::mbar_wait(&queue.full[q.stage], q.phase, p.wait_cycles)) {
+      record_fault(p, kRoleProducerRing, -1);
+      t = -2;
+    } else {
+      t = queue.index[q.stage];
+      dev::mbar_arrive(&queue.empty[q.stage]);
+    }
+  }
+  return __shfl_sync(0xFFFFFFFFu, t, 0);
+}
+
+// Warp 0's lane 0 (the leader) claims tiles, hands them on, waits for their inputs and issues the
+// TMA loads. With gather_rows every producer thread also copies its A row of routed gate/up tiles
+// and arrives on every stage (kGatherFullArrivals): on the stages of other tiles they simply
+// arrive. A gathering thread's arrival is counted by cp.async (noinc) when its copies land; the
+// leader's copies get an extra (uncounted) arrival before its arrive_expect_tx for B, so the phase
+// cannot complete before they land either.
 template <int kBlockN>
 __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const ForwardParams& p,
                                               const SmemRing<kBlockN>& ring,
                                               const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
-  const int lane = int(threadIdx.x % 32);
-  const bool leader = lane == 0;
+  const int warp = int(threadIdx.x % 128) / 32, lane = int(threadIdx.x % 32);
+  const bool leader = warp == 0 && lane == 0;
   RoleTimer timer(p);
   timer.on = timer.on && leader;
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
-    int64_t t = 0;
-    bool ok = true;
-    if (leader) {
-      t = atomicAdd(p.tile_next, 1u);
-      if (t >= tiles.count()) t = -1;
-      ok = dev::mbar_wait(&queue.empty[q.stage], q.phase ^ 1u, p.wait_cycles);
-      if (!ok) {
-        record_fault(p, kRoleProducerRing, t);
-      } else {
-        queue.index[q.stage] = t;
-        dev::mbar_arrive(&queue.full[q.stage]);
-      }
-    }
-    t = __shfl_sync(0xFFFFFFFFu, t, 0);
-    if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) return;
+    const int64_t t = next_producer_tile(p, queue, q, tiles.count(), warp);
+    if (t == -2) return;
     if (t < 0) {
       timer.flush(p);
       return;
@@ -102,6 +124,8 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         needed = uint32_t(kConsumers * tiles.gate_up_tiles), role = kRoleDownProducer;
         break;
     }
+    bool ok = true;  // a failed wait ends the warp (lanes stay converged for the shuffles); the
+                     // other producer warps and the consumers stop at their own bounded waits
     if (ready && leader) {
       const uint64_t since = timer.now();
       ok = wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(ready) >= needed; });
@@ -112,12 +136,13 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         timer.add(kTimeDownWaitsGateUp, since);
       dev::fence_proxy_async_global();  // generic writes of other CTAs -> this thread's TMA reads
     }
-    if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) return;
+    if (!__all_sync(0xFFFFFFFFu, ok)) return;
     GatherRows rows{};
     if (gather)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const RowSource s = routed_row_source(p, w.m_block * kBlockM + lane + 32 * i, w.expert);
+      for (int i = 0; i < kGatherRowsPerThread; ++i) {
+        const RowSource s =
+            routed_row_source(p, w.m_block * kBlockM + GatherRows::row(i), w.expert);
         rows.src[i] =
             s.src >= 0 ? p.peer_x[s.src] + sched::slot_token(s.slot, p.top_k) * p.hidden : nullptr;
       }
@@ -127,18 +152,25 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
     const int32_t a_row = int32_t(a_block * kBlockM);
     const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
+      if (!leader && !p.gather_rows) continue;  // only the leader arrives
       const uint64_t since = timer.now();
       if (!dev::mbar_wait(&ring.empty[cursor.stage], cursor.phase ^ 1u, p.wait_cycles)) {
-        if (leader) record_fault(p, kRoleProducerRing, t);
-        return;
+        record_fault(p, kRoleProducerRing, t);
+        ok = false;
+        break;
       }
       timer.add(kTimeProducerWaitsRing, since);
       uint64_t* bar = &ring.full[cursor.stage];
-      if (gather) rows.copy(ring.a(cursor.stage), kb, bar);
-      if (!leader) {
-        if (!gather) dev::mbar_arrive(bar);
-        continue;
+      if (gather) {
+        rows.copy(ring.a(cursor.stage), kb);
+        if (leader)
+          dev::cp_async_arrive_extra(bar);
+        else
+          dev::cp_async_arrive_counted(bar);
+      } else if (!leader) {
+        dev::mbar_arrive(bar);
       }
+      if (!leader) continue;
       dev::mbar_arrive_expect_tx(bar, bytes);
       uint8_t* tile_b = ring.b(cursor.stage);
       if (!gather) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
@@ -151,6 +183,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, w.n_tile * kBlockN, w.expert);
       }
     }
+    if (!__all_sync(0xFFFFFFFFu, ok)) return;
   }
 }
 

@@ -36,16 +36,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ uint64_t full[TileShape<kBlockN>::kStages], empty[TileShape<kBlockN>::kStages];
   __shared__ int64_t queue_index[kTileQueueDepth];
   __shared__ uint64_t queue_full[kTileQueueDepth], queue_empty[kTileQueueDepth];
-  const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty, 32);  // producer: a warp
+  // Producer: one warp (its lane 0 arrives), or with gather_rows the whole warpgroup (every thread
+  // arrives on every stage; warps 1-3 read the tile queue too).
+  const bool gather = p.gather_rows != 0;
+  const auto ring =
+      SmemRing<kBlockN>::make(smem_raw, full, empty, gather ? kGatherFullArrivals : 1);
   const TileQueue queue{queue_index, queue_full, queue_empty};
   if (threadIdx.x == 0) {
-    queue.init();
+    queue.init(gather ? kGatherWarps - 1 : 0);
     dev::mbar_fence_init();
   }
   __syncthreads();
   if (threadIdx.x / 128 == kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kForwardProducerRegs));
-    if (threadIdx.x % 128 < 32) producer_role<kBlockN>(maps, p, ring, queue);
+    if (gather || threadIdx.x % 128 < 32) producer_role<kBlockN>(maps, p, ring, queue);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));

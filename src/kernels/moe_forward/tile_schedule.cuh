@@ -128,11 +128,11 @@ constexpr int kTileQueueDepth = 4;
 struct TileQueue {
   int64_t* index;
   uint64_t* full;   // the producer's arrival (release at CTA scope) after writing the index
-  uint64_t* empty;  // every consumer thread arrives after reading it
-  __device__ void init() const {
+  uint64_t* empty;  // every consumer thread arrives after reading it (and producer_readers more)
+  __device__ void init(uint32_t producer_readers) const {
     for (int s = 0; s < kTileQueueDepth; ++s) {
       dev::mbar_init(&full[s], 1);
-      dev::mbar_init(&empty[s], kConsumers * 128);
+      dev::mbar_init(&empty[s], kConsumers * 128 + producer_readers);
     }
   }
 };
