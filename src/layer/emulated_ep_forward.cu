@@ -74,7 +74,9 @@ EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& opti
   ws_ = w;
   w->ranks.resize(size_t(n));
   for (auto& r : w->ranks)
-    r.allocate(c, {.timings = options.profile_wait_times, .owner_tables = true});
+    r.allocate(c, {.timings = options.profile_wait_times,
+                   .owner_tables = true,
+                   .random_ring = options.profile_without_dispatch_copy});
   w->aborted = detail::device_alloc<int>(1, "cudaMalloc (EmulatedEpForward)");
 }
 

@@ -128,8 +128,10 @@ EpForward::EpForward(const Config& c, const ForwardOptions& options, int rank, i
   wait_cycles_ = plan.wait_cycles;
   ws_ = new Workspace{};
   ws_->layout = window_layout(config_);
-  ws_->rank.allocate(
-      config_, {.timings = options.profile_wait_times, .owner_tables = true, .y_slots = false});
+  ws_->rank.allocate(config_, {.timings = options.profile_wait_times,
+                               .owner_tables = true,
+                               .y_slots = false,
+                               .random_ring = options.profile_without_dispatch_copy});
   ws_->aborted = detail::device_alloc<int>(1, "cudaMalloc (EpForward)");
   ws_->epoch = detail::device_alloc<uint32_t>(1, "cudaMalloc (EpForward)");
   check_cuda(cudaMemset(ws_->epoch, 0, sizeof(uint32_t)), "cudaMemset");

@@ -84,7 +84,8 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
 
   auto* w = new Workspace{};
   ws_ = w;
-  w->rank.allocate(c, {.timings = options.profile_wait_times});
+  w->rank.allocate(c, {.timings = options.profile_wait_times,
+                       .random_ring = options.profile_without_dispatch_copy});
   w->aborted = device_alloc<int>(1, "cudaMalloc (MoeForward workspace)");
 }
 

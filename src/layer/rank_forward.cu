@@ -6,6 +6,7 @@
 
 #include "mok/device/tensor_map.hpp"
 #include "mok/error.hpp"
+#include "mok/gpu/random_fill.hpp"
 
 namespace mok::gpu::detail {
 
@@ -146,6 +147,11 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
     group_status = device_alloc<Status>(1, what);
   }
   routed_x = device_alloc<__nv_bfloat16>(size_t(ring_blocks * kTileRows * H), what);
+  if (parts.random_ring) {
+    check_cuda(fill_uniform_bf16(routed_x, ring_blocks * kTileRows * H, 0x5eed, 1.0f, nullptr),
+               "filling the token ring");
+    check_cuda(cudaStreamSynchronize(nullptr), "filling the token ring");
+  }
   act = device_alloc<__nv_bfloat16>(size_t(sched.capacity * I), what);
   act_shared = S ? device_alloc<__nv_bfloat16>(size_t(sched.token_rows * S), what) : nullptr;
   y_slots = parts.y_slots ? device_alloc<__nv_bfloat16>(size_t(max_t * K * H), what) : nullptr;

@@ -31,6 +31,10 @@ struct RankBuffers {
   // Without y_slots the caller provides them (EpForward: in its symmetric window).
   struct Parts {
     bool timings = false, owner_tables = false, y_slots = true;
+    // profile_without_dispatch_copy: the GEMMs then read whatever the ring holds, so it holds
+    // random values like x's, not the zeros of fresh memory (zero operands draw less power and
+    // the GPU is power-capped: the variant would look faster than skipping the copy makes it).
+    bool random_ring = false;
   };
   void allocate(const Config& c, const Parts& parts);
   void release();

@@ -19,8 +19,8 @@ enum class RowPath {
   automatic,        // producer_gather, unless an option below needs the dispatch role
   dispatch_copy,    // dispatch CTAs copy rows into the routed buffer first (the path EP uses)
   producer_gather,  // the gate/up producer warpgroup gathers each tile's rows from x (cp.async
-                    // into the swizzled stage): no dispatch CTAs, no copy of x. Measured faster
-                    // on every standard shape (4-13%, docs/benchmarks.md)
+                    // into the swizzled stage): no dispatch CTAs, no copy of x. Measured: equal
+                    // on dsv3 (within 2%), 3-14% faster on the other shapes (docs/benchmarks.md)
 };
 const char* row_path_name(RowPath p);
 
