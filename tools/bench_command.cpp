@@ -47,6 +47,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.dispatch_ctas = std::max(0, std::atoi(v.c_str()));
     else if (a == "--dispatch-lookahead")
       o.dispatch_lookahead = std::atoi(v.c_str());
+    else if (a == "--overlap-rows")
+      o.overlap_rows = std::atoll(v.c_str());
     else if (a == "--ep")
       o.ep = std::atoi(v.c_str());
     else if (a == "--row-path") {
@@ -114,6 +116,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
                                          : gpu::RowPath::automatic;
   fo.dispatch_ctas = o.dispatch_ctas;
   fo.dispatch_lookahead = o.dispatch_lookahead;
+  fo.overlap_rows = o.overlap_rows;
   gpu::MoeForward f(c, fo);
   gpu::StagedForward staged(c);
   bench::UnfusedForward baseline(c);

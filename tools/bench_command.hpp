@@ -15,6 +15,7 @@ struct BenchOptions {
   int ep = 1;                     // > 1: the expert-parallel forward (bench_ep.cpp)
   int dispatch_ctas = 0;          // 0: the megakernel's default
   int dispatch_lookahead = -1;    // -1: the megakernel's default
+  int64_t overlap_rows = 0;       // routed rows per tile group; 0: the megakernel's default
 };
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args);

@@ -170,6 +170,7 @@ int bench_ep_command(const BenchOptions& o) {
         throw Error(ErrorCode::unsupported, "ncclCommInitAll failed");
       gpu::ForwardOptions fo;
       fo.dispatch_ctas = o.dispatch_ctas;
+      fo.overlap_rows = o.overlap_rows;
       {
         auto group = gpu::EpForward::create_group(c, comms, fo);
         auto run = [&] {
@@ -220,7 +221,10 @@ int bench_ep_command(const BenchOptions& o) {
       for (ncclComm_t comm : comms) ncclCommDestroy(comm);
 #endif
     } else {
-      gpu::EmulatedEpForward ep(c);
+      gpu::ForwardOptions fo;
+      fo.dispatch_ctas = o.dispatch_ctas;
+      fo.overlap_rows = o.overlap_rows;
+      gpu::EmulatedEpForward ep(c, fo);
       std::vector<gpu::DeviceBatch> batches;
       std::vector<gpu::DeviceLayerWeights> weights;
       std::vector<__nv_bfloat16*> outs;

@@ -32,6 +32,7 @@ const char* kUsage =
     "      [--row-path P]           EP = 1: auto (default: gather unless a dispatch option is\n"
     "                               set), copy (dispatch CTAs copy rows first) or gather (the\n"
     "                               GEMM producers gather rows from x)\n"
+    "      [--overlap-rows N]       routed rows per tile group (a multiple of 128; default 1024)\n"
     "      [--breakdown 1]          also time the other row path, the copy path without its\n"
     "                               copy, the megakernel without its combine, a wait profile\n"
     "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"

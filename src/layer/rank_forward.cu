@@ -7,8 +7,13 @@
 #include "mok/device/tensor_map.hpp"
 #include "mok/error.hpp"
 #include "mok/gpu/random_fill.hpp"
+#include "mok/schedule/tile_order.hpp"
 
 namespace mok::gpu::detail {
+
+int tile_group_blocks(const ForwardOptions& o) {
+  return o.overlap_rows == 0 ? sched::kTileGroupRows : int(o.overlap_rows / kTileRows);
+}
 
 LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,
                                const char* who, bool with_dispatch) {
@@ -24,7 +29,13 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
           std::string(who) +
               ": row_path = producer_gather is for MoeForward (EP = 1); expert parallelism "
               "dispatches rows through its dispatch CTAs (leave row_path automatic)");
+  require(o.overlap_rows >= 0 && o.overlap_rows % kTileRows == 0 &&
+              o.overlap_rows <= int64_t(kTileRows) * (1 << 20),
+          ErrorCode::invalid_argument,
+          std::string(who) + ": overlap_rows = " + std::to_string(o.overlap_rows) +
+              ": allowed 0 (automatic) or a positive multiple of " + std::to_string(kTileRows));
   LaunchPlan plan;
+  plan.group_blocks = tile_group_blocks(o);
   const bool wide_ok = I % 128 == 0 && S % 128 == 0;
   plan.block_n = o.block_n == 0 ? (wide_ok ? 256 : 128) : o.block_n;
   require(plan.block_n == 128 || (plan.block_n == 256 && wide_ok), ErrorCode::invalid_argument,
@@ -283,6 +294,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.fault = w.fault;
   p.dispatch_ctas = o.dispatch_ctas;
   p.gather_rows = o.gather_rows ? 1 : 0;
+  p.group_blocks = tile_group_blocks(fo);
   p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;
   p.dispatch_lookahead = o.dispatch_lookahead;
   p.wait_cycles = o.wait_cycles;

@@ -69,9 +69,12 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
 // several logical ranks (emulated EP); `who` names the class in messages.
 struct LaunchPlan {
   int block_n = 0, grid = 0, dispatch_ctas = 0;
+  int group_blocks = 0;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
   double wait_seconds = 0;
   uint64_t wait_cycles = 0;
 };
+// Routed row blocks per tile group: overlap_rows / 128, or sched::kTileGroupRows for 0.
+int tile_group_blocks(const ForwardOptions& o);
 LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,
                                const char* who, bool with_dispatch = true);
 

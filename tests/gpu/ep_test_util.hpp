@@ -19,11 +19,12 @@ struct EpCase {
   int64_t ring_rows = 0;
   uint32_t delay_ns = 0;
   bool combine_on_dispatch_ctas = false;
+  int64_t overlap_rows = 0;
 };
 
 // The standard cases for `ranks` ranks: random, uneven with an empty rank, all tokens to rank 0,
-// all to one expert, a one-block ring, a three-block ring with random dispatch delays, and the
-// combine on the dispatch CTAs only.
+// all to one expert, a one-block ring, a three-block ring with random dispatch delays, the
+// combine on the dispatch CTAs only, and two-block tile groups (overlap_rows) with delays.
 inline std::vector<EpCase> standard_cases(int ranks) {
   std::vector<EpCase> cases;
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300)});
@@ -35,6 +36,7 @@ inline std::vector<EpCase> standard_cases(int ranks) {
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 128});
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 3 * 128, 100'000});
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 0, true});
+  cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 50'000, false, 2 * 128});
   return cases;
 }
 
@@ -72,6 +74,7 @@ inline mok::gpu::ForwardOptions case_options(const EpCase& k) {
   o.dispatch_delay_ns = k.delay_ns;
   o.delay_seed = 7;
   o.combine_on_dispatch_ctas = k.combine_on_dispatch_ctas;
+  o.overlap_rows = k.overlap_rows;
   return o;
 }
 

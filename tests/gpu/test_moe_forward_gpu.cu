@@ -65,6 +65,9 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[9].max_ctas = 1;  // one CTA: every tile in turn, then the combine
   options[10].block_n = 128;
   options[11].combine_on_dispatch_ctas = true;  // the combine on the 8 dispatch CTAs only
+  options[2].overlap_rows = 128;                // tile groups of one row block ...
+  options[5].overlap_rows = 2 * 128;            // ... two
+  options[9].overlap_rows = 3 * 128;            // ... three, gathering
   for (const mok::Config& c :
        {mok::preset("tiny"), odd_config(1), odd_config(0), widest_routing_config()}) {
     const mok::LayerParams p = mok::tools::random_params(c, 31);
@@ -207,6 +210,13 @@ TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
   dispatch_with_gather.row_path = RowPath::producer_gather;
   dispatch_with_gather.dispatch_ctas = 4;  // there is no dispatch role while producers gather
   EXPECT_THROW(MoeForward(mok::preset("tiny"), dispatch_with_gather), mok::Error);
+  ForwardOptions ragged_groups;
+  ragged_groups.overlap_rows = 100;  // not a multiple of 128
+  EXPECT_THROW(MoeForward(mok::preset("tiny"), ragged_groups), mok::Error);
+  ForwardOptions lookahead_inside_a_group;
+  lookahead_inside_a_group.overlap_rows = 16 * 128;
+  lookahead_inside_a_group.dispatch_lookahead = 8;  // pacing needs at least one group: 16
+  EXPECT_THROW(MoeForward(mok::preset("tiny"), lookahead_inside_a_group), mok::Error);
   ForwardOptions combine_without_dispatch;
   combine_without_dispatch.row_path = RowPath::producer_gather;
   combine_without_dispatch.combine_on_dispatch_ctas = true;

@@ -33,6 +33,13 @@ struct ForwardOptions {
   // Row blocks dispatch may gather ahead of the GEMMs (rows then still sit in L2 when read);
   // -1: automatic, 0: no limit, else at least 8 (one tile group).
   int dispatch_lookahead = -1;
+  // Overlap granularity (Mixture-of-Kittens' minibatch): routed rows per tile group. GEMM tiles
+  // start per 128-row block as soon as it is dispatched; inside a group the CTAs sweep every
+  // n-tile of the group's blocks before the next group (so the group's rows stay in L2 and each
+  // weight slice is read once per group). Smaller groups hand finished rows to down and combine
+  // sooner; larger ones read the weights less often. A multiple of 128; capped by the token ring
+  // (a group must fit in it). 0: 1024 (8 row blocks).
+  int64_t overlap_rows = 0;
   int block_n = 0;   // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128
   int max_ctas = 0;  // persistent grid; 0: one CTA per SM
   // Bound of every wait on another CTA or on the TMA; expiry is an error, not a hang. 0: the

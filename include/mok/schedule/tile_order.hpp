@@ -1,7 +1,8 @@
 // The order in which a persistent GEMM grid walks the tiles of one operand group (one expert's row
 // blocks, or the shared experts' token blocks), shared by the kernels and their CPU tests.
 //
-// Row blocks are taken in groups of at most kTileGroupRows; inside a group the n-tile is the outer
+// Row blocks are taken in groups (kTileGroupRows, or ForwardOptions::overlap_rows / 128 for routed
+// rows, at most the token ring); inside a group the n-tile is the outer
 // index and the row block the inner one. CTAs that run at the same time therefore share the weight
 // slice of one n-tile (it is read from HBM once, not once per row block: an expert's gate|up
 // weights, 58 MB at dsv3's shape, do not fit in L2), while a group's activation rows (8 blocks of
@@ -13,7 +14,7 @@
 
 namespace mok::sched {
 
-constexpr int kTileGroupRows = 8;  // row blocks per group
+constexpr int kTileGroupRows = 8;  // row blocks per group, by default
 
 struct TileCoord {
   int64_t block;  // row block inside the operand group, in [0, blocks)

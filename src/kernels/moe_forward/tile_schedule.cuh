@@ -47,9 +47,10 @@ __device__ __forceinline__ int64_t routed_blocks(const ForwardParams& p) {
   return batch_ok(p) ? p.seg_begin[p.experts] / kBlockM : 0;
 }
 
-// Routed row blocks per tile group: at most the token ring's size (tile_order.hpp).
+// Routed row blocks per tile group (ForwardOptions::overlap_rows): at most the token ring's size
+// (tile_order.hpp).
 __device__ __forceinline__ int routed_group_rows(const ForwardParams& p) {
-  return p.ring_blocks < sched::kTileGroupRows ? int(p.ring_blocks) : sched::kTileGroupRows;
+  return p.ring_blocks < p.group_blocks ? int(p.ring_blocks) : p.group_blocks;
 }
 
 // Where routed row `row` of local expert `expert` comes from: the source rank and the (token, k)
