@@ -49,6 +49,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.dispatch_lookahead = std::atoi(v.c_str());
     else if (a == "--overlap-rows")
       o.overlap_rows = std::atoll(v.c_str());
+    else if (a == "--pingpong")
+      o.pingpong = v == "1" || v == "yes";
     else if (a == "--ep")
       o.ep = std::atoi(v.c_str());
     else if (a == "--row-path") {
@@ -117,6 +119,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   fo.dispatch_ctas = o.dispatch_ctas;
   fo.dispatch_lookahead = o.dispatch_lookahead;
   fo.overlap_rows = o.overlap_rows;
+  fo.pingpong_consumers = o.pingpong;
   gpu::MoeForward f(c, fo);
   gpu::StagedForward staged(c);
   bench::UnfusedForward baseline(c);

@@ -171,6 +171,7 @@ int bench_ep_command(const BenchOptions& o) {
       gpu::ForwardOptions fo;
       fo.dispatch_ctas = o.dispatch_ctas;
       fo.overlap_rows = o.overlap_rows;
+      fo.pingpong_consumers = o.pingpong;
       {
         auto group = gpu::EpForward::create_group(c, comms, fo);
         auto run = [&] {
@@ -224,6 +225,7 @@ int bench_ep_command(const BenchOptions& o) {
       gpu::ForwardOptions fo;
       fo.dispatch_ctas = o.dispatch_ctas;
       fo.overlap_rows = o.overlap_rows;
+      fo.pingpong_consumers = o.pingpong;
       gpu::EmulatedEpForward ep(c, fo);
       std::vector<gpu::DeviceBatch> batches;
       std::vector<gpu::DeviceLayerWeights> weights;

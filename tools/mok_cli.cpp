@@ -33,6 +33,7 @@ const char* kUsage =
     "                               set), copy (dispatch CTAs copy rows first) or gather (the\n"
     "                               GEMM producers gather rows from x)\n"
     "      [--overlap-rows N]       routed rows per tile group (a multiple of 128; default 1024)\n"
+    "      [--pingpong 1]           ping-pong consumer warpgroups (128 x 128 tiles)\n"
     "      [--breakdown 1]          also time the other row path, the copy path without its\n"
     "                               copy, the megakernel without its combine, a wait profile\n"
     "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"

@@ -37,10 +37,14 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
   LaunchPlan plan;
   plan.group_blocks = tile_group_blocks(o);
   const bool wide_ok = I % 128 == 0 && S % 128 == 0;
-  plan.block_n = o.block_n == 0 ? (wide_ok ? 256 : 128) : o.block_n;
+  plan.block_n = o.block_n == 0 ? (wide_ok && !o.pingpong_consumers ? 256 : 128) : o.block_n;
   require(plan.block_n == 128 || (plan.block_n == 256 && wide_ok), ErrorCode::invalid_argument,
           "block_n = " + std::to_string(o.block_n) +
               ": allowed 0 (automatic), 128, or 256 when I and S are multiples of 128");
+  require(!o.pingpong_consumers || plan.block_n == 128, ErrorCode::invalid_argument,
+          std::string(who) +
+              ": pingpong_consumers needs block_n = 128 or 0 (one warpgroup holds a whole "
+              "128-row tile: two 64 x 128 accumulators)");
   plan.wait_seconds = o.wait_seconds;
   if (plan.wait_seconds == 0) {
     const char* env = std::getenv("MOK_WAIT_SECONDS");
@@ -55,7 +59,8 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
   if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
       clock_khz <= 0)
     clock_khz = 2'000'000;
-  check_cuda(kern::prepare_moe_forward(plan.block_n, &per_sm), "preparing the forward kernel");
+  check_cuda(kern::prepare_moe_forward(plan.block_n, o.pingpong_consumers, &per_sm),
+             "preparing the forward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
   // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.
   plan.grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
@@ -294,6 +299,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.fault = w.fault;
   p.dispatch_ctas = o.dispatch_ctas;
   p.gather_rows = o.gather_rows ? 1 : 0;
+  p.pingpong = fo.pingpong_consumers ? 1 : 0;
   p.group_blocks = tile_group_blocks(fo);
   p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;
   p.dispatch_lookahead = o.dispatch_lookahead;

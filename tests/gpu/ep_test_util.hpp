@@ -20,11 +20,13 @@ struct EpCase {
   uint32_t delay_ns = 0;
   bool combine_on_dispatch_ctas = false;
   int64_t overlap_rows = 0;
+  bool pingpong_consumers = false;
 };
 
 // The standard cases for `ranks` ranks: random, uneven with an empty rank, all tokens to rank 0,
 // all to one expert, a one-block ring, a three-block ring with random dispatch delays, the
-// combine on the dispatch CTAs only, and two-block tile groups (overlap_rows) with delays.
+// combine on the dispatch CTAs only, two-block tile groups (overlap_rows) with delays, and
+// ping-pong consumers with delays.
 inline std::vector<EpCase> standard_cases(int ranks) {
   std::vector<EpCase> cases;
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300)});
@@ -37,6 +39,7 @@ inline std::vector<EpCase> standard_cases(int ranks) {
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 3 * 128, 100'000});
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 0, true});
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 50'000, false, 2 * 128});
+  cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 50'000, false, 0, true});
   return cases;
 }
 
@@ -75,6 +78,7 @@ inline mok::gpu::ForwardOptions case_options(const EpCase& k) {
   o.delay_seed = 7;
   o.combine_on_dispatch_ctas = k.combine_on_dispatch_ctas;
   o.overlap_rows = k.overlap_rows;
+  o.pingpong_consumers = k.pingpong_consumers;
   return o;
 }
 

@@ -49,10 +49,14 @@ mok::Config widest_routing_config() {
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
-  // 0-7, 11: dispatch CTAs copy rows first; 8-10: the producers gather them (the default).
-  std::vector<ForwardOptions> options(12);
+  // 0-7, 11, 12, 14: dispatch CTAs copy rows first; 8-10, 13: the producers gather them (the
+  // default). 12-14: ping-pong consumers.
+  std::vector<ForwardOptions> options(15);
   for (ForwardOptions& o : options) o.row_path = RowPath::dispatch_copy;
-  for (size_t i = 8; i <= 10; ++i) options[i].row_path = RowPath::producer_gather;
+  for (size_t i : {8, 9, 10, 13}) options[i].row_path = RowPath::producer_gather;
+  for (size_t i : {12, 13, 14}) options[i].pingpong_consumers = true;
+  options[13].profile_wait_times = true;
+  options[14].max_ctas = 3, options[14].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
   options[1].block_n = 128;
   options[2].dispatch_ctas = 1;
   options[3].max_ctas = 3, options[3].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
@@ -210,6 +214,10 @@ TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
   dispatch_with_gather.row_path = RowPath::producer_gather;
   dispatch_with_gather.dispatch_ctas = 4;  // there is no dispatch role while producers gather
   EXPECT_THROW(MoeForward(mok::preset("tiny"), dispatch_with_gather), mok::Error);
+  ForwardOptions pingpong_wide;
+  pingpong_wide.pingpong_consumers = true;
+  pingpong_wide.block_n = 256;  // one warpgroup cannot hold 128 x 256 accumulators
+  EXPECT_THROW(MoeForward(mok::preset("tiny"), pingpong_wide), mok::Error);
   ForwardOptions ragged_groups;
   ragged_groups.overlap_rows = 100;  // not a multiple of 128
   EXPECT_THROW(MoeForward(mok::preset("tiny"), ragged_groups), mok::Error);

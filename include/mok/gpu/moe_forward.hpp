@@ -40,6 +40,10 @@ struct ForwardOptions {
   // sooner; larger ones read the weights less often. A multiple of 128; capped by the token ring
   // (a group must fit in it). 0: 1024 (8 row blocks).
   int64_t overlap_rows = 0;
+  // Ping-pong consumers: the two consumer warpgroups of a GEMM CTA take alternate 128 x 128
+  // tiles, so one's epilogue overlaps the other's MMAs (block_n 128; 0 picks it). Default: both
+  // warpgroups on every tile (64 rows each, 128 x 256 tiles where I allows).
+  bool pingpong_consumers = false;
   int block_n = 0;   // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128
   int max_ctas = 0;  // persistent grid; 0: one CTA per SM
   // Bound of every wait on another CTA or on the TMA; expiry is an error, not a hang. 0: the

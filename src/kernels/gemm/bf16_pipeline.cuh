@@ -46,15 +46,17 @@ struct SmemRing {
   __device__ uint8_t* b(int stage) const { return tiles_b + stage * TileShape<kBlockN>::kBytesB; }
 
   // By the whole CTA, before any role starts. full_arrivals: 1 for one producer thread, more when
-  // producer threads gather A rows themselves (each then arrives on every stage).
+  // producer threads gather A rows themselves (each then arrives on every stage). empty_arrivals:
+  // one per consumer warp that reads each stage (4 when one warpgroup takes a whole tile).
   __device__ static SmemRing make(uint8_t* smem_raw, uint64_t* full, uint64_t* empty,
-                                  uint32_t full_arrivals = 1) {
+                                  uint32_t full_arrivals = 1,
+                                  uint32_t empty_arrivals = kConsumers * 4) {
     uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) &
                                                ~uintptr_t(1023));
     if (threadIdx.x == 0) {
       for (int s = 0; s < kStages; ++s) {
         dev::mbar_init(&full[s], full_arrivals);
-        dev::mbar_init(&empty[s], kConsumers * 4);
+        dev::mbar_init(&empty[s], empty_arrivals);
       }
       dev::mbar_fence_init();
     }
@@ -101,6 +103,45 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
     dev::wgmma_commit();
     dev::wgmma_wait<0>();
     dev::fence_accumulators(d);
+    if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
+  }
+  return true;
+}
+
+// Ping-pong: ONE warpgroup computes all 128 rows of the tile, two m64 wgmmas per k-step (top:
+// rows [0, 64), bottom: [64, 128); without kBottom the bottom rows are padding and are not
+// multiplied: a separate instantiation, since a wgmma under a runtime branch makes ptxas
+// serialize them all, C7520). Each of its 4 warps releases each stage (empty_arrivals 4).
+template <int kBlockN, bool kBottom>
+__device__ __forceinline__ bool mma_tile_128(float (&top)[kBlockN / 2],
+                                             float (&bottom)[kBlockN / 2],
+                                             const SmemRing<kBlockN>& ring,
+                                             dev::RingCursor<TileShape<kBlockN>::kStages>& c,
+                                             int k_blocks, uint64_t wait_cycles, bool timed,
+                                             uint64_t* waited_ns, bool gathered) {
+  const bool arrives = threadIdx.x % 32 == 0;
+  for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
+    const uint64_t start = timed ? dev::global_ns() : 0;
+    if (!dev::mbar_wait(&ring.full[c.stage], c.phase, wait_cycles)) return false;
+    if (timed) *waited_ns += dev::global_ns() - start;
+    if (gathered) dev::fence_proxy_async_shared();
+    const uint64_t da = dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage)));
+    const uint64_t da_bottom =
+        dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage) + 64 * 128));
+    const uint64_t db = dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.b(c.stage)));
+    dev::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kBlockK / 16; ++k) {
+      dev::wgmma_bf16<kBlockN>(top, dev::smem_desc_advance(da, 32 * k),
+                               dev::smem_desc_advance(db, 32 * k), kb > 0 || k > 0);
+      if constexpr (kBottom)
+        dev::wgmma_bf16<kBlockN>(bottom, dev::smem_desc_advance(da_bottom, 32 * k),
+                                 dev::smem_desc_advance(db, 32 * k), kb > 0 || k > 0);
+    }
+    dev::wgmma_commit();
+    dev::wgmma_wait<0>();
+    dev::fence_accumulators(top);
+    if constexpr (kBottom) dev::fence_accumulators(bottom);
     if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
   }
   return true;

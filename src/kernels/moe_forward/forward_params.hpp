@@ -88,6 +88,7 @@ struct ForwardParams {
   int combine_on_dispatch_ctas;  // 1: only the dispatch CTAs combine (the communication SMs);
                                  // 0: every CTA's idle warps do
   int gather_rows;         // EP = 1: the gate/up producers gather routed rows from x themselves
+  int pingpong;            // the consumer warpgroups take alternate 128-row tiles (128 wide)
   int group_blocks;        // routed row blocks per tile group (ForwardOptions::overlap_rows)
                            // (cp.async into the swizzled stage): no dispatch copy, no dispatch CTAs
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
@@ -121,7 +122,7 @@ constexpr int kProfileNoDispatchCopy = 1, kProfileNoCombine = 2;
 
 // Once per device, before launches: the shared-memory opt-in, and how many CTAs fit on one SM
 // (the persistent grid needs every CTA resident).
-cudaError_t prepare_moe_forward(int block_n, int* ctas_per_sm);
+cudaError_t prepare_moe_forward(int block_n, bool pingpong, int* ctas_per_sm);
 // What one launch runs: `ranks` logical ranks (1 for a real EP rank, ep_size when the group is
 // emulated on one GPU), each on its own contiguous share of the grid.
 struct ForwardLaunch {
@@ -131,7 +132,8 @@ struct ForwardLaunch {
 };
 static_assert(sizeof(ForwardLaunch) <= 32764, "kernel parameters (CUDA 12.1+, sm_70+)");
 
-// The kernel for block_n 128 or 256 with `grid` CTAs; every one must be resident at once.
+// The kernel for block_n 128 or 256 (ping-pong: 128 only, from params[0].pingpong) with `grid`
+// CTAs; every one must be resident at once.
 cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, int grid,
                                cudaStream_t stream);
 

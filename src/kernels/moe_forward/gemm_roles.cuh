@@ -187,12 +187,13 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
   }
 }
 
-// After a warpgroup's epilogue stores: its 128 threads meet, then one releases the counter.
-__device__ __forceinline__ void publish_warpgroup(uint32_t* counter, int wg) {
+// After a warpgroup's epilogue stores: its 128 threads meet, then one releases the counter (by
+// `add`: a tile counts kConsumers, whether two warpgroups or one finished it).
+__device__ __forceinline__ void publish_warpgroup(uint32_t* counter, int wg, uint32_t add = 1) {
   dev::named_barrier_sync(1 + wg, 128);
   if (threadIdx.x % 128 == 0) {
     dev::fence_proxy_async_global();  // cheap; the reader's fence is the one that matters
-    dev::add_release_gpu(counter, 1);
+    dev::add_release_gpu(counter, add);
   }
 }
 
@@ -203,6 +204,81 @@ __device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWo
   return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
 }
 
+__device__ __forceinline__ bool is_gate_up(const TileWork& w) {
+  return w.kind == TileKind::routed_gate_up || w.kind == TileKind::shared_gate_up;
+}
+
+// The row block's act counter that a gate/up tile publishes.
+__device__ __forceinline__ uint32_t* act_counter(const ForwardParams& p, const TileWork& w) {
+  return (w.kind == TileKind::routed_gate_up ? p.act_ready : p.act_shared_ready) + w.m_block;
+}
+
+// Gate/up epilogue of 64 rows from row0: SwiGLU into act (or act_shared).
+template <int kBlockN>
+__device__ __forceinline__ void store_gate_up(const ForwardParams& p, const TileWork& w,
+                                              const float (&d)[kBlockN / 2], int row0) {
+  const int r = Fragment::mine().row_lo;
+  const bool routed = w.kind == TileKind::routed_gate_up;
+  const int64_t width = routed ? p.intermediate : p.shared_width;
+  __nv_bfloat16* out = (routed ? p.act : p.act_shared) + row0 * width + w.n_tile * (kBlockN / 2);
+  swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
+}
+
+// Where row `row` of a down tile goes: its source rank and (token, k) slot (shared rows: this
+// rank's token); src < 0 for padding.
+__device__ __forceinline__ RowSource down_row_source(const ForwardParams& p, const TileWork& w,
+                                                     int row) {
+  if (w.kind == TileKind::routed_down) return routed_row_source(p, row, w.expert);
+  return row < p.tokens ? RowSource{p.ep_rank, row} : RowSource{-1, -1};
+}
+
+// Down epilogue of 64 rows from row0: each row into its (token, k) slot on its source rank
+// (shared rows: y_shared).
+template <int kBlockN>
+__device__ __forceinline__ void store_down(const ForwardParams& p, const TileWork& w,
+                                           const float (&d)[kBlockN / 2], int row0) {
+  const bool routed = w.kind == TileKind::routed_down;
+  const int64_t col0 = int64_t(w.n_tile) * kBlockN;
+  static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
+  store_tile_vec16<kBlockN>(d, row0, p.hidden - int(col0), [&](int row) -> __nv_bfloat16* {
+    const RowSource s = down_row_source(p, w, row);
+    if (s.src < 0) return nullptr;
+    __nv_bfloat16* base = routed ? p.peer_y_slots[s.src] : p.y_shared;
+    return base + s.slot * p.hidden + col0;
+  });
+}
+
+// After a warpgroup stored rows [row0, row0 + rows) of a down tile: +1 on each row's token
+// counter on its source rank (one thread per row), which the combine waits for.
+__device__ __forceinline__ void count_down_rows(const ForwardParams& p, const TileWork& w, int row0,
+                                                int rows, int wg) {
+  dev::named_barrier_sync(1 + wg, 128);
+  if (int(threadIdx.x % 128) >= rows) return;
+  const RowSource s = down_row_source(p, w, row0 + int(threadIdx.x % 128));
+  if (s.src < 0) return;
+  const bool routed = w.kind == TileKind::routed_down;
+  uint32_t* done = p.peer_token_done[s.src] + (routed ? s.slot / p.top_k : s.slot);
+  if (p.ep_size > 1)
+    dev::add_release_sys(done, 1);  // the source may be another GPU
+  else
+    dev::add_release_gpu(done, 1);
+}
+
+// The next tile index from the producer's queue (every consumer thread reads every entry);
+// false: the bounded wait expired (recorded).
+__device__ __forceinline__ bool next_consumer_tile(const ForwardParams& p, const TileQueue& queue,
+                                                   const dev::RingCursor<kTileQueueDepth>& q,
+                                                   int64_t* t) {
+  if (!dev::mbar_wait(&queue.full[q.stage], q.phase, p.wait_cycles)) {
+    record_fault(p, kRoleConsumer, -1);
+    return false;
+  }
+  *t = queue.index[q.stage];
+  dev::mbar_arrive(&queue.empty[q.stage]);
+  return true;
+}
+
+// Cooperative consumers: both warpgroups work on every tile, 64 rows each.
 template <int kBlockN>
 __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
                                               const TileQueue& queue) {
@@ -215,12 +291,8 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
   const uint64_t start = timer.now();
   uint64_t starved = 0;
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
-    if (!dev::mbar_wait(&queue.full[q.stage], q.phase, p.wait_cycles)) {
-      record_fault(p, kRoleConsumer, -1);
-      return false;
-    }
-    const int64_t t = queue.index[q.stage];
-    dev::mbar_arrive(&queue.empty[q.stage]);
+    int64_t t = 0;
+    if (!next_consumer_tile(p, queue, q, &t)) return false;
     if (t < 0) {
       timer.sums[kTimeConsumerWaitsLoads] = starved;
       timer.add(kTimeConsumerTotal, start);
@@ -229,16 +301,13 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     }
     const TileWork w = tiles.at(t, p);
     int row0 = int(w.m_block * kBlockM + wg * 64);
-    const bool gate_up = w.kind == TileKind::routed_gate_up || w.kind == TileKind::shared_gate_up;
     if (all_padding(p, w, row0)) {  // the last rows of an expert's segment, or past the tokens
       if (!skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles)) {
         record_fault(p, kRoleConsumer, t);
         return false;
       }
-      if (gate_up)  // its act rows stay unwritten: only skipped down rows read them
-        publish_warpgroup(
-            (w.kind == TileKind::routed_gate_up ? p.act_ready : p.act_shared_ready) + w.m_block,
-            wg);
+      if (is_gate_up(w))  // its act rows stay unwritten: only skipped down rows read them
+        publish_warpgroup(act_counter(p, w), wg);
       continue;
     }
     const bool gathered = p.gather_rows && w.kind == TileKind::routed_gate_up;
@@ -248,41 +317,12 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       return false;
     }
     asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
-    const int r = Fragment::mine().row_lo;
-    if (gate_up) {
-      const bool routed = w.kind == TileKind::routed_gate_up;
-      const int64_t width = routed ? p.intermediate : p.shared_width;
-      __nv_bfloat16* out =
-          (routed ? p.act : p.act_shared) + row0 * width + w.n_tile * (kBlockN / 2);
-      swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
-      publish_warpgroup((routed ? p.act_ready : p.act_shared_ready) + w.m_block, wg);
-      continue;
-    }
-    // Down: each row goes to its (token, k) slot on its source rank (shared rows: this rank's
-    // tokens), then the token's counter there gets +1.
-    const bool routed = w.kind == TileKind::routed_down;
-    auto source_of = [&](int row) -> RowSource {
-      if (routed) return routed_row_source(p, row, w.expert);
-      return row < p.tokens ? RowSource{p.ep_rank, row} : RowSource{-1, -1};
-    };
-    const int64_t col0 = int64_t(w.n_tile) * kBlockN;
-    static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
-    store_tile_vec16<kBlockN>(d, row0, p.hidden - int(col0), [&](int row) -> __nv_bfloat16* {
-      const RowSource s = source_of(row);
-      if (s.src < 0) return nullptr;
-      __nv_bfloat16* base = routed ? p.peer_y_slots[s.src] : p.y_shared;
-      return base + s.slot * p.hidden + col0;
-    });
-    dev::named_barrier_sync(1 + wg, 128);
-    if (threadIdx.x % 128 < 64) {
-      const RowSource s = source_of(row0 + threadIdx.x % 128);
-      if (s.src >= 0) {
-        uint32_t* done = p.peer_token_done[s.src] + (routed ? s.slot / p.top_k : s.slot);
-        if (p.ep_size > 1)
-          dev::add_release_sys(done, 1);  // the source may be another GPU
-        else
-          dev::add_release_gpu(done, 1);
-      }
+    if (is_gate_up(w)) {
+      store_gate_up<kBlockN>(p, w, d, row0);
+      publish_warpgroup(act_counter(p, w), wg);
+    } else {
+      store_down<kBlockN>(p, w, d, row0);
+      count_down_rows(p, w, row0, 64, wg);
     }
   }
   return true;

@@ -5,6 +5,7 @@
 #include "kernels/moe_forward/combine_role.cuh"
 #include "kernels/moe_forward/dispatch_role.cuh"
 #include "kernels/moe_forward/gemm_roles.cuh"
+#include "kernels/moe_forward/pingpong_consumers.cuh"
 
 namespace mok::kern {
 namespace {
@@ -19,7 +20,7 @@ static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRe
 
 // The grid is split into launch.ranks contiguous shares, one per logical rank (one share for a
 // real EP rank); inside a share the first dispatch_ctas CTAs dispatch, the rest run the GEMMs.
-template <int kBlockN>
+template <int kBlockN, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
   const int per_rank = int(gridDim.x) / launch.ranks;
@@ -36,14 +37,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ uint64_t full[TileShape<kBlockN>::kStages], empty[TileShape<kBlockN>::kStages];
   __shared__ int64_t queue_index[kTileQueueDepth];
   __shared__ uint64_t queue_full[kTileQueueDepth], queue_empty[kTileQueueDepth];
+  __shared__ uint64_t mainloop_done[kConsumers];  // ping-pong only
   // Producer: one warp (its lane 0 arrives), or with gather_rows the whole warpgroup (every thread
   // arrives on every stage; warps 1-3 read the tile queue too).
   const bool gather = p.gather_rows != 0;
-  const auto ring =
-      SmemRing<kBlockN>::make(smem_raw, full, empty, gather ? kGatherFullArrivals : 1);
+  const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty, gather ? kGatherFullArrivals : 1,
+                                            kPingPong ? 4 : kConsumers * 4);
   const TileQueue queue{queue_index, queue_full, queue_empty};
   if (threadIdx.x == 0) {
     queue.init(gather ? kGatherWarps - 1 : 0);
+    for (uint64_t& bar : mainloop_done) dev::mbar_init(&bar, kMainloopDoneArrivals);
     dev::mbar_fence_init();
   }
   __syncthreads();
@@ -53,26 +56,37 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));
-  if (consumer_role<kBlockN>(p, ring, queue) && !p.combine_on_dispatch_ctas)
-    combine_role<kBlockN>(p);
+  bool finished;
+  if constexpr (kPingPong)
+    finished = pingpong_consumer_role<kBlockN>(p, ring, queue, mainloop_done);
+  else
+    finished = consumer_role<kBlockN>(p, ring, queue);
+  if (finished && !p.combine_on_dispatch_ctas) combine_role<kBlockN>(p);
 }
 
-template <int kBlockN>
+template <int kBlockN, bool kPingPong>
+void launch_kernel(const ForwardLaunch& l, int grid, cudaStream_t stream) {
+  moe_forward_kernel<kBlockN, kPingPong>
+      <<<grid, kThreads, TileShape<kBlockN>::kSmemBytes, stream>>>(l);
+}
+
+template <int kBlockN, bool kPingPong>
 cudaError_t prepare(int* ctas_per_sm) {
   constexpr int smem = TileShape<kBlockN>::kSmemBytes;
-  if (cudaError_t e = cudaFuncSetAttribute(moe_forward_kernel<kBlockN>,
+  if (cudaError_t e = cudaFuncSetAttribute(moe_forward_kernel<kBlockN, kPingPong>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess)
     return e;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, moe_forward_kernel<kBlockN>,
-                                                       kThreads, smem);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      ctas_per_sm, moe_forward_kernel<kBlockN, kPingPong>, kThreads, smem);
 }
 
 }  // namespace
 
-cudaError_t prepare_moe_forward(int block_n, int* ctas_per_sm) {
-  if (block_n == 256) return prepare<256>(ctas_per_sm);
-  if (block_n == 128) return prepare<128>(ctas_per_sm);
+cudaError_t prepare_moe_forward(int block_n, bool pingpong, int* ctas_per_sm) {
+  if (pingpong) return block_n == 128 ? prepare<128, true>(ctas_per_sm) : cudaErrorInvalidValue;
+  if (block_n == 256) return prepare<256, false>(ctas_per_sm);
+  if (block_n == 128) return prepare<128, false>(ctas_per_sm);
   return cudaErrorInvalidValue;
 }
 
@@ -80,10 +94,13 @@ cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, int gri
                                cudaStream_t stream) {
   if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)
     return cudaErrorInvalidValue;
-  if (block_n == 256)
-    moe_forward_kernel<256><<<grid, kThreads, TileShape<256>::kSmemBytes, stream>>>(launch);
-  else if (block_n == 128)
-    moe_forward_kernel<128><<<grid, kThreads, TileShape<128>::kSmemBytes, stream>>>(launch);
+  const bool pingpong = launch.params[0].pingpong != 0;
+  if (pingpong && block_n == 128)
+    launch_kernel<128, true>(launch, grid, stream);
+  else if (!pingpong && block_n == 256)
+    launch_kernel<256, false>(launch, grid, stream);
+  else if (!pingpong && block_n == 128)
+    launch_kernel<128, false>(launch, grid, stream);
   else
     return cudaErrorInvalidValue;
   return cudaGetLastError();
