@@ -278,6 +278,22 @@ __device__ __forceinline__ bool next_consumer_tile(const ForwardParams& p, const
   return true;
 }
 
+// A consumer warpgroup's profile (one thread per warpgroup reports): time starved for loads, and
+// first tile to the end of the sequence.
+struct ConsumerTimes {
+  RoleTimer timer;
+  uint64_t start = 0, starved = 0;
+  __device__ explicit ConsumerTimes(const ForwardParams& p) : timer(p) {
+    timer.on = timer.on && threadIdx.x % 128 == 0;
+    start = timer.now();
+  }
+  __device__ void finish(const ForwardParams& p) {
+    timer.sums[kTimeConsumerWaitsLoads] = starved;
+    timer.add(kTimeConsumerTotal, start);
+    timer.flush(p);
+  }
+};
+
 // Cooperative consumers: both warpgroups work on every tile, 64 rows each.
 template <int kBlockN>
 __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
@@ -286,17 +302,12 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
   const int wg = threadIdx.x / 128;
   float d[kBlockN / 2];
-  RoleTimer timer(p);  // one thread per warpgroup reports
-  timer.on = timer.on && threadIdx.x % 128 == 0;
-  const uint64_t start = timer.now();
-  uint64_t starved = 0;
+  ConsumerTimes times(p);
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
     int64_t t = 0;
     if (!next_consumer_tile(p, queue, q, &t)) return false;
     if (t < 0) {
-      timer.sums[kTimeConsumerWaitsLoads] = starved;
-      timer.add(kTimeConsumerTotal, start);
-      timer.flush(p);
+      times.finish(p);
       return true;
     }
     const TileWork w = tiles.at(t, p);
@@ -311,8 +322,8 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       continue;
     }
     const bool gathered = p.gather_rows && w.kind == TileKind::routed_gate_up;
-    if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles, timer.on, &starved,
-                           gathered)) {
+    if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on,
+                           &times.starved, gathered)) {
       record_fault(p, kRoleConsumer, t);
       return false;
     }

@@ -29,19 +29,14 @@ __device__ __forceinline__ bool pingpong_consumer_role(const ForwardParams& p,
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
   const int wg = threadIdx.x / 128;
   float top[kBlockN / 2], bottom[kBlockN / 2];
-  RoleTimer timer(p);  // one thread per warpgroup reports
-  timer.on = timer.on && threadIdx.x % 128 == 0;
-  const uint64_t start = timer.now();
-  uint64_t starved = 0;
+  ConsumerTimes times(p);
   uint32_t order_waits = 0;  // completions of the other warpgroup's mainloop_done waited for
   dev::RingCursor<kTileQueueDepth> q;
   for (int64_t seq = 0;; q.advance(), ++seq) {
     int64_t t = 0;
     if (!next_consumer_tile(p, queue, q, &t)) return false;
     if (t < 0) {
-      timer.sums[kTimeConsumerWaitsLoads] = starved;
-      timer.add(kTimeConsumerTotal, start);
-      timer.flush(p);
+      times.finish(p);
       return true;
     }
     const TileWork w = tiles.at(t, p);
@@ -64,10 +59,10 @@ __device__ __forceinline__ bool pingpong_consumer_role(const ForwardParams& p,
       ok = skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles);
     else if (bottom_live)
       ok = mma_tile_128<kBlockN, true>(top, bottom, ring, cursor, w.k_blocks, p.wait_cycles,
-                                       timer.on, &starved, gathered);
+                                       times.timer.on, &times.starved, gathered);
     else
       ok = mma_tile_128<kBlockN, false>(top, bottom, ring, cursor, w.k_blocks, p.wait_cycles,
-                                        timer.on, &starved, gathered);
+                                        times.timer.on, &times.starved, gathered);
     if (threadIdx.x % 32 == 0) dev::mbar_arrive(&mainloop_done[wg]);
     if (!ok) {
       record_fault(p, kRoleConsumer, t);
