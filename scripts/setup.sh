@@ -20,8 +20,8 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "setup: creating $venv"
   python3 -m venv "$venv"
 fi
-if ! "$venv/bin/python" -c "import numpy, ml_dtypes, pytest, nanobind, scikit_build_core" 2>/dev/null; then
+if ! "$venv/bin/python" -c "import numpy, ml_dtypes, pytest, nanobind, scikit_build_core, matplotlib" 2>/dev/null; then
   echo "setup: installing Python packages into $venv"
   "$venv/bin/python" -m pip install -q --upgrade pip
-  "$venv/bin/python" -m pip install -q numpy "ml_dtypes>=0.5" pytest "nanobind>=2.0" "scikit-build-core>=0.10"
+  "$venv/bin/python" -m pip install -q numpy "ml_dtypes>=0.5" pytest "nanobind>=2.0" "scikit-build-core>=0.10" matplotlib
 fi
