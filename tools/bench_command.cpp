@@ -112,14 +112,11 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   const int64_t H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
                 K = c.top_k;
   const BenchLayer data(c, int(E), tokens, 0);
-  gpu::ForwardOptions fo;
+  gpu::ForwardOptions fo = bench_forward_options(o);
   fo.row_path = o.row_path == "copy"     ? gpu::RowPath::dispatch_copy
                 : o.row_path == "gather" ? gpu::RowPath::producer_gather
                                          : gpu::RowPath::automatic;
-  fo.dispatch_ctas = o.dispatch_ctas;
   fo.dispatch_lookahead = o.dispatch_lookahead;
-  fo.overlap_rows = o.overlap_rows;
-  fo.pingpong_consumers = o.pingpong;
   gpu::MoeForward f(c, fo);
   gpu::StagedForward staged(c);
   bench::UnfusedForward baseline(c);

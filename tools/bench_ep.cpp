@@ -168,10 +168,7 @@ int bench_ep_command(const BenchOptions& o) {
       std::vector<ncclComm_t> comms(static_cast<size_t>(n), nullptr);
       if (ncclCommInitAll(comms.data(), n, nullptr) != ncclSuccess)
         throw Error(ErrorCode::unsupported, "ncclCommInitAll failed");
-      gpu::ForwardOptions fo;
-      fo.dispatch_ctas = o.dispatch_ctas;
-      fo.overlap_rows = o.overlap_rows;
-      fo.pingpong_consumers = o.pingpong;
+      const gpu::ForwardOptions fo = bench_forward_options(o);
       {
         auto group = gpu::EpForward::create_group(c, comms, fo);
         auto run = [&] {
@@ -222,10 +219,7 @@ int bench_ep_command(const BenchOptions& o) {
       for (ncclComm_t comm : comms) ncclCommDestroy(comm);
 #endif
     } else {
-      gpu::ForwardOptions fo;
-      fo.dispatch_ctas = o.dispatch_ctas;
-      fo.overlap_rows = o.overlap_rows;
-      fo.pingpong_consumers = o.pingpong;
+      const gpu::ForwardOptions fo = bench_forward_options(o);
       gpu::EmulatedEpForward ep(c, fo);
       std::vector<gpu::DeviceBatch> batches;
       std::vector<gpu::DeviceLayerWeights> weights;

@@ -5,12 +5,24 @@
 #include <cmath>
 #include <cstdint>
 
+#include "bench_command.hpp"
 #include "cuda_util.hpp"
 #include "mok/config.hpp"
 #include "mok/gpu/device_layer.hpp"
+#include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/random_fill.hpp"
 
 namespace mok::tools {
+
+// The forward options `mok bench` and `mok bench --ep` take from the command line (EP = 1 adds
+// the row path and the dispatch lookahead).
+inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
+  gpu::ForwardOptions fo;
+  fo.dispatch_ctas = o.dispatch_ctas;
+  fo.overlap_rows = o.overlap_rows;
+  fo.pingpong_consumers = o.pingpong;
+  return fo;
+}
 
 // A layer share and a batch on the current device, random as every benchmark draws them: the
 // shared experts, `experts` routed experts, `t` tokens routed over all c.num_experts. `seed`

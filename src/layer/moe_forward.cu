@@ -74,11 +74,12 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   options_.wait_seconds = plan.wait_seconds;
   wait_cycles_ = plan.wait_cycles;
   require(options.dispatch_lookahead == -1 || options.dispatch_lookahead == 0 ||
-              options.dispatch_lookahead >= plan.group_blocks,
+              options.dispatch_lookahead >= detail::tile_group_blocks(options),
           ErrorCode::invalid_argument,
           "dispatch_lookahead = " + std::to_string(options.dispatch_lookahead) +
               ": allowed -1 (automatic), 0 (no limit) or at least one tile group (" +
-              std::to_string(plan.group_blocks) + " row blocks: overlap_rows / 128)");
+              std::to_string(detail::tile_group_blocks(options)) +
+              " row blocks: overlap_rows / 128)");
   dispatch_lookahead_ =
       options.dispatch_lookahead == -1 ? kDefaultLookahead : options.dispatch_lookahead;
 

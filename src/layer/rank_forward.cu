@@ -35,7 +35,6 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
           std::string(who) + ": overlap_rows = " + std::to_string(o.overlap_rows) +
               ": allowed 0 (automatic) or a positive multiple of " + std::to_string(kTileRows));
   LaunchPlan plan;
-  plan.group_blocks = tile_group_blocks(o);
   const bool wide_ok = I % 128 == 0 && S % 128 == 0;
   plan.block_n = o.block_n == 0 ? (wide_ok && !o.pingpong_consumers ? 256 : 128) : o.block_n;
   require(plan.block_n == 128 || (plan.block_n == 256 && wide_ok), ErrorCode::invalid_argument,

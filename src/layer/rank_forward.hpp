@@ -33,7 +33,7 @@ struct RankBuffers {
     bool timings = false, owner_tables = false, y_slots = true;
     // profile_without_dispatch_copy: the GEMMs then read whatever the ring holds, so it holds
     // random values like x's, not the zeros of fresh memory (zero operands draw less power and
-    // the GPU is power-capped: the variant would look faster than skipping the copy makes it).
+    // the GPU is power-capped: the variant could look faster than skipping the copy makes it).
     bool random_ring = false;
   };
   void allocate(const Config& c, const Parts& parts);
@@ -69,7 +69,6 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
 // several logical ranks (emulated EP); `who` names the class in messages.
 struct LaunchPlan {
   int block_n = 0, grid = 0, dispatch_ctas = 0;
-  int group_blocks = 0;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
   double wait_seconds = 0;
   uint64_t wait_cycles = 0;
 };

@@ -75,10 +75,23 @@ __device__ __forceinline__ bool acquire_stage(const SmemRing<kBlockN>& ring,
   return true;
 }
 
+// A consumer's wait for stage c to land (false: the bounded wait expired). With `timed`
+// (profiling) the wait adds to waited_ns; with `gathered`, A was written by cp.async (generic
+// proxy), so the async proxy is fenced before wgmma reads it.
+template <int kBlockN>
+__device__ __forceinline__ bool wait_stage_full(
+    const SmemRing<kBlockN>& ring, const dev::RingCursor<TileShape<kBlockN>::kStages>& c,
+    uint64_t wait_cycles, bool timed, uint64_t* waited_ns, bool gathered) {
+  const uint64_t start = timed ? dev::global_ns() : 0;
+  if (!dev::mbar_wait(&ring.full[c.stage], c.phase, wait_cycles)) return false;
+  if (timed) *waited_ns += dev::global_ns() - start;
+  if (gathered) dev::fence_proxy_async_shared();
+  return true;
+}
+
 // Consumer side of a whole tile: d = A[64 rows of this warpgroup] * B^T over k_blocks stages.
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
-// With `timed` (profiling), waited_ns accumulates the time spent waiting for stages to land.
-// With `gathered`, A was written by cp.async (generic proxy): a proxy fence precedes the wgmma.
+// timed / waited_ns / gathered: as for wait_stage_full.
 template <int kBlockN>
 __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
                                          dev::RingCursor<TileShape<kBlockN>::kStages>& c,
@@ -87,10 +100,7 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
                                          bool gathered = false) {
   const bool arrives = threadIdx.x % 32 == 0;
   for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
-    const uint64_t start = timed ? dev::global_ns() : 0;
-    if (!dev::mbar_wait(&ring.full[c.stage], c.phase, wait_cycles)) return false;
-    if (timed) *waited_ns += dev::global_ns() - start;
-    if (gathered) dev::fence_proxy_async_shared();
+    if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered)) return false;
     // This warpgroup's 64 rows start 64 * 128 bytes into the A tile.
     const uint64_t da =
         dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage) + wg * 64 * 128));
@@ -121,10 +131,7 @@ __device__ __forceinline__ bool mma_tile_128(float (&top)[kBlockN / 2],
                                              uint64_t* waited_ns, bool gathered) {
   const bool arrives = threadIdx.x % 32 == 0;
   for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
-    const uint64_t start = timed ? dev::global_ns() : 0;
-    if (!dev::mbar_wait(&ring.full[c.stage], c.phase, wait_cycles)) return false;
-    if (timed) *waited_ns += dev::global_ns() - start;
-    if (gathered) dev::fence_proxy_async_shared();
+    if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered)) return false;
     const uint64_t da = dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage)));
     const uint64_t da_bottom =
         dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage) + 64 * 128));

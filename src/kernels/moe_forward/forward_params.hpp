@@ -88,7 +88,8 @@ struct ForwardParams {
   int combine_on_dispatch_ctas;  // 1: only the dispatch CTAs combine (the communication SMs);
                                  // 0: every CTA's idle warps do
   int gather_rows;         // EP = 1: the gate/up producers gather routed rows from x themselves
-  int pingpong;            // the consumer warpgroups take alternate 128-row tiles (128 wide)
+  int pingpong;            // host side: selects the ping-pong instantiation
+                           // (ForwardOptions::pingpong_consumers)
   int group_blocks;        // routed row blocks per tile group (ForwardOptions::overlap_rows)
                            // (cp.async into the swizzled stage): no dispatch copy, no dispatch CTAs
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
