@@ -113,9 +113,6 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
                 K = c.top_k;
   const BenchLayer data(c, int(E), tokens, 0);
   gpu::ForwardOptions fo = bench_forward_options(o);
-  fo.row_path = o.row_path == "copy"     ? gpu::RowPath::dispatch_copy
-                : o.row_path == "gather" ? gpu::RowPath::producer_gather
-                                         : gpu::RowPath::automatic;
   fo.dispatch_lookahead = o.dispatch_lookahead;
   gpu::MoeForward f(c, fo);
   gpu::StagedForward staged(c);

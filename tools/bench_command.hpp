@@ -11,7 +11,7 @@ struct BenchOptions {
   int iterations = 20;
   bool breakdown =
       false;  // also time the other row path, the copy path without its copy, no combine
-  std::string row_path = "auto";  // EP = 1: auto, copy (dispatch CTAs) or gather (GEMM producers)
+  std::string row_path = "auto";  // auto, copy (dispatch CTAs) or gather (GEMM producers)
   int ep = 1;                     // > 1: the expert-parallel forward (bench_ep.cpp)
   int dispatch_ctas = 0;          // 0: the megakernel's default
   int dispatch_lookahead = -1;    // -1: the megakernel's default

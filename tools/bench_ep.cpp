@@ -106,11 +106,13 @@ int bench_ep_command(const BenchOptions& o) {
   const double nvlink_gbps = use_nccl ? measure_nvlink_gbps() : 0;
   std::printf(
       "mok bench --ep %d: %s on %s; tokens per rank fixed; medians of %d runs (wall time, every "
-      "GPU idle before and after); NVLink %s\n\n",
+      "GPU idle before and after); row path: %s; NVLink %s\n\n",
       n,
       use_nccl ? "one process driving every GPU (NCCL device API)"
                : "ranks EMULATED on GPU 0 (correctness only: the times are the whole group's)",
       prop.name, o.iterations,
+      o.row_path == "copy" ? "dispatch copy (every row through the ring)"
+                           : "producer gather (own rows from x, peers' through the ring)",
       use_nccl ? (std::to_string(int(nvlink_gbps)) + " GB/s GPU0->GPU1 measured").c_str()
                : "not used");
   std::printf(

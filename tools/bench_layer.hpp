@@ -15,9 +15,12 @@
 namespace mok::tools {
 
 // The forward options `mok bench` and `mok bench --ep` take from the command line (EP = 1 adds
-// the row path and the dispatch lookahead).
+// the dispatch lookahead).
 inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
   gpu::ForwardOptions fo;
+  fo.row_path = o.row_path == "copy"     ? gpu::RowPath::dispatch_copy
+                : o.row_path == "gather" ? gpu::RowPath::producer_gather
+                                         : gpu::RowPath::automatic;
   fo.dispatch_ctas = o.dispatch_ctas;
   fo.overlap_rows = o.overlap_rows;
   fo.pingpong_consumers = o.pingpong;

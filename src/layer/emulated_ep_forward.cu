@@ -62,6 +62,7 @@ EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& opti
   require(n == 2 || n == 4 || n == 8, ErrorCode::unsupported,
           "EmulatedEpForward runs ep_size 2, 4 or 8 logical ranks, got " + std::to_string(n));
   require(c.num_experts <= detail::kMaxEpExperts, ErrorCode::unsupported, "at most 512 experts");
+  row_path_ = detail::resolve_row_path(options, /*expert_parallel=*/true);
   const detail::LaunchPlan plan = detail::plan_forward_launch(c, options, n, "EmulatedEpForward");
   block_n_ = plan.block_n;
   grid_ = plan.grid;
@@ -130,6 +131,7 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
     detail::RankLaunchOptions o;
     o.ep_rank = r;
     o.dispatch_ctas = dispatch_ctas_;
+    o.gather_rows = row_path_ == RowPath::producer_gather;
     o.wait_cycles = wait_cycles_;
     o.aborted = ws_->aborted;
     ForwardOptions rank_options = options_;

@@ -120,6 +120,7 @@ EpForward::EpForward(const Config& c, const ForwardOptions& options, int rank, i
   require(options.dispatch_lookahead <= 0, ErrorCode::unsupported,
           "dispatch_lookahead is not supported under expert parallelism");
   DeviceGuard on(device_);
+  row_path_ = detail::resolve_row_path(options, /*expert_parallel=*/true);
   const detail::LaunchPlan plan = detail::plan_forward_launch(config_, options, 1, "EpForward");
   block_n_ = plan.block_n;
   grid_ = plan.grid;
@@ -247,6 +248,7 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
   detail::RankLaunchOptions o;
   o.ep_rank = rank_;
   o.dispatch_ctas = dispatch_ctas_;
+  o.gather_rows = row_path_ == RowPath::producer_gather;
   o.wait_cycles = wait_cycles_;
   o.aborted = w.aborted;
   o.options = &options_;

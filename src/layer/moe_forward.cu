@@ -24,18 +24,6 @@ using detail::require;
 
 constexpr int kDefaultLookahead = 0;  // measured: see docs/benchmarks.md
 
-// Options that only the dispatch role takes.
-bool needs_dispatch_role(const ForwardOptions& o) {
-  return o.dispatch_ctas != 0 || o.dispatch_lookahead > 0 || o.dispatch_delay_ns != 0 ||
-         o.never_publish_block >= 0 || o.profile_without_dispatch_copy ||
-         o.combine_on_dispatch_ctas;
-}
-
-RowPath resolve_row_path(const ForwardOptions& o) {
-  if (o.row_path != RowPath::automatic) return o.row_path;
-  return needs_dispatch_role(o) ? RowPath::dispatch_copy : RowPath::producer_gather;
-}
-
 }  // namespace
 
 const char* row_path_name(RowPath p) {
@@ -60,9 +48,9 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   c.validate();
   require(c.ep_size == 1, ErrorCode::unsupported,
           "MoeForward runs one GPU (ep_size = 1), got ep_size = " + std::to_string(c.ep_size));
-  row_path_ = resolve_row_path(options);
+  row_path_ = detail::resolve_row_path(options, /*expert_parallel=*/false);
   const bool gather = row_path_ == RowPath::producer_gather;
-  require(!gather || !needs_dispatch_role(options), ErrorCode::invalid_argument,
+  require(!gather || !detail::needs_dispatch_role(options), ErrorCode::invalid_argument,
           "dispatch_ctas, dispatch_lookahead > 0, combine_on_dispatch_ctas, the dispatch test "
           "hooks and profile_without_dispatch_copy need the dispatch role: row_path = "
           "dispatch_copy or automatic, not producer_gather (the GEMM producers gather rows then "

@@ -11,6 +11,20 @@
 
 namespace mok::gpu::detail {
 
+bool needs_dispatch_role(const ForwardOptions& o) {
+  return o.dispatch_ctas != 0 || o.dispatch_lookahead > 0 || o.dispatch_delay_ns != 0 ||
+         o.never_publish_block >= 0 || o.profile_without_dispatch_copy ||
+         o.combine_on_dispatch_ctas;
+}
+
+RowPath resolve_row_path(const ForwardOptions& o, bool expert_parallel) {
+  if (o.row_path != RowPath::automatic) return o.row_path;
+  // Under EP the dispatch CTAs always run (they bring the peers' rows); the producers gather the
+  // rank's own rows beside them.
+  return expert_parallel || !needs_dispatch_role(o) ? RowPath::producer_gather
+                                                    : RowPath::dispatch_copy;
+}
+
 int tile_group_blocks(const ForwardOptions& o) {
   return o.overlap_rows == 0 ? sched::kTileGroupRows : int(o.overlap_rows / kTileRows);
 }
@@ -25,10 +39,6 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
           "the GPU forward needs hidden, intermediate and the shared width to be multiples of 64 "
           "(one 128-byte TMA box of K); got H = " +
               std::to_string(H) + ", I = " + std::to_string(I) + ", S = " + std::to_string(S));
-  require(!with_dispatch || o.row_path != RowPath::producer_gather, ErrorCode::invalid_argument,
-          std::string(who) +
-              ": row_path = producer_gather is for MoeForward (EP = 1); expert parallelism "
-              "dispatches rows through its dispatch CTAs (leave row_path automatic)");
   require(o.overlap_rows >= 0 && o.overlap_rows % kTileRows == 0 &&
               o.overlap_rows <= int64_t(kTileRows) * (1 << 20),
           ErrorCode::invalid_argument,

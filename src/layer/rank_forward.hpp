@@ -48,7 +48,7 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
 
 struct RankLaunchOptions {
   int ep_rank = 0, dispatch_ctas = 1, dispatch_lookahead = 0;
-  bool gather_rows = false;  // EP = 1 only
+  bool gather_rows = false;  // RowPath::producer_gather
   uint64_t wait_cycles = 0;
   int* aborted = nullptr;
   const ForwardOptions* options = nullptr;
@@ -72,6 +72,11 @@ struct LaunchPlan {
   double wait_seconds = 0;
   uint64_t wait_cycles = 0;
 };
+// Options that only the dispatch role takes (MoeForward then keeps the dispatch-copy row path).
+bool needs_dispatch_role(const ForwardOptions& o);
+// The row path a forward runs (never automatic); expert_parallel: the EP forwards, where dispatch
+// CTAs always run.
+RowPath resolve_row_path(const ForwardOptions& o, bool expert_parallel);
 // Routed row blocks per tile group: overlap_rows / 128, or sched::kTileGroupRows for 0.
 int tile_group_blocks(const ForwardOptions& o);
 LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,

@@ -21,12 +21,14 @@ struct EpCase {
   bool combine_on_dispatch_ctas = false;
   int64_t overlap_rows = 0;
   bool pingpong_consumers = false;
+  mok::gpu::RowPath row_path = mok::gpu::RowPath::automatic;  // automatic: the producer gather
 };
 
 // The standard cases for `ranks` ranks: random, uneven with an empty rank, all tokens to rank 0,
 // all to one expert, a one-block ring, a three-block ring with random dispatch delays, the
 // combine on the dispatch CTAs only, two-block tile groups (overlap_rows) with delays, and
-// ping-pong consumers with delays.
+// ping-pong consumers with delays; each on both row paths (the producers gathering the rank's own
+// rows, the default, and every row copied through the ring).
 inline std::vector<EpCase> standard_cases(int ranks) {
   std::vector<EpCase> cases;
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300)});
@@ -40,6 +42,11 @@ inline std::vector<EpCase> standard_cases(int ranks) {
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 0, true});
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 50'000, false, 2 * 128});
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 50'000, false, 0, true});
+  const size_t gathered = cases.size();
+  for (size_t i = 0; i < gathered; ++i) {
+    cases.push_back(cases[i]);
+    cases.back().row_path = mok::gpu::RowPath::dispatch_copy;
+  }
   return cases;
 }
 
@@ -79,6 +86,7 @@ inline mok::gpu::ForwardOptions case_options(const EpCase& k) {
   o.combine_on_dispatch_ctas = k.combine_on_dispatch_ctas;
   o.overlap_rows = k.overlap_rows;
   o.pingpong_consumers = k.pingpong_consumers;
+  o.row_path = k.row_path;
   return o;
 }
 

@@ -122,11 +122,15 @@ TEST(EmulatedEpGpu, CapacityOverflowAndAStoppedRankAreErrorsOnEveryRank) {
     MOK_CUDA_OK(
         cudaMemcpy(ids.ptr, b.topk_ids.data(), b.topk_ids.size() * 4, cudaMemcpyHostToDevice));
   }
-  {
+  for (const mok::gpu::RowPath path :
+       {mok::gpu::RowPath::producer_gather, mok::gpu::RowPath::dispatch_copy}) {
+    SCOPED_TRACE(mok::gpu::row_path_name(path));
     mok::gpu::ForwardOptions o;
-    o.never_publish_block = 0;
+    o.row_path = path;
+    o.never_publish_block = 0;  // rank 1 never publishes its first routed row block
     o.wait_seconds = 0.25;
     mok::gpu::EmulatedEpForward ep(c, o, /*stuck_rank=*/1);
+    EXPECT_EQ(ep.row_path(), path);
     run(ep);
     try {
       ep.check(nullptr);
@@ -139,17 +143,12 @@ TEST(EmulatedEpGpu, CapacityOverflowAndAStoppedRankAreErrorsOnEveryRank) {
           << e.what();
     }
   }
-  {
+  // Under EP the automatic row path is the producer gather, whatever dispatch options are set
+  // (the dispatch CTAs run either way).
+  for (const bool dispatch_option : {false, true}) {
     mok::gpu::ForwardOptions o;
-    o.row_path = mok::gpu::RowPath::producer_gather;  // EP dispatches through its dispatch CTAs
-    try {
-      mok::gpu::EmulatedEpForward ep(c, o);
-      FAIL() << "no error";
-    } catch (const mok::Error& e) {
-      EXPECT_EQ(e.code(), mok::ErrorCode::invalid_argument);
-      EXPECT_NE(std::string(e.what()).find("row_path = producer_gather is for MoeForward"),
-                std::string::npos)
-          << e.what();
-    }
+    o.combine_on_dispatch_ctas = dispatch_option;
+    const mok::gpu::EmulatedEpForward ep(c, o);
+    EXPECT_EQ(ep.row_path(), mok::gpu::RowPath::producer_gather);
   }
 }

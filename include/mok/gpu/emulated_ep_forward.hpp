@@ -36,12 +36,14 @@ class EmulatedEpForward {
 
   int ranks() const { return config_.ep_size; }
   int ctas_per_rank() const { return grid_ / config_.ep_size; }
+  RowPath row_path() const { return row_path_; }  // never automatic
 
  private:
   struct Workspace;
   Config config_;
   ForwardOptions options_;
   int stuck_rank_;
+  RowPath row_path_ = RowPath::producer_gather;
   int block_n_ = 0, dispatch_ctas_ = 0, grid_ = 0;
   uint64_t wait_cycles_ = 0;
   Workspace* ws_;

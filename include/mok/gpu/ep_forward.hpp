@@ -62,12 +62,14 @@ class EpForward {
   int rank() const { return rank_; }
   int dispatch_ctas() const { return dispatch_ctas_; }
   int device() const { return device_; }
+  RowPath row_path() const { return row_path_; }  // never automatic
 
  private:
   struct Workspace;
   EpForward(const Config& c, const ForwardOptions& options, int rank, int device);
   Config config_;
   ForwardOptions options_;
+  RowPath row_path_ = RowPath::producer_gather;
   int rank_ = 0, device_ = 0, block_n_ = 0, grid_ = 0, dispatch_ctas_ = 0;
   uint64_t wait_cycles_ = 0;
   std::vector<int> group_devices_;  // one process driving the group: every rank's device

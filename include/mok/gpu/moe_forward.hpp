@@ -14,18 +14,20 @@
 
 namespace mok::gpu {
 
-// How routed rows reach the gate/up GEMMs at EP = 1.
+// How routed rows reach the gate/up GEMMs.
 enum class RowPath {
-  automatic,        // producer_gather, unless an option below needs the dispatch role
-  dispatch_copy,    // dispatch CTAs copy rows into the routed buffer first (the path EP uses)
-  producer_gather,  // the gate/up producer warpgroup gathers each tile's rows from x (cp.async
-                    // into the swizzled stage): no dispatch CTAs, no copy of x. Measured: equal
-                    // on dsv3 (within 2%), 3-14% faster on the other shapes (docs/benchmarks.md)
+  automatic,        // producer_gather, unless (EP = 1) an option below needs the dispatch role
+  dispatch_copy,    // dispatch CTAs copy every row into the token ring first; the GEMMs TMA-load it
+  producer_gather,  // the gate/up producer warpgroup gathers each tile's rows (cp.async into the
+                    // swizzled stage): this rank's from x, no copy; under EP the dispatch CTAs
+                    // still bring the peers' rows into the ring. At EP = 1: no dispatch CTAs;
+                    // measured equal on dsv3 (within 2%), 3-14% faster on the other shapes
+                    // (docs/benchmarks.md)
 };
 const char* row_path_name(RowPath p);
 
 struct ForwardOptions {
-  RowPath row_path = RowPath::automatic;  // MoeForward only; the EP forwards dispatch-copy
+  RowPath row_path = RowPath::automatic;
   int dispatch_ctas = 0;  // CTAs that gather rows (then combine); 0: num_dispatch_ctas(SMs)
   // The combine on the dispatch CTAs only (the communication SMs), instead of in every CTA's idle
   // warps; needs dispatch CTAs (the dispatch-copy row path).

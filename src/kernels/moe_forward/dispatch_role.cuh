@@ -2,7 +2,9 @@
 // routed buffer, row block by row block, and publishes a ready counter per block. The GEMM CTAs'
 // producers TMA-load a block as soon as its counter is set, so the first experts' GEMMs run while
 // later blocks are still being gathered. Padding rows are written as zeros. With expert
-// parallelism only the source of these rows changes (a peer's buffer instead of x).
+// parallelism only the source of these rows changes (a peer's buffer instead of x). When the GEMM
+// producers gather (gather_rows, EP > 1) they read this rank's rows from x and padding as zeros
+// themselves: dispatch then copies only the peers' rows into the ring.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -61,7 +63,7 @@ __device__ __forceinline__ bool may_gather(const ForwardParams& p,
 template <int kBlockN>
 __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, int ctas) {
   __shared__ int64_t source_token[kBlockM];  // token of each row of the block on its source rank
-  __shared__ int source_rank[kBlockM];       // -1: padding
+  __shared__ int source_rank[kBlockM];  // -1: padding; -2: not copied (the producers gather it)
   __shared__ int paced_ok;
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   const int64_t blocks = routed_blocks(p);
@@ -78,15 +80,21 @@ __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, i
     __syncthreads();
     if (!paced_ok) return;
     const uint64_t copy_start = timer.now();
+    bool copies = false;
     if (threadIdx.x < kBlockM) {
-      const RowSource s = routed_row_source(p, b * kBlockM + threadIdx.x, p.tile_expert[b]);
-      source_rank[threadIdx.x] = s.src;
-      source_token[threadIdx.x] = s.src >= 0 ? sched::slot_token(s.slot, p.top_k) : -1;
+      const int expert = p.tile_expert[b];
+      const RowRank r = routed_row_rank(p, b * kBlockM + threadIdx.x, expert);
+      const bool gathered = p.gather_rows && (r.src < 0 || r.src == p.ep_rank);
+      source_rank[threadIdx.x] = gathered ? -2 : r.src;
+      source_token[threadIdx.x] =
+          r.src >= 0 && !gathered ? sched::slot_token(source_slot(p, r, expert), p.top_k) : -1;
+      copies = !gathered;
     }
-    __syncthreads();
     // The block as one flat run of vectors: consecutive threads move consecutive 16 bytes.
     uint4* dst = reinterpret_cast<uint4*>(p.routed_x) + b % p.ring_blocks * int64_t(block_vecs);
-    const uint32_t copy_vecs = p.profile_flags & kProfileNoDispatchCopy ? 0 : block_vecs;
+    const bool any_copies = __syncthreads_or(copies);
+    const uint32_t copy_vecs =
+        p.profile_flags & kProfileNoDispatchCopy || !any_copies ? 0 : block_vecs;
     for (uint32_t base = threadIdx.x; base < copy_vecs; base += blockDim.x * kDispatchUnroll) {
       uint4 v[kDispatchUnroll];
 #pragma unroll
@@ -104,7 +112,7 @@ __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, i
 #pragma unroll
       for (int u = 0; u < kDispatchUnroll; ++u) {
         const uint32_t i = base + u * blockDim.x;
-        if (i < block_vecs) dst[i] = v[u];
+        if (i < block_vecs && source_rank[i / row_vecs] != -2) dst[i] = v[u];
       }
     }
     __syncthreads();  // every thread's stores precede the release below (it is cumulative)

@@ -87,11 +87,12 @@ struct ForwardParams {
   int dispatch_ctas;  // CTAs [0, dispatch_ctas) dispatch, then combine; the rest run the GEMMs
   int combine_on_dispatch_ctas;  // 1: only the dispatch CTAs combine (the communication SMs);
                                  // 0: every CTA's idle warps do
-  int gather_rows;         // EP = 1: the gate/up producers gather routed rows from x themselves
-  int pingpong;            // host side: selects the ping-pong instantiation
-                           // (ForwardOptions::pingpong_consumers)
-  int group_blocks;        // routed row blocks per tile group (ForwardOptions::overlap_rows)
-                           // (cp.async into the swizzled stage): no dispatch copy, no dispatch CTAs
+  int gather_rows;   // the gate/up producers gather routed rows (cp.async into the swizzled stage):
+                     // this rank's from x, peers' from the ring (dispatch copies only those; at
+                     // EP = 1 there are no dispatch CTAs)
+  int pingpong;      // host side: selects the ping-pong instantiation
+                     // (ForwardOptions::pingpong_consumers)
+  int group_blocks;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
   uint64_t wait_cycles;
   // Tests only: every dispatched block is published after a pseudo-random delay below delay_ns,

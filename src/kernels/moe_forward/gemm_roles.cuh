@@ -19,18 +19,19 @@
 namespace mok::kern {
 
 // With gather_rows the whole producer warpgroup runs: warp w gathers rows [32w, 32w + 32) of every
-// routed gate/up tile from x (four warps' copies keep up with TMA where one warp's did not), into
-// the stage's 128B-swizzled layout; padding rows are zero-filled. Per k-block a row is one 128-byte
-// line: lane l copies 16-byte chunk l % 8 of rows 32w + 4i + l / 8, i = 0..7, so each warp
-// instruction reads 4 whole lines (one lane per row would fetch a 32-byte sector per 16 bytes).
-// Without gather_rows only warp 0 runs and only its lane 0 arrives.
+// routed gate/up tile (four warps' copies keep up with TMA where one warp's did not) into the
+// stage's 128B-swizzled layout: rows of this rank's tokens straight from x, rows of peers' tokens
+// (EP > 1) from the token ring, where the dispatch CTAs copied them; padding rows are zero-filled.
+// Per k-block a row is one 128-byte line: lane l copies 16-byte chunk l % 8 of rows 32w + 4i + l /
+// 8, i = 0..7, so each warp instruction reads 4 whole lines (one lane per row would fetch a 32-byte
+// sector per 16 bytes). Without gather_rows only warp 0 runs and only its lane 0 arrives.
 constexpr int kGatherWarps = 4;
 constexpr uint32_t kGatherFullArrivals = kGatherWarps * 32;
 constexpr int kGatherRowsPerThread = kBlockM / (kGatherWarps * 4);
 static_assert(kBlockK * 2 == 8 * 16, "a k-block of a row: eight 16-byte chunks, one per lane");
 
 struct GatherRows {
-  const __nv_bfloat16* src[kGatherRowsPerThread];  // rows 32w + 4i + l / 8 in x (nullptr: padding)
+  const __nv_bfloat16* src[kGatherRowsPerThread];  // rows 32w + 4i + l / 8 (nullptr: padding)
   __device__ static int row(int i) {
     return int(threadIdx.x % 128) / 32 * 32 + 4 * i + int(threadIdx.x % 32) / 8;
   }
@@ -111,7 +112,9 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         break;
       case TileKind::routed_gate_up:
         a_map = &maps.routed_x, b_map = &maps.gate, b_up_map = &maps.up;
-        if (!gather) ready = p.x_ready + w.m_block, needed = 1, role = kRoleGateUpProducer;
+        // Gathering at EP = 1 needs no dispatch; under EP the peers' rows come through the ring.
+        if (!gather || p.ep_size > 1)
+          ready = p.x_ready + w.m_block, needed = 1, role = kRoleGateUpProducer;
         break;
       case TileKind::shared_down:
         a_map = &maps.act_shared, b_map = &maps.shared_down;
@@ -126,7 +129,9 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
     }
     bool ok = true;  // a failed wait ends the warp (lanes stay converged for the shuffles); the
                      // other producer warps and the consumers stop at their own bounded waits
-    if (ready && leader) {
+    // The leader waits for its TMA loads; when gathering, every warp's lane 0 acquires for its
+    // warp's copies (the warp's lanes are ordered after it by the __syncwarp below).
+    if (ready && (leader || (gather && lane == 0))) {
       const uint64_t since = timer.now();
       ok = wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(ready) >= needed; });
       if (!ok) record_fault(p, role, w.m_block);
@@ -136,20 +141,24 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         timer.add(kTimeDownWaitsGateUp, since);
       dev::fence_proxy_async_global();  // generic writes of other CTAs -> this thread's TMA reads
     }
+    __syncwarp();  // memory order: lane 0's acquire before its lanes' cp.async reads of the ring
     if (!__all_sync(0xFFFFFFFFu, ok)) return;
-    GatherRows rows{};
-    if (gather)
-#pragma unroll
-      for (int i = 0; i < kGatherRowsPerThread; ++i) {
-        const RowSource s =
-            routed_row_source(p, w.m_block * kBlockM + GatherRows::row(i), w.expert);
-        rows.src[i] =
-            s.src >= 0 ? p.peer_x[s.src] + sched::slot_token(s.slot, p.top_k) * p.hidden : nullptr;
-      }
     // Routed gate/up A rows live in the token ring; every other A is indexed by its block.
     const int64_t a_block =
         w.kind == TileKind::routed_gate_up ? w.m_block % p.ring_blocks : w.m_block;
     const int32_t a_row = int32_t(a_block * kBlockM);
+    GatherRows rows{};
+    if (gather)
+#pragma unroll
+      for (int i = 0; i < kGatherRowsPerThread; ++i) {
+        const int r = GatherRows::row(i);
+        const RowRank s = routed_row_rank(p, w.m_block * kBlockM + r, w.expert);
+        rows.src[i] = s.src < 0 ? nullptr
+                      : s.src == p.ep_rank
+                          ? p.peer_x[s.src] +
+                                sched::slot_token(source_slot(p, s, w.expert), p.top_k) * p.hidden
+                          : p.routed_x + (int64_t(a_row) + r) * p.hidden;
+      }
     const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       if (!leader && !p.gather_rows) continue;  // only the leader arrives

@@ -29,7 +29,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const ForwardParams& p = launch.params[rank];
   const ForwardMaps& maps = launch.maps[rank];
   if (cta < p.dispatch_ctas) {
-    if (batch_ok(p) && !p.gather_rows) dispatch_role<kBlockN>(p, cta, p.dispatch_ctas);
+    if (batch_ok(p)) dispatch_role<kBlockN>(p, cta, p.dispatch_ctas);
     combine_role<kBlockN>(p);
     return;
   }

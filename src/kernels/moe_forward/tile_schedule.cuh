@@ -53,21 +53,40 @@ __device__ __forceinline__ int routed_group_rows(const ForwardParams& p) {
   return p.ring_blocks < p.group_blocks ? int(p.ring_blocks) : p.group_blocks;
 }
 
-// Where routed row `row` of local expert `expert` comes from: the source rank and the (token, k)
-// slot on it; src = -1 for a padding row. Rows of a segment are in (source rank, slot) order.
+// Where routed row `row` of local expert `expert` comes from: the source rank and the row's index
+// among that source's rows of the expert; src = -1 for a padding row. Rows of a segment are in
+// (source rank, slot) order. Reads only this rank's owner tables.
+struct RowRank {
+  int src;
+  int64_t index;
+};
+__device__ __forceinline__ RowRank routed_row_rank(const ForwardParams& p, int64_t row,
+                                                   int expert) {
+  const int64_t offset = row - p.seg_begin[expert];
+  if (offset >= p.segment_rows[expert]) return {-1, -1};
+  const int64_t* begin = p.source_begin + int64_t(expert) * (p.ep_size + 1);
+  int src = 0;
+  while (begin[src + 1] <= offset) ++src;
+  return {src, offset - begin[src]};
+}
+
+// The (token, k) slot on the source rank of a row that is not padding.
+__device__ __forceinline__ int64_t source_slot(const ForwardParams& p, RowRank r, int expert) {
+  const int global_expert = sched::global_expert(p.ep_rank, expert, p.experts);
+  return p.peer_sorted[r.src][p.peer_offsets[r.src][global_expert] + r.index];
+}
+
+// Both at once (reads the source's schedule: over NVLink for a
+// peer).
 struct RowSource {
   int src;
   int64_t slot;
 };
 __device__ __forceinline__ RowSource routed_row_source(const ForwardParams& p, int64_t row,
                                                        int expert) {
-  const int64_t offset = row - p.seg_begin[expert];
-  if (offset >= p.segment_rows[expert]) return {-1, -1};
-  const int64_t* begin = p.source_begin + int64_t(expert) * (p.ep_size + 1);
-  int src = 0;
-  while (begin[src + 1] <= offset) ++src;
-  const int global_expert = sched::global_expert(p.ep_rank, expert, p.experts);
-  return {src, p.peer_sorted[src][p.peer_offsets[src][global_expert] + (offset - begin[src])]};
+  const RowRank r = routed_row_rank(p, row, expert);
+  if (r.src < 0) return {-1, -1};
+  return {r.src, source_slot(p, r, expert)};
 }
 
 template <int kBlockN>
