@@ -98,7 +98,8 @@ struct Row {
   double rows_per_expert, ms, tflops, pct_peak, bound_ms, pct_bound;
   double baseline_ms, baseline_tflops, baseline_difference;
   double staged_tflops;  // the same GEMMs as separate launches (no dispatch/combine overlap)
-  double staged_ms = 0, other_path_ms = 0, no_copy_ms = 0, no_combine_ms = 0;  // --breakdown
+  double staged_ms = 0, other_path_ms = 0, no_copy_ms = 0, no_combine_ms = 0,  // --breakdown
+      schedule_ms = 0;
   int dispatch_ctas = 0, grid = 0;
   gpu::RowPath row_path = gpu::RowPath::automatic;
   double profiled_ms = 0, profiled_other_ms = 0;
@@ -186,14 +187,18 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   r.grid = f.grid();
   r.row_path = f.row_path();
   if (o.breakdown) {
-    gpu::ForwardOptions no_copy = gathers ? other_path(fo) : fo, no_combine = fo;
+    gpu::ForwardOptions no_copy = gathers ? other_path(fo) : fo, no_combine = fo,
+                        schedule_only = fo;
     no_copy.profile_without_dispatch_copy = true;
     no_combine.profile_without_combine = true;
-    gpu::MoeForward a(c, no_copy), b(c, no_combine);
+    schedule_only.profile_schedule_only = true;
+    gpu::MoeForward a(c, no_copy), b(c, no_combine), s(c, schedule_only);
     r.no_copy_ms =
         median_ms([&] { a.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
     r.no_combine_ms =
         median_ms([&] { b.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
+    r.schedule_ms =
+        median_ms([&] { s.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
     gpu::ForwardOptions timed = fo;
     timed.profile_wait_times = true;
     gpu::MoeForward t(c, timed);
@@ -272,13 +277,13 @@ int bench_command(const BenchOptions& o) {
     std::printf(
         "\nWhere the time goes (ms, medians; a variant that drops a stage gives a wrong output):\n"
         "| shape | T | grid (dispatch CTAs) | megakernel (row path) | the other row path | the "
-        "dispatch-copy path without its copy | megakernel without the combine | staged launches "
-        "|\n|---|---|---|---|---|---|---|---|\n");
+        "dispatch-copy path without its copy | megakernel without the combine | the schedule "
+        "kernels and memsets alone | staged launches |\n|---|---|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows)
-      std::printf("| %s | %lld | %d (%d) | %.3f (%s) | %.3f | %.3f | %.3f | %.3f |\n",
+      std::printf("| %s | %lld | %d (%d) | %.3f (%s) | %.3f | %.3f | %.3f | %.3f | %.3f |\n",
                   r.name.c_str(), (long long)r.tokens, r.grid, r.dispatch_ctas, r.ms,
                   gpu::row_path_name(r.row_path), r.other_path_ms, r.no_copy_ms, r.no_combine_ms,
-                  r.staged_ms);
+                  r.schedule_ms, r.staged_ms);
     std::printf(
         "\nWaits inside the megakernel (a profiled run; ms per participant, from %%globaltimer):\n"
         "| shape | T | forward ms (profiled) | GEMM producer waits for dispatch / activations / a "

@@ -95,6 +95,7 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   detail::build_forward_schedule(b, c.top_k, E, w.rank.sched, stream);
   w.rank.reset(stream);
   check_cuda(cudaMemsetAsync(w.aborted, 0, sizeof(int), stream), "cudaMemsetAsync");
+  if (options_.profile_schedule_only) return;
   detail::RankLaunchOptions o;
   o.dispatch_ctas = dispatch_ctas_;
   o.dispatch_lookahead = dispatch_lookahead_;
