@@ -69,6 +69,7 @@ UnfusedForward::UnfusedForward(const Config& c) : c_(c) {
   counts_ = alloc<int32_t>(E);
   offsets_ = alloc<int32_t>(E + 1);
   sorted_ = alloc<int32_t>(T * K);
+  sort_scratch_ = alloc<int32_t>(size_t(gpu::source_schedule_workspace(int64_t(T * K), int(E))));
   slot_position_ = alloc<int32_t>(T * K);
   rows_ = alloc<__nv_bfloat16>(T * K * H);
   gate_ = alloc<__nv_bfloat16>(T * K * I);
@@ -84,10 +85,10 @@ UnfusedForward::UnfusedForward(const Config& c) : c_(c) {
 }
 
 UnfusedForward::~UnfusedForward() {
-  for (void* p :
-       {(void*)counts_, (void*)offsets_, (void*)sorted_, (void*)slot_position_, (void*)rows_,
-        (void*)gate_, (void*)up_, (void*)act_, (void*)y_, (void*)shared_gate_, (void*)shared_up_,
-        (void*)shared_act_, (void*)shared_y_, (void*)pointers_})
+  for (void* p : {(void*)counts_, (void*)offsets_, (void*)sorted_, (void*)sort_scratch_,
+                  (void*)slot_position_, (void*)rows_, (void*)gate_, (void*)up_, (void*)act_,
+                  (void*)y_, (void*)shared_gate_, (void*)shared_up_, (void*)shared_act_,
+                  (void*)shared_y_, (void*)pointers_})
     cudaFree(p);
   cublasDestroy(handle_);
 }
@@ -97,7 +98,8 @@ void UnfusedForward::forward(const gpu::DeviceBatch& b, const gpu::DeviceLayerWe
   const int64_t T = b.tokens, K = c_.top_k, H = c_.hidden, I = c_.intermediate,
                 S = c_.shared_width();
   const int E = c_.num_experts;
-  ok(gpu::build_source_schedule(b.topk_ids, T, int(K), E, counts_, offsets_, sorted_, nullptr),
+  ok(gpu::build_source_schedule(b.topk_ids, T, int(K), E, counts_, offsets_, sorted_, sort_scratch_,
+                                nullptr),
      "schedule");
   gather_sorted<<<grid(T * K * H), 256>>>(b.x, sorted_, T * K, int(K), int(H), rows_,
                                           slot_position_);

@@ -24,7 +24,7 @@ class UnfusedForward {
  private:
   Config c_;
   cublasHandle_t handle_;
-  int32_t *counts_, *offsets_, *sorted_, *slot_position_;
+  int32_t *counts_, *offsets_, *sorted_, *sort_scratch_, *slot_position_;
   __nv_bfloat16 *rows_, *gate_, *up_, *act_, *y_, *shared_gate_, *shared_up_, *shared_act_,
       *shared_y_;
   void** pointers_;  // device pointer arrays of the grouped GEMMs

@@ -1,5 +1,6 @@
 // The schedule on the device. Integer atomics only count (their result does not depend on order);
-// positions come from a warp-wide ballot scan in slot order, so the sorted table is the host's.
+// positions come from prefix sums and a warp-wide match in slot order, so the sorted table is the
+// host's.
 #include <algorithm>
 
 #include "mok/gpu/schedule_gpu.hpp"
@@ -9,34 +10,89 @@ namespace mok::gpu {
 namespace {
 
 constexpr int kWarp = 32;
+// A counting sort over chunks of slots: each chunk's counts per expert, then every (chunk, expert)
+// base by a prefix over experts and chunks, then each chunk's slots scattered in slot order.
+// Integer counts only: the table is the same whatever order the blocks run in.
+constexpr int kChunk = 1024;       // slots per chunk
+constexpr int kMaxExperts = 512;   // the largest E mok takes (Config::validate)
+constexpr int kScanThreads = 512;  // one per expert
+static_assert(kChunk % kWarp == 0 && kScanThreads >= kMaxExperts);
 
-__global__ void count_kernel(const int32_t* ids, int64_t slots, int num_experts, int32_t* counts) {
-  for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < slots;
-       s += int64_t(gridDim.x) * blockDim.x) {
+// Block c: chunk c's count of each expert into chunk_counts[c][e].
+__global__ void chunk_count_kernel(const int32_t* ids, int64_t slots, int num_experts,
+                                   int32_t* chunk_counts) {
+  __shared__ int32_t counts[kMaxExperts];
+  for (int e = int(threadIdx.x); e < num_experts; e += int(blockDim.x)) counts[e] = 0;
+  __syncthreads();
+  const int64_t first = int64_t(blockIdx.x) * kChunk;
+  const int64_t end = first + kChunk < slots ? first + kChunk : slots;
+  for (int64_t s = first + threadIdx.x; s < end; s += blockDim.x) {
     const int32_t e = ids[s];
     if (e >= 0 && e < num_experts) atomicAdd(&counts[e], 1);
   }
+  __syncthreads();
+  for (int e = int(threadIdx.x); e < num_experts; e += int(blockDim.x))
+    chunk_counts[int64_t(blockIdx.x) * num_experts + e] = counts[e];
 }
 
-// One thread: E is at most 512, a serial prefix costs less than a launch.
-__global__ void prefix_kernel(const int32_t* counts, int num_experts, int32_t* offsets) {
-  if (threadIdx.x == 0 && blockIdx.x == 0) sched::exclusive_prefix(counts, num_experts, offsets);
+// One block, thread e = expert e: its total, the exclusive prefix over experts (offsets), and
+// chunk_counts[c][e] replaced by where chunk c's first slot of expert e goes.
+__global__ void __launch_bounds__(kScanThreads)
+    chunk_base_kernel(int32_t* chunk_counts, int chunks, int num_experts, int32_t* counts,
+                      int32_t* offsets) {
+  __shared__ int32_t warp_sums[kScanThreads / kWarp];
+  const int e = int(threadIdx.x), lane = e % kWarp, warp = e / kWarp;
+  int32_t total = 0;
+  if (e < num_experts)
+    for (int c = 0; c < chunks; ++c) total += chunk_counts[int64_t(c) * num_experts + e];
+  int32_t inclusive = total;  // scan within the warp, then across the warps' sums
+  for (int d = 1; d < kWarp; d *= 2) {
+    const int32_t v = __shfl_up_sync(0xFFFFFFFFu, inclusive, d);
+    if (lane >= d) inclusive += v;
+  }
+  if (lane == kWarp - 1) warp_sums[warp] = inclusive;
+  __syncthreads();
+  int32_t before = inclusive - total;
+  for (int w = 0; w < warp; ++w) before += warp_sums[w];
+  if (e >= num_experts) return;
+  counts[e] = total;
+  offsets[e] = before;
+  if (e == num_experts - 1) offsets[num_experts] = before + total;
+  for (int c = 0; c < chunks; ++c) {
+    int32_t& slot = chunk_counts[int64_t(c) * num_experts + e];
+    const int32_t n = slot;
+    slot = before;
+    before += n;
+  }
 }
 
-// One warp per expert: walk the slots 32 at a time; a lane's position is the number of matching
-// lanes before it (ballot + popc) plus the matches of earlier chunks.
-__global__ void sort_kernel(const int32_t* ids, int64_t slots, int num_experts,
-                            const int32_t* offsets, int32_t* sorted) {
-  const int warp = int((int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp);
-  const int lane = int(threadIdx.x % kWarp);
-  if (warp >= num_experts) return;
-  int32_t next = offsets[warp];
-  for (int64_t base = 0; base < slots; base += kWarp) {
-    const int64_t s = base + lane;
-    const bool match = s < slots && ids[s] == warp;
-    const uint32_t ballot = __ballot_sync(0xFFFFFFFFu, match);
-    if (match) sorted[next + __popc(ballot & ((1u << lane) - 1u))] = int32_t(s);
-    next += __popc(ballot);
+// One warp per chunk, 32 slots at a time in slot order: lanes with the same expert (match.any)
+// take consecutive places after that expert's running base, which the lowest of them advances.
+__global__ void chunk_scatter_kernel(const int32_t* ids, int64_t slots, int num_experts,
+                                     const int32_t* chunk_bases, int32_t* sorted) {
+  __shared__ int32_t next[kMaxExperts];
+  const int lane = int(threadIdx.x);
+  for (int e = lane; e < num_experts; e += kWarp)
+    next[e] = chunk_bases[int64_t(blockIdx.x) * num_experts + e];
+  __syncwarp();
+  const int64_t first = int64_t(blockIdx.x) * kChunk;
+  int32_t id[kChunk / kWarp];  // every load issued before the dependent scatter
+#pragma unroll
+  for (int i = 0; i < kChunk / kWarp; ++i) {
+    const int64_t s = first + i * kWarp + lane;
+    id[i] = s < slots ? ids[s] : -1;
+  }
+  const uint32_t lanes_before = (1u << lane) - 1u;
+#pragma unroll
+  for (int i = 0; i < kChunk / kWarp; ++i) {
+    const int32_t e = id[i] >= 0 && id[i] < num_experts ? id[i] : -1;
+    const uint32_t same = __match_any_sync(0xFFFFFFFFu, e);
+    const int leader = __ffs(same) - 1;
+    const int32_t base = __shfl_sync(0xFFFFFFFFu, e >= 0 && lane == leader ? next[e] : 0, leader);
+    if (e >= 0) sorted[base + __popc(same & lanes_before)] = int32_t(first + i * kWarp + lane);
+    __syncwarp();
+    if (e >= 0 && lane == leader) next[e] = base + __popc(same);
+    __syncwarp();
   }
 }
 
@@ -58,19 +114,27 @@ int grid_for(int64_t n, int threads) {
 
 }  // namespace
 
+int64_t source_schedule_workspace(int64_t max_slots, int num_experts) {
+  return std::max<int64_t>(1, (max_slots + kChunk - 1) / kChunk) * num_experts;
+}
+
 cudaError_t build_source_schedule(const int32_t* topk_ids, int64_t tokens, int top_k,
                                   int num_experts, int32_t* counts, int32_t* offsets,
-                                  int32_t* sorted, cudaStream_t stream) {
+                                  int32_t* sorted, int32_t* workspace, cudaStream_t stream) {
+  if (num_experts < 1 || num_experts > kMaxExperts || tokens < 0) return cudaErrorInvalidValue;
   const int64_t slots = tokens * top_k;
-  if (cudaError_t e = cudaMemsetAsync(counts, 0, sizeof(int32_t) * size_t(num_experts), stream);
-      e != cudaSuccess)
+  const int chunks = int(std::max<int64_t>(1, (slots + kChunk - 1) / kChunk));
+  if (slots > 0)
+    chunk_count_kernel<<<chunks, 256, 0, stream>>>(topk_ids, slots, num_experts, workspace);
+  else if (cudaError_t e =
+               cudaMemsetAsync(workspace, 0, sizeof(int32_t) * size_t(num_experts), stream);
+           e != cudaSuccess)
     return e;
+  chunk_base_kernel<<<1, kScanThreads, 0, stream>>>(workspace, chunks, num_experts, counts,
+                                                    offsets);
   if (slots > 0)
-    count_kernel<<<grid_for(slots, 256), 256, 0, stream>>>(topk_ids, slots, num_experts, counts);
-  prefix_kernel<<<1, 1, 0, stream>>>(counts, num_experts, offsets);
-  if (slots > 0)
-    sort_kernel<<<(num_experts * kWarp + 255) / 256, 256, 0, stream>>>(topk_ids, slots, num_experts,
-                                                                       offsets, sorted);
+    chunk_scatter_kernel<<<chunks, kWarp, 0, stream>>>(topk_ids, slots, num_experts, workspace,
+                                                       sorted);
   return cudaGetLastError();
 }
 

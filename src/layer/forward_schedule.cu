@@ -28,12 +28,13 @@ __global__ void segments_kernel(const int32_t* counts, int experts, int64_t capa
                                 int64_t* seg_begin, int64_t* segment_rows, int64_t* source_begin,
                                 int32_t* tile_expert, int64_t routed_tiles, int64_t tokens,
                                 int32_t* shared_tiles, int64_t shared_tile_count, Status* st) {
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // serial over E <= 512, the running sum kept in a register
+    int64_t begin = 0;
     seg_begin[0] = 0;
     for (int e = 0; e < experts; ++e)
-      seg_begin[e + 1] = seg_begin[e] + sched::pad_to_tile(counts[e], kTileRows);
-    if (seg_begin[experts] > capacity && atomicCAS(&st->code, kOk, kCapacityExceeded) == kOk)
-      st->needed_rows = seg_begin[experts];
+      seg_begin[e + 1] = begin += sched::pad_to_tile(counts[e], kTileRows);
+    if (begin > capacity && atomicCAS(&st->code, kOk, kCapacityExceeded) == kOk)
+      st->needed_rows = begin;
   }
   for (int e = threadIdx.x; e < experts; e += blockDim.x) {
     segment_rows[e] = counts[e];
@@ -69,6 +70,8 @@ void ScheduleBuffers::allocate(const Config& c) {
   counts = device_alloc<int32_t>(size_t(c.num_experts), what);
   offsets = device_alloc<int32_t>(size_t(c.num_experts) + 1, what);
   sorted = device_alloc<int32_t>(slots, what);
+  sort_scratch =
+      device_alloc<int32_t>(size_t(source_schedule_workspace(int64_t(slots), c.num_experts)), what);
   seg_begin = device_alloc<int64_t>(size_t(c.num_experts) + 1, what);
   segment_rows = device_alloc<int64_t>(size_t(c.num_experts), what);
   source_begin = device_alloc<int64_t>(2 * size_t(c.num_experts), what);
@@ -78,9 +81,9 @@ void ScheduleBuffers::allocate(const Config& c) {
 }
 
 void ScheduleBuffers::release() {
-  for (void* p :
-       {(void*)counts, (void*)offsets, (void*)sorted, (void*)seg_begin, (void*)segment_rows,
-        (void*)source_begin, (void*)tile_expert, (void*)shared_tiles, (void*)status})
+  for (void* p : {(void*)counts, (void*)offsets, (void*)sorted, (void*)sort_scratch,
+                  (void*)seg_begin, (void*)segment_rows, (void*)source_begin, (void*)tile_expert,
+                  (void*)shared_tiles, (void*)status})
     cudaFree(p);
   *this = ScheduleBuffers{};
 }
@@ -93,9 +96,9 @@ void build_forward_schedule(const DeviceBatch& b, int top_k, int experts, const 
     const int grid = int(std::clamp<int64_t>((slots + 255) / 256, 1, 4 * 132));
     check_ids_kernel<<<grid, 256, 0, stream>>>(b.topk_ids, slots, top_k, experts, s.status);
   }
-  check_cuda(
-      build_source_schedule(b.topk_ids, T, top_k, experts, s.counts, s.offsets, s.sorted, stream),
-      "schedule");
+  check_cuda(build_source_schedule(b.topk_ids, T, top_k, experts, s.counts, s.offsets, s.sorted,
+                                   s.sort_scratch, stream),
+             "schedule");
   if (owner_tables)
     segments_kernel<<<1, 256, 0, stream>>>(
         s.counts, experts, s.capacity, s.seg_begin, s.segment_rows, s.source_begin, s.tile_expert,

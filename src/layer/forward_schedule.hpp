@@ -40,6 +40,7 @@ struct ScheduleBuffers {
   int64_t capacity = 0;    // padded routed rows, a multiple of kTileRows
   int64_t token_rows = 0;  // max tokens padded to kTileRows (the shared experts' rows)
   int32_t *counts = nullptr, *offsets = nullptr, *sorted = nullptr;
+  int32_t* sort_scratch = nullptr;  // build_source_schedule's workspace
   int32_t* tile_expert = nullptr;   // [capacity / 128]: expert of each routed m-tile, -1 unused
   int32_t* shared_tiles = nullptr;  // [token_rows / 128]: 0 for m-tiles with tokens, else -1
   int64_t* seg_begin = nullptr;     // [E + 1]

@@ -8,9 +8,13 @@
 TEST(ScheduleGpu, SourceScheduleMatchesHost) {
   MOK_REQUIRE_GPU();
   std::mt19937_64 rng(1);
-  for (int trial = 0; trial < 40; ++trial) {
-    const int E = 1 + int(rng() % 512), K = 1 + int(rng() % 16);
-    const int64_t T = trial == 0 ? 0 : int64_t(rng() % 3000);
+  for (int trial = 0; trial < 44; ++trial) {
+    int E = 1 + int(rng() % 512), K = 1 + int(rng() % 16);
+    int64_t T = trial == 0 ? 0 : int64_t(rng() % 3000);
+    if (trial >= 40) {  // the standard shapes' sizes: many 1024-slot chunks, E up to 512
+      const int shapes[4][3] = {{8192, 8, 256}, {8192, 8, 128}, {4096, 8, 512}, {8191, 16, 512}};
+      T = shapes[trial - 40][0], K = shapes[trial - 40][1], E = shapes[trial - 40][2];
+    }
     std::vector<int32_t> ids(size_t(T * K));
     const bool skew = trial % 3 == 0;
     for (int32_t& id : ids) id = skew ? int32_t(rng() % 3) : int32_t(rng() % uint64_t(E));
@@ -22,9 +26,9 @@ TEST(ScheduleGpu, SourceScheduleMatchesHost) {
                                      sorted.data());
 
     DeviceBuffer<int32_t> d_ids(ids), d_counts(static_cast<size_t>(E)), d_offsets(size_t(E) + 1),
-        d_sorted(ids.size());
+        d_sorted(ids.size()), d_scratch(size_t(mok::gpu::source_schedule_workspace(T * K, E)));
     MOK_CUDA_OK(mok::gpu::build_source_schedule(d_ids.ptr, T, K, E, d_counts.ptr, d_offsets.ptr,
-                                                d_sorted.ptr, nullptr));
+                                                d_sorted.ptr, d_scratch.ptr, nullptr));
     MOK_CUDA_OK(cudaDeviceSynchronize());
     EXPECT_EQ(d_counts.to_host(), counts) << trial;
     EXPECT_EQ(d_offsets.to_host(), offsets) << trial;

@@ -8,11 +8,14 @@
 
 namespace mok::gpu {
 
-// topk_ids [T*K]; counts [E]; offsets [E+1]; sorted [T*K]. Ids must be in [0, E) (checked by
-// the caller's validation; out-of-range ids are skipped here, never written out of bounds).
+// topk_ids [T*K]; counts [E]; offsets [E+1]; sorted [T*K]; E in [1, 512] (else
+// cudaErrorInvalidValue). Ids must be in [0, E) (checked by the caller's validation; out-of-range
+// ids are skipped here, never written out of bounds). workspace: source_schedule_workspace(T*K, E)
+// int32s of scratch.
+int64_t source_schedule_workspace(int64_t max_slots, int num_experts);
 cudaError_t build_source_schedule(const int32_t* topk_ids, int64_t tokens, int top_k,
                                   int num_experts, int32_t* counts, int32_t* offsets,
-                                  int32_t* sorted, cudaStream_t stream);
+                                  int32_t* sorted, int32_t* workspace, cudaStream_t stream);
 
 // For each of the owner's padded routed rows [0, rows): source rank (-1 for padding) and index in
 // the source's group for that expert, from the segments of mok::sched::build_segments.
