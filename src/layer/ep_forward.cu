@@ -121,7 +121,12 @@ EpForward::EpForward(const Config& c, const ForwardOptions& options, int rank, i
           "dispatch_lookahead is not supported under expert parallelism");
   DeviceGuard on(device_);
   row_path_ = detail::resolve_row_path(options, /*expert_parallel=*/true);
-  const detail::LaunchPlan plan = detail::plan_forward_launch(config_, options, 1, "EpForward");
+  // A one-rank group that gathers its rows has nothing to dispatch (as MoeForward), unless an
+  // option needs the dispatch role.
+  const bool with_dispatch =
+      n > 1 || row_path_ != RowPath::producer_gather || detail::needs_dispatch_role(options);
+  const detail::LaunchPlan plan =
+      detail::plan_forward_launch(config_, options, 1, "EpForward", with_dispatch);
   block_n_ = plan.block_n;
   grid_ = plan.grid;
   dispatch_ctas_ = plan.dispatch_ctas;

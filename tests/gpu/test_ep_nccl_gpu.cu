@@ -85,6 +85,23 @@ TEST(EpNcclGpu, OneRankGroupEqualsTheMegakernelBitForBit) {
     SCOPED_TRACE("case " + std::to_string(i));
     expect_group_equals_ep1(1, cases[i], 3);
   }
+  // With the producer gather a one-rank group has nothing to dispatch: no dispatch CTAs, as in
+  // MoeForward; the copy path and the dispatch options keep them.
+  ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+  Comms comms(1);
+  const mok::Config c = mok::preset("tiny");
+  for (int variant = 0; variant < 3; ++variant) {
+    mok::gpu::ForwardOptions o;
+    if (variant == 1) o.row_path = mok::gpu::RowPath::dispatch_copy;
+    if (variant == 2) o.combine_on_dispatch_ctas = true;
+    auto group = mok::gpu::EpForward::create_group(c, comms.comms, o);
+    EXPECT_EQ(group[0]->row_path(),
+              variant == 1 ? mok::gpu::RowPath::dispatch_copy : mok::gpu::RowPath::producer_gather);
+    if (variant == 0)
+      EXPECT_EQ(group[0]->dispatch_ctas(), 0);
+    else
+      EXPECT_GT(group[0]->dispatch_ctas(), 0);
+  }
 }
 
 TEST(EpNcclGpu, GroupsOfTwoFourEightGpusEqualTheSingleGpuForward) {
