@@ -9,8 +9,8 @@ struct BenchOptions {
   std::string preset = "all";  // a preset name, or "all": every standard shape of design.md
   int64_t tokens = -1;         // tokens per rank (default: the preset's)
   int iterations = 20;
-  bool breakdown =
-      false;  // also time the other row path, the copy path without its copy, no combine
+  // Also time the other row path, the copy path without its copy, no combine, the schedule alone.
+  bool breakdown = false;
   std::string row_path = "auto";  // auto, copy (dispatch CTAs) or gather (GEMM producers)
   int ep = 1;                     // > 1: the expert-parallel forward (bench_ep.cpp)
   int dispatch_ctas = 0;          // 0: the megakernel's default

@@ -171,13 +171,15 @@ int bench_ep_command(const BenchOptions& o) {
       if (ncclCommInitAll(comms.data(), n, nullptr) != ncclSuccess)
         throw Error(ErrorCode::unsupported, "ncclCommInitAll failed");
       const gpu::ForwardOptions fo = bench_forward_options(o);
+      // One forward of every rank of `group` on its own inputs.
+      auto forward_all = [&](const std::vector<std::unique_ptr<gpu::EpForward>>& group) {
+        for (int r = 0; r < n; ++r)
+          group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
+                                    ranks[size_t(r)]->out.ptr, nullptr);
+      };
       {
         auto group = gpu::EpForward::create_group(c, comms, fo);
-        auto run = [&] {
-          for (int r = 0; r < n; ++r)
-            group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
-                                      ranks[size_t(r)]->out.ptr, nullptr);
-        };
+        auto run = [&] { forward_all(group); };
         run();
         for (auto& f : group) f->check(nullptr);
         ep_ms = median_wall_ms(run, o.iterations, n);
@@ -188,22 +190,13 @@ int bench_ep_command(const BenchOptions& o) {
         gpu::ForwardOptions no_copy = fo;
         no_copy.profile_without_dispatch_copy = true;
         auto group = gpu::EpForward::create_group(c, comms, no_copy);
-        no_copy_ms = median_wall_ms(
-            [&] {
-              for (int r = 0; r < n; ++r)
-                group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
-                                          ranks[size_t(r)]->out.ptr, nullptr);
-            },
-            o.iterations, n);
+        no_copy_ms = median_wall_ms([&] { forward_all(group); }, o.iterations, n);
       }
       {  // one profiled forward (same output): the spans of dispatch and combine on rank 0
         gpu::ForwardOptions timed = fo;
         timed.profile_wait_times = true;
         auto group = gpu::EpForward::create_group(c, comms, timed);
-        for (int i = 0; i < 3; ++i)
-          for (int r = 0; r < n; ++r)
-            group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
-                                      ranks[size_t(r)]->out.ptr, nullptr);
+        for (int i = 0; i < 3; ++i) forward_all(group);
         for (auto& f : group) f->check(nullptr);
         const gpu::ForwardProfile f = group[0]->last_profile(nullptr);
         char line[512];

@@ -63,7 +63,8 @@ EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& opti
           "EmulatedEpForward runs ep_size 2, 4 or 8 logical ranks, got " + std::to_string(n));
   require(c.num_experts <= detail::kMaxEpExperts, ErrorCode::unsupported, "at most 512 experts");
   row_path_ = detail::resolve_row_path(options, /*expert_parallel=*/true);
-  const detail::LaunchPlan plan = detail::plan_forward_launch(c, options, n, "EmulatedEpForward");
+  const detail::LaunchPlan plan =
+      detail::plan_forward_launch(c, options, n, "EmulatedEpForward", row_path_);
   block_n_ = plan.block_n;
   grid_ = plan.grid;
   dispatch_ctas_ = plan.dispatch_ctas;
@@ -152,7 +153,7 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
       p.peer_y_slots[q] = other.peer_y_slots[q];
       p.peer_token_done[q] = other.peer_token_done[q];
     }
-  check_cuda(kern::launch_moe_forward(launch, block_n_, grid_, stream),
+  check_cuda(kern::launch_moe_forward(launch, block_n_, options_.pingpong_consumers, grid_, stream),
              "the forward megakernel (emulated EP)");
 }
 

@@ -121,12 +121,8 @@ EpForward::EpForward(const Config& c, const ForwardOptions& options, int rank, i
           "dispatch_lookahead is not supported under expert parallelism");
   DeviceGuard on(device_);
   row_path_ = detail::resolve_row_path(options, /*expert_parallel=*/true);
-  // A one-rank group that gathers its rows has nothing to dispatch (as MoeForward), unless an
-  // option needs the dispatch role.
-  const bool with_dispatch =
-      n > 1 || row_path_ != RowPath::producer_gather || detail::needs_dispatch_role(options);
   const detail::LaunchPlan plan =
-      detail::plan_forward_launch(config_, options, 1, "EpForward", with_dispatch);
+      detail::plan_forward_launch(config_, options, 1, "EpForward", row_path_);
   block_n_ = plan.block_n;
   grid_ = plan.grid;
   dispatch_ctas_ = plan.dispatch_ctas;
@@ -272,7 +268,7 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
     p.peer_y_slots[q] = reinterpret_cast<__nv_bfloat16*>(base + L.y_slots);
     p.peer_token_done[q] = reinterpret_cast<uint32_t*>(base + L.token_done);
   }
-  check_cuda(kern::launch_moe_forward(launch, block_n_, grid_, stream),
+  check_cuda(kern::launch_moe_forward(launch, block_n_, options_.pingpong_consumers, grid_, stream),
              "the forward megakernel (EP over NCCL)");
 }
 

@@ -28,18 +28,11 @@ __global__ void segments_kernel(const int32_t* counts, int experts, int64_t capa
                                 int64_t* seg_begin, int64_t* segment_rows, int64_t* source_begin,
                                 int32_t* tile_expert, int64_t routed_tiles, int64_t tokens,
                                 int32_t* shared_tiles, int64_t shared_tile_count, Status* st) {
-  if (threadIdx.x == 0) {  // serial over E <= 512, the running sum kept in a register
-    int64_t begin = 0;
-    seg_begin[0] = 0;
-    for (int e = 0; e < experts; ++e)
-      seg_begin[e + 1] = begin += sched::pad_to_tile(counts[e], kTileRows);
-    if (begin > capacity && atomicCAS(&st->code, kOk, kCapacityExceeded) == kOk)
-      st->needed_rows = begin;
-  }
-  for (int e = threadIdx.x; e < experts; e += blockDim.x) {
-    segment_rows[e] = counts[e];
-    source_begin[2 * e] = 0;
-    source_begin[2 * e + 1] = counts[e];
+  if (threadIdx.x == 0) {  // the EP layout's math with one source and this rank as the owner
+    sched::build_segments(counts, 1, experts, 0, kTileRows, seg_begin, segment_rows, source_begin);
+    const int64_t rows = seg_begin[experts];
+    if (rows > capacity && atomicCAS(&st->code, kOk, kCapacityExceeded) == kOk)
+      st->needed_rows = rows;
   }
   __syncthreads();
   const bool ok = !schedule_failed(st);

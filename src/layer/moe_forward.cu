@@ -49,13 +49,14 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   require(c.ep_size == 1, ErrorCode::unsupported,
           "MoeForward runs one GPU (ep_size = 1), got ep_size = " + std::to_string(c.ep_size));
   row_path_ = detail::resolve_row_path(options, /*expert_parallel=*/false);
-  const bool gather = row_path_ == RowPath::producer_gather;
-  require(!gather || !detail::needs_dispatch_role(options), ErrorCode::invalid_argument,
+  require(row_path_ != RowPath::producer_gather || !detail::needs_dispatch_role(options),
+          ErrorCode::invalid_argument,
           "dispatch_ctas, dispatch_lookahead > 0, combine_on_dispatch_ctas, the dispatch test "
           "hooks and profile_without_dispatch_copy need the dispatch role: row_path = "
           "dispatch_copy or automatic, not producer_gather (the GEMM producers gather rows then "
           "and there are no dispatch CTAs)");
-  const detail::LaunchPlan plan = detail::plan_forward_launch(c, options, 1, "MoeForward", !gather);
+  const detail::LaunchPlan plan =
+      detail::plan_forward_launch(c, options, 1, "MoeForward", row_path_);
   block_n_ = plan.block_n;
   grid_ = plan.grid;
   dispatch_ctas_ = plan.dispatch_ctas;
@@ -107,7 +108,8 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   launch.ranks = 1;
   launch.maps[0] = detail::rank_maps(w.rank, c, b, wt, block_n_);
   launch.params[0] = detail::rank_params(w.rank, c, b, out, o);
-  check_cuda(kern::launch_moe_forward(launch, block_n_, grid_, stream), "the forward megakernel");
+  check_cuda(kern::launch_moe_forward(launch, block_n_, options_.pingpong_consumers, grid_, stream),
+             "the forward megakernel");
 }
 
 ForwardProfile MoeForward::last_profile(cudaStream_t stream) const {

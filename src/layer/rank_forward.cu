@@ -30,7 +30,7 @@ int tile_group_blocks(const ForwardOptions& o) {
 }
 
 LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,
-                               const char* who, bool with_dispatch) {
+                               const char* who, RowPath row_path) {
   require(c.precision == Precision::bf16, ErrorCode::unsupported,
           std::string("precision ") + precision_name(c.precision) +
               ": the GPU forward is BF16 only for now");
@@ -74,6 +74,10 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
   // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.
   plan.grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   const int share = plan.grid / ranks_in_launch;
+  // Dispatch CTAs run unless a lone rank gathers all its rows itself and no option needs them
+  // (under EP they bring the peers' rows).
+  const bool with_dispatch =
+      c.ep_size > 1 || row_path != RowPath::producer_gather || needs_dispatch_role(o);
   plan.dispatch_ctas = !with_dispatch ? 0
                        : o.dispatch_ctas > 0
                            ? o.dispatch_ctas
@@ -308,7 +312,6 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.fault = w.fault;
   p.dispatch_ctas = o.dispatch_ctas;
   p.gather_rows = o.gather_rows ? 1 : 0;
-  p.pingpong = fo.pingpong_consumers ? 1 : 0;
   p.group_blocks = tile_group_blocks(fo);
   p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;
   p.dispatch_lookahead = o.dispatch_lookahead;

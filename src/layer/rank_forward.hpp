@@ -74,13 +74,15 @@ struct LaunchPlan {
 };
 // Options that only the dispatch role takes (MoeForward then keeps the dispatch-copy row path).
 bool needs_dispatch_role(const ForwardOptions& o);
-// The row path a forward runs (never automatic); expert_parallel: the EP forwards, where dispatch
-// CTAs always run.
+// The row path a forward runs (never automatic); expert_parallel: the EP forwards (EpForward even
+// for a one-rank group), whose automatic path gathers whatever dispatch options are set.
 RowPath resolve_row_path(const ForwardOptions& o, bool expert_parallel);
 // Routed row blocks per tile group: overlap_rows / 128, or sched::kTileGroupRows for 0.
 int tile_group_blocks(const ForwardOptions& o);
+// row_path: resolve_row_path's; dispatch CTAs are planned unless c.ep_size is 1, the rows are
+// gathered and no option needs the dispatch role.
 LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,
-                               const char* who, bool with_dispatch = true);
+                               const char* who, RowPath row_path);
 
 // Turns the fault records of a forward into mok::Error(peer_timeout): the most upstream wait is
 // the cause, the others gave up because of it. `prefix` goes first ("rank 1: "). Nothing if no

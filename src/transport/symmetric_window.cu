@@ -43,8 +43,7 @@ void fill_peer_bases(SymmetricWindow& w) {
   if (dc->lsaSize != dc->nRanks)
     throw Error(ErrorCode::unsupported,
                 "the EP group's " + std::to_string(dc->nRanks) +
-                    " ranks are not all in one NVLink "
-                    "domain (NCCL's LSA team has " +
+                    " ranks are not all in one NVLink domain (NCCL's LSA team has " +
                     std::to_string(dc->lsaSize) +
                     "); mok's transport needs every rank reachable by load/store");
   check_cuda(cudaSetDevice(w.device), "cudaSetDevice");

@@ -114,17 +114,31 @@ MOK_HD int segment_of_row(int64_t row, const int64_t* segment_begin, int segment
   return lo;
 }
 
+// Row `row` of segment l (known): its source rank and index among that source's rows, or source
+// -1 for a padding row.
+struct SourceIndex {
+  int source_rank;
+  int64_t index_in_source_group;
+};
+MOK_HD SourceIndex source_of_segment_row(int64_t row, int l, const int64_t* segment_begin,
+                                         const int64_t* segment_rows, const int64_t* source_begin,
+                                         int ep_size) {
+  const int64_t offset = row - segment_begin[l];
+  if (offset >= segment_rows[l]) return {-1, 0};
+  const int64_t* sb = source_begin + int64_t(l) * (ep_size + 1);
+  int src = 0;
+  while (sb[src + 1] <= offset) ++src;
+  return {src, offset - sb[src]};
+}
+
 MOK_HD RoutedRow locate_routed_row(int64_t row, const int64_t* segment_begin,
                                    const int64_t* segment_rows, const int64_t* source_begin,
                                    int experts_per_rank, int ep_size) {
   const int lo = segment_of_row(row, segment_begin, experts_per_rank);
   if (lo < 0) return {-1, -1, 0};
-  const int64_t offset = row - segment_begin[lo];
-  if (offset >= segment_rows[lo]) return {lo, -1, 0};
-  const int64_t* sb = source_begin + int64_t(lo) * (ep_size + 1);
-  int src = 0;
-  while (sb[src + 1] <= offset) ++src;
-  return {lo, src, offset - sb[src]};
+  const SourceIndex s =
+      source_of_segment_row(row, lo, segment_begin, segment_rows, source_begin, ep_size);
+  return {lo, s.source_rank, s.index_in_source_group};
 }
 
 // EP = 1: the (token, k) slot that padded routed row `row` of `expert`'s segment holds, or -1 for a

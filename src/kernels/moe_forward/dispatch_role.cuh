@@ -83,11 +83,12 @@ __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, i
     bool copies = false;
     if (threadIdx.x < kBlockM) {
       const int expert = p.tile_expert[b];
-      const RowRank r = routed_row_rank(p, b * kBlockM + threadIdx.x, expert);
-      const bool gathered = p.gather_rows && (r.src < 0 || r.src == p.ep_rank);
-      source_rank[threadIdx.x] = gathered ? -2 : r.src;
+      const sched::SourceIndex r = routed_row_rank(p, b * kBlockM + threadIdx.x, expert);
+      const int src = r.source_rank;
+      const bool gathered = p.gather_rows && (src < 0 || src == p.ep_rank);
+      source_rank[threadIdx.x] = gathered ? -2 : src;
       source_token[threadIdx.x] =
-          r.src >= 0 && !gathered ? sched::slot_token(source_slot(p, r, expert), p.top_k) : -1;
+          src >= 0 && !gathered ? sched::slot_token(source_slot(p, r, expert), p.top_k) : -1;
       copies = !gathered;
     }
     // The block as one flat run of vectors: consecutive threads move consecutive 16 bytes.

@@ -90,8 +90,6 @@ struct ForwardParams {
   int gather_rows;   // the gate/up producers gather routed rows (cp.async into the swizzled stage):
                      // this rank's from x, peers' from the ring (dispatch copies only those; at
                      // EP = 1 there are no dispatch CTAs)
-  int pingpong;      // host side: selects the ping-pong instantiation
-                     // (ForwardOptions::pingpong_consumers)
   int group_blocks;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
   uint64_t wait_cycles;
@@ -134,9 +132,9 @@ struct ForwardLaunch {
 };
 static_assert(sizeof(ForwardLaunch) <= 32764, "kernel parameters (CUDA 12.1+, sm_70+)");
 
-// The kernel for block_n 128 or 256 (ping-pong: 128 only, from params[0].pingpong) with `grid`
-// CTAs; every one must be resident at once.
-cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, int grid,
+// The kernel for block_n 128 or 256 (ping-pong consumers: 128 only) with `grid` CTAs; every one
+// must be resident at once.
+cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, bool pingpong, int grid,
                                cudaStream_t stream);
 
 }  // namespace mok::kern

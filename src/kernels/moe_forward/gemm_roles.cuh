@@ -101,7 +101,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       return;
     }
     const TileWork w = tiles.at(t, p);
-    const bool gather = p.gather_rows && w.kind == TileKind::routed_gate_up;
+    const bool gather = gathers_rows(p, w);
     const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
     const uint32_t* ready = nullptr;
     uint32_t needed = 0;
@@ -152,10 +152,10 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
 #pragma unroll
       for (int i = 0; i < kGatherRowsPerThread; ++i) {
         const int r = GatherRows::row(i);
-        const RowRank s = routed_row_rank(p, w.m_block * kBlockM + r, w.expert);
-        rows.src[i] = s.src < 0 ? nullptr
-                      : s.src == p.ep_rank
-                          ? p.peer_x[s.src] +
+        const sched::SourceIndex s = routed_row_rank(p, w.m_block * kBlockM + r, w.expert);
+        rows.src[i] = s.source_rank < 0 ? nullptr
+                      : s.source_rank == p.ep_rank
+                          ? p.peer_x[s.source_rank] +
                                 sched::slot_token(source_slot(p, s, w.expert), p.top_k) * p.hidden
                           : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
@@ -330,7 +330,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
         publish_warpgroup(act_counter(p, w), wg);
       continue;
     }
-    const bool gathered = p.gather_rows && w.kind == TileKind::routed_gate_up;
+    const bool gathered = gathers_rows(p, w);
     if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on,
                            &times.starved, gathered)) {
       record_fault(p, kRoleConsumer, t);
@@ -345,7 +345,6 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       count_down_rows(p, w, row0, 64, wg);
     }
   }
-  return true;
 }
 
 }  // namespace mok::kern

@@ -90,11 +90,10 @@ cudaError_t prepare_moe_forward(int block_n, bool pingpong, int* ctas_per_sm) {
   return cudaErrorInvalidValue;
 }
 
-cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, int grid,
+cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, bool pingpong, int grid,
                                cudaStream_t stream) {
   if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)
     return cudaErrorInvalidValue;
-  const bool pingpong = launch.params[0].pingpong != 0;
   if (pingpong && block_n == 128)
     launch_kernel<128, true>(launch, grid, stream);
   else if (!pingpong && block_n == 256)

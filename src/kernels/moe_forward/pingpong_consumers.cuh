@@ -53,7 +53,7 @@ __device__ __forceinline__ bool pingpong_consumer_role(const ForwardParams& p,
     }
     int row0 = int(w.m_block * kBlockM);
     const bool top_live = !all_padding(p, w, row0), bottom_live = !all_padding(p, w, row0 + 64);
-    const bool gathered = p.gather_rows && w.kind == TileKind::routed_gate_up;
+    const bool gathered = gathers_rows(p, w);
     bool ok;
     if (!top_live)
       ok = skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles);

@@ -40,6 +40,12 @@ struct TileWork {
   int k_blocks;
 };
 
+// True when the producer warpgroup gathers this tile's A rows (cp.async) instead of TMA-loading
+// them: routed gate/up tiles under RowPath::producer_gather.
+__device__ __forceinline__ bool gathers_rows(const ForwardParams& p, const TileWork& w) {
+  return p.gather_rows && w.kind == TileKind::routed_gate_up;
+}
+
 __device__ __forceinline__ bool batch_ok(const ForwardParams& p) { return *p.status == 0; }
 
 // Routed row blocks in use: the padded segments of this batch (none once the batch failed).
@@ -53,40 +59,33 @@ __device__ __forceinline__ int routed_group_rows(const ForwardParams& p) {
   return p.ring_blocks < p.group_blocks ? int(p.ring_blocks) : p.group_blocks;
 }
 
-// Where routed row `row` of local expert `expert` comes from: the source rank and the row's index
-// among that source's rows of the expert; src = -1 for a padding row. Rows of a segment are in
+// Where routed row `row` of local expert `expert` comes from: the source rank (-1 for a padding
+// row) and the row's index among that source's rows of the expert. Rows of a segment are in
 // (source rank, slot) order. Reads only this rank's owner tables.
-struct RowRank {
-  int src;
-  int64_t index;
-};
-__device__ __forceinline__ RowRank routed_row_rank(const ForwardParams& p, int64_t row,
-                                                   int expert) {
-  const int64_t offset = row - p.seg_begin[expert];
-  if (offset >= p.segment_rows[expert]) return {-1, -1};
-  const int64_t* begin = p.source_begin + int64_t(expert) * (p.ep_size + 1);
-  int src = 0;
-  while (begin[src + 1] <= offset) ++src;
-  return {src, offset - begin[src]};
+__device__ __forceinline__ sched::SourceIndex routed_row_rank(const ForwardParams& p, int64_t row,
+                                                              int expert) {
+  return sched::source_of_segment_row(row, expert, p.seg_begin, p.segment_rows, p.source_begin,
+                                      p.ep_size);
 }
 
 // The (token, k) slot on the source rank of a row that is not padding.
-__device__ __forceinline__ int64_t source_slot(const ForwardParams& p, RowRank r, int expert) {
+__device__ __forceinline__ int64_t source_slot(const ForwardParams& p, sched::SourceIndex r,
+                                               int expert) {
   const int global_expert = sched::global_expert(p.ep_rank, expert, p.experts);
-  return p.peer_sorted[r.src][p.peer_offsets[r.src][global_expert] + r.index];
+  return p.peer_sorted[r.source_rank]
+                      [p.peer_offsets[r.source_rank][global_expert] + r.index_in_source_group];
 }
 
-// Both at once (reads the source's schedule: over NVLink for a
-// peer).
+// Both at once (reads the source's schedule: over NVLink for a peer).
 struct RowSource {
   int src;
   int64_t slot;
 };
 __device__ __forceinline__ RowSource routed_row_source(const ForwardParams& p, int64_t row,
                                                        int expert) {
-  const RowRank r = routed_row_rank(p, row, expert);
-  if (r.src < 0) return {-1, -1};
-  return {r.src, source_slot(p, r, expert)};
+  const sched::SourceIndex r = routed_row_rank(p, row, expert);
+  if (r.source_rank < 0) return {-1, -1};
+  return {r.source_rank, source_slot(p, r, expert)};
 }
 
 template <int kBlockN>
