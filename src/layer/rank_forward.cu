@@ -121,10 +121,12 @@ ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dis
   check_cuda(cudaMemcpyAsync(ns, timings, sizeof ns, cudaMemcpyDeviceToHost, stream),
              "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
-  const double gemm_ctas = ctas - dispatch_ctas, warpgroups = 2.0 * gemm_ctas,
+  // Dispatch CTAs join the GEMMs after dispatch unless they keep the combine to themselves.
+  const double gemm_ctas = combine_on_dispatch_ctas ? ctas - dispatch_ctas : ctas,
+               warpgroups = 2.0 * gemm_ctas,
                dispatchers = dispatch_ctas > 0 ? dispatch_ctas : 1,  // 0: no dispatch role
-      combine_warps = 12.0 * dispatch_ctas +
-                      (combine_on_dispatch_ctas ? 0.0 : 8.0 * gemm_ctas);  // 384 / 256 threads
+      combine_warps =
+          combine_on_dispatch_ctas ? 12.0 * dispatch_ctas : 8.0 * ctas;  // 384 / 256 threads
   auto ms = [&](int i, double participants) { return double(ns[i]) * 1e-6 / participants; };
   ForwardProfile f;
   f.gate_up_waits_dispatch = ms(kern::kTimeGateUpWaitsDispatch, gemm_ctas);
@@ -136,6 +138,7 @@ ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dis
   f.dispatch_total = ms(kern::kTimeDispatchTotal, dispatchers);
   f.combine_waits = ms(kern::kTimeCombineWaits, combine_warps);
   f.combine_total = ms(kern::kTimeCombineTotal, combine_warps);
+  f.dispatch_ctas_joined = int(ns[kern::kDispatchCtasJoined]);
   return f;
 }
 

@@ -165,6 +165,13 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   EXPECT_GT(f.combine_total, 0.0);
   EXPECT_GE(f.combine_total, f.combine_waits);
   EXPECT_GE(f.consumer_total, f.consumer_starved);
+  EXPECT_EQ(f.dispatch_ctas_joined, timed.dispatch_ctas());  // every one went on to the GEMMs
+  EXPECT_GT(f.dispatch_ctas_joined, 0);
+  o.combine_on_dispatch_ctas = true;  // then they combine instead
+  MoeForward combining(c, o);
+  expect_matches_reference(c, p, b, gpu_forward(combining, c, layer, b));
+  EXPECT_EQ(combining.last_profile(nullptr).dispatch_ctas_joined, 0);
+  o.combine_on_dispatch_ctas = false;
   o.row_path = RowPath::producer_gather;  // no dispatch role: its times are zero
   MoeForward gathering(c, o);
   expect_matches_reference(c, p, b, gpu_forward(gathering, c, layer, b));

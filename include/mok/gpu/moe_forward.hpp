@@ -76,6 +76,7 @@ struct ForwardProfile {
   double dispatch_total = 0;          //   ... start to the last published block
   double combine_waits = 0;           // per combine warp: waiting for a token's outputs
   double combine_total = 0;           //   ... first token to the empty queue
+  int dispatch_ctas_joined = 0;       // dispatch CTAs that ran the GEMM roles after dispatch
 };
 
 // Dispatch CTAs for a GPU of `sms` SMs: enough to gather rows faster than the GEMM CTAs consume

@@ -4,7 +4,8 @@
 // later blocks are still being gathered. Padding rows are written as zeros. With expert
 // parallelism only the source of these rows changes (a peer's buffer instead of x). When the GEMM
 // producers gather (gather_rows, EP > 1) they read this rank's rows from x and padding as zeros
-// themselves: dispatch then copies only the peers' rows into the ring.
+// themselves: dispatch then copies only the peers' rows into the ring. A dispatch CTA then runs
+// the GEMM roles like the others (moe_forward_bf16.cu).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -60,8 +61,11 @@ __device__ __forceinline__ bool may_gather(const ForwardParams& p,
   return wait_unless_aborted(p, [&] { return *claimed >= target; });
 }
 
+// False when a bounded wait expired (recorded); every thread returns the same. Not inlined: the
+// dispatch CTAs run the GEMM roles afterwards, and inlined into that path ptxas spilled ~1 KB in
+// the 128 x 256 kernel; as a call it keeps its own registers (0 spills, ptxas -v).
 template <int kBlockN>
-__device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, int ctas) {
+__device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int ctas) {
   __shared__ int64_t source_token[kBlockM];  // token of each row of the block on its source rank
   __shared__ int source_rank[kBlockM];  // -1: padding; -2: not copied (the producers gather it)
   __shared__ int paced_ok;
@@ -78,7 +82,7 @@ __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, i
       if (!paced_ok) record_fault(p, kRoleDispatchPacing, b);
     }
     __syncthreads();
-    if (!paced_ok) return;
+    if (!paced_ok) return false;
     const uint64_t copy_start = timer.now();
     bool copies = false;
     if (threadIdx.x < kBlockM) {
@@ -128,6 +132,7 @@ __device__ __forceinline__ void dispatch_role(const ForwardParams& p, int cta, i
   }
   timer.add(kTimeDispatchTotal, start);
   timer.flush(p);
+  return true;
 }
 
 }  // namespace mok::kern

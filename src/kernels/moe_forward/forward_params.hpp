@@ -113,7 +113,8 @@ enum ForwardTiming : int {
   kTimeDispatchTotal = 6,        // dispatch CTAs from start to their last published block
   kTimeCombineWaits = 7,         // combine warps waiting for a token's expert outputs
   kTimeCombineTotal = 8,         // combine warps from their first token to the empty queue
-  kForwardTimings = 9,
+  kDispatchCtasJoined = 9,       // a count, not a time: dispatch CTAs that went on to the GEMMs
+  kForwardTimings = 10,
 };
 
 // Stages a benchmark may drop (the output is then wrong): the dispatch copy (blocks are published

@@ -19,7 +19,8 @@ static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRe
               "setmaxnreg budget");
 
 // The grid is split into launch.ranks contiguous shares, one per logical rank (one share for a
-// real EP rank); inside a share the first dispatch_ctas CTAs dispatch, the rest run the GEMMs.
+// real EP rank); inside a share the first dispatch_ctas CTAs dispatch, then join the others in the
+// GEMMs.
 template <int kBlockN, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
@@ -29,9 +30,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   const ForwardParams& p = launch.params[rank];
   const ForwardMaps& maps = launch.maps[rank];
   if (cta < p.dispatch_ctas) {
-    if (batch_ok(p)) dispatch_role<kBlockN>(p, cta, p.dispatch_ctas);
-    combine_role<kBlockN>(p);
-    return;
+    // Once its blocks are copied a dispatch CTA joins the GEMMs: its SM would otherwise only wait
+    // for the combine (dispatch spans a third of the forward or less). It claims tiles from the
+    // same counter, so the tile order's deadlock argument holds; dispatch itself never waits on
+    // this CTA. With combine_on_dispatch_ctas (or a failed wait) it combines instead.
+    const bool dispatched = !batch_ok(p) || dispatch_role<kBlockN>(p, cta, p.dispatch_ctas);
+    if (!dispatched || p.combine_on_dispatch_ctas) {
+      combine_role<kBlockN>(p);
+      return;
+    }
+    if (p.timings && threadIdx.x == 0) atomicAdd(p.timings + kDispatchCtasJoined, 1ull);
   }
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint64_t full[TileShape<kBlockN>::kStages], empty[TileShape<kBlockN>::kStages];
