@@ -34,15 +34,9 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
       : "memory");
   return done != 0;
 }
-// Bounded wait for the phase of `parity`; false on timeout. No sleep between tries (unlike
-// spin_until): try_wait already suspends the thread until the phase completes or a hardware time
-// limit passes, and a thread in __nanosleep would wake up to a microsecond after its stage landed.
+// Bounded wait for the phase of `parity`; false on timeout.
 __device__ __forceinline__ bool mbar_wait(uint64_t* bar, uint32_t parity, uint64_t max_cycles) {
-  if (mbar_try_wait(bar, parity)) return true;
-  const uint64_t start = clock64();
-  while (!mbar_try_wait(bar, parity))
-    if (clock64() - start > max_cycles) return false;
-  return true;
+  return spin_until([&] { return mbar_try_wait(bar, parity); }, max_cycles);
 }
 
 // A ring position shared by a producer and its consumers: both walk the same sequence, so stage
