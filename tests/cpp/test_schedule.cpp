@@ -135,3 +135,19 @@ TEST(Schedule, GroupedTileOrderIsABijection) {
       }
     }
 }
+
+// The dispatch copy's walk over a block's vectors lands where a division would, for row lengths
+// shorter and longer than the stride.
+TEST(Schedule, VectorWalkMatchesDivision) {
+  for (uint32_t row_vecs : {8u, 32u, 48u, 256u, 384u, 896u, 3000u})
+    for (uint32_t stride : {1u, 32u, 384u, 1000u}) {
+      const mok::sched::VectorWalk walk = mok::sched::VectorWalk::make(stride, row_vecs);
+      for (uint32_t start : {0u, 5u, stride - 1}) {
+        mok::sched::VectorWalk::Position p = walk.at(start);
+        for (uint32_t i = start; i < 128 * row_vecs + 3 * stride; i += stride, walk.advance(p)) {
+          ASSERT_EQ(p.row, i / row_vecs) << row_vecs << " " << stride << " " << i;
+          ASSERT_EQ(p.col, i % row_vecs) << row_vecs << " " << stride << " " << i;
+        }
+      }
+    }
+}

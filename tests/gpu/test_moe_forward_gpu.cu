@@ -278,6 +278,16 @@ TEST_P(StandardShape, AgreesWithStagedCublasAndTheReference) {
     got = host(out);
   }
   for (size_t i = 0; i < got.size(); ++i) ASSERT_FALSE(std::isnan(got[i])) << "unwritten at " << i;
+  {  // dispatch CTAs copying every row (at H = 2048 and 7168 the copy's walk over a block steps
+     // past whole rows and within one row: both cases), then joining the GEMMs
+    ForwardOptions copy;
+    copy.row_path = RowPath::dispatch_copy;
+    DeviceBuffer<uint16_t> copied(size_t(T * H), 0xFF);
+    MoeForward mega(c, copy);
+    mega.forward(batch, weights, bf(copied), nullptr);
+    mega.check(nullptr);
+    EXPECT_TRUE(same_bits(host(copied), got));
+  }
   {
     mok::gpu::StagedForward staged(c);
     staged.forward(batch, weights, bf(staged_out), nullptr);

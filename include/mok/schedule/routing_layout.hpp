@@ -181,4 +181,22 @@ MOK_HD bool ring_may_read(uint32_t ready_count, uint32_t generation) {
 }
 MOK_HD uint32_t ring_published(uint32_t generation) { return generation + 1; }
 
+// Walks a row block's 16-byte vectors i, i + s, i + 2s, ... as (row, column) pairs of rows of
+// row_vecs vectors, by adding only (the dispatch copy: an integer division per vector, ~20
+// instructions, made its loop instruction-bound rather than memory-bound).
+struct VectorWalk {
+  uint32_t rows, cols, row_vecs;  // s = rows * row_vecs + cols
+  struct Position {
+    uint32_t row, col;
+  };
+  MOK_HD static VectorWalk make(uint32_t s, uint32_t row_vecs) {
+    return {s / row_vecs, s % row_vecs, row_vecs};
+  }
+  MOK_HD Position at(uint32_t i) const { return {i / row_vecs, i % row_vecs}; }
+  MOK_HD void advance(Position& p) const {
+    p.row += rows, p.col += cols;
+    if (p.col >= row_vecs) p.col -= row_vecs, ++p.row;
+  }
+};
+
 }  // namespace mok::sched

@@ -66,16 +66,21 @@ __device__ __forceinline__ bool may_gather(const ForwardParams& p,
 // the 128 x 256 kernel; as a call it keeps its own registers (0 spills, ptxas -v).
 template <int kBlockN>
 __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int ctas) {
-  __shared__ int64_t source_token[kBlockM];  // token of each row of the block on its source rank
-  __shared__ int source_rank[kBlockM];  // -1: padding; -2: not copied (the producers gather it)
+  // Per row of the block: where it starts on its source rank (nullptr: padding, written as zeros),
+  // and whether it is copied at all (not when the producers gather it). Resolved once per block,
+  // so the copy loop reads only shared memory and the rows: no ForwardParams loads, which in this
+  // out-of-line function are generic loads the stores to the ring could alias.
+  __shared__ const uint4* row_source[kBlockM];
+  __shared__ bool row_copied[kBlockM];
   __shared__ int paced_ok;
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   const int64_t blocks = routed_blocks(p);
   RoleTimer timer(p);  // thread 0 reports
   timer.on = timer.on && threadIdx.x == 0;
   const uint64_t start = timer.now();
-  const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row (32-bit math:
-  const uint32_t block_vecs = kBlockM * row_vecs;    // the divisions below stay cheap)
+  const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row
+  const uint32_t block_vecs = kBlockM * row_vecs;
+  const sched::VectorWalk walk = sched::VectorWalk::make(blockDim.x, row_vecs);
   for (int64_t b = cta; b < blocks; b += ctas) {
     if (threadIdx.x == 0) {
       paced_ok = may_gather(p, tiles, b);
@@ -90,35 +95,37 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
       const sched::SourceIndex r = routed_row_rank(p, b * kBlockM + threadIdx.x, expert);
       const int src = r.source_rank;
       const bool gathered = p.gather_rows && (src < 0 || src == p.ep_rank);
-      source_rank[threadIdx.x] = gathered ? -2 : src;
-      source_token[threadIdx.x] =
-          src >= 0 && !gathered ? sched::slot_token(source_slot(p, r, expert), p.top_k) : -1;
+      row_copied[threadIdx.x] = !gathered;
+      row_source[threadIdx.x] =
+          src >= 0 && !gathered
+              ? reinterpret_cast<const uint4*>(p.peer_x[src]) +
+                    sched::slot_token(source_slot(p, r, expert), p.top_k) * row_vecs
+              : nullptr;
       copies = !gathered;
     }
     // The block as one flat run of vectors: consecutive threads move consecutive 16 bytes.
-    uint4* dst = reinterpret_cast<uint4*>(p.routed_x) + b % p.ring_blocks * int64_t(block_vecs);
+    uint4* const dst =
+        reinterpret_cast<uint4*>(p.routed_x) + b % p.ring_blocks * int64_t(block_vecs);
     const bool any_copies = __syncthreads_or(copies);
     const uint32_t copy_vecs =
         p.profile_flags & kProfileNoDispatchCopy || !any_copies ? 0 : block_vecs;
+    sched::VectorWalk::Position at = walk.at(threadIdx.x);  // of vector `base`
     for (uint32_t base = threadIdx.x; base < copy_vecs; base += blockDim.x * kDispatchUnroll) {
       uint4 v[kDispatchUnroll];
+      sched::VectorWalk::Position pos = at;
 #pragma unroll
-      for (int u = 0; u < kDispatchUnroll; ++u) {
+      for (int u = 0; u < kDispatchUnroll; ++u, walk.advance(pos)) {
         const uint32_t i = base + u * blockDim.x;
-        v[u] = make_uint4(0, 0, 0, 0);
-        if (i < block_vecs) {
-          const uint32_t r = i / row_vecs;
-          const int src = source_rank[r];
-          if (src >= 0)
-            v[u] = __ldg(reinterpret_cast<const uint4*>(p.peer_x[src]) +
-                         source_token[r] * row_vecs + i % row_vecs);
-        }
+        const uint4* src = i < block_vecs ? row_source[pos.row] : nullptr;
+        v[u] = src ? __ldg(src + pos.col) : make_uint4(0, 0, 0, 0);
       }
+      pos = at;
 #pragma unroll
-      for (int u = 0; u < kDispatchUnroll; ++u) {
+      for (int u = 0; u < kDispatchUnroll; ++u, walk.advance(pos)) {
         const uint32_t i = base + u * blockDim.x;
-        if (i < block_vecs && source_rank[i / row_vecs] != -2) dst[i] = v[u];
+        if (i < block_vecs && row_copied[pos.row]) dst[i] = v[u];
       }
+      at = pos;
     }
     __syncthreads();  // every thread's stores precede the release below (it is cumulative)
     timer.add(kTimeDispatchCopying, copy_start);
