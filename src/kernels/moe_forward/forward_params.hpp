@@ -113,8 +113,9 @@ enum ForwardTiming : int {
   kTimeDispatchTotal = 6,        // dispatch CTAs from start to their last published block
   kTimeCombineWaits = 7,         // combine warps waiting for a token's expert outputs
   kTimeCombineTotal = 8,         // combine warps from their first token to the empty queue
+  kForwardTimes = 9,             // the times above (what a RoleTimer sums)
   kDispatchCtasJoined = 9,       // a count, not a time: dispatch CTAs that went on to the GEMMs
-  kForwardTimings = 10,
+  kForwardTimings = 10,          // the buffer: times and the count
 };
 
 // Stages a benchmark may drop (the output is then wrong): the dispatch copy (blocks are published

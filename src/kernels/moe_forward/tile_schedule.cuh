@@ -159,7 +159,7 @@ struct TileQueue {
 // Profiling (ForwardParams::timings): a participant's sums, added to the totals once at its end.
 struct RoleTimer {
   bool on;
-  uint64_t sums[kForwardTimings] = {};
+  uint64_t sums[kForwardTimes] = {};
   __device__ explicit RoleTimer(const ForwardParams& p) : on(p.timings != nullptr) {}
   __device__ uint64_t now() const { return on ? dev::global_ns() : 0; }
   __device__ void add(ForwardTiming what, uint64_t since) {
@@ -168,7 +168,7 @@ struct RoleTimer {
   __device__ void flush(const ForwardParams& p) const {
     if (!on) return;
 #pragma unroll
-    for (int i = 0; i < kForwardTimings; ++i)
+    for (int i = 0; i < kForwardTimes; ++i)
       if (sums[i]) atomicAdd(p.timings + i, static_cast<unsigned long long>(sums[i]));
   }
 };
