@@ -28,7 +28,7 @@ const char* row_path_name(RowPath p);
 
 struct ForwardOptions {
   RowPath row_path = RowPath::automatic;
-  int dispatch_ctas = 0;  // CTAs that gather rows (then combine); 0: num_dispatch_ctas(SMs)
+  int dispatch_ctas = 0;  // CTAs that copy rows (then run GEMM tiles); 0: num_dispatch_ctas(SMs)
   // The combine on the dispatch CTAs only (the communication SMs), instead of in every CTA's idle
   // warps; needs dispatch CTAs (the dispatch-copy row path).
   bool combine_on_dispatch_ctas = false;
@@ -79,12 +79,19 @@ struct ForwardProfile {
   int dispatch_ctas_joined = 0;       // dispatch CTAs that ran the GEMM roles after dispatch
 };
 
-// Dispatch CTAs for a GPU of `sms` SMs: enough to gather rows faster than the GEMM CTAs consume
-// them. A row moves 4H bytes against ~6IH FLOPs of expert work, so the share grows as I shrinks;
-// measured on an H200 (docs/benchmarks.md): 8 of 132 best at I >= 2048, 16 at I = 512 and 768.
+// Dispatch CTAs for a GPU (or a logical rank's share) of `sms` SMs: enough to bring rows faster
+// than the GEMM CTAs consume them; they join the GEMMs afterwards, so a few too many cost little.
+// A row moves 4H bytes against ~6IH FLOPs of expert work, so the share grows as I shrinks:
+// sms / 16 times round(1536 / I), between 1 and 3. Measured at EP = 2 on two H200s with the
+// joining CTAs (docs/benchmarks.md): I >= 2048: 8 of 132 (dsv3 8k 2-4% faster than 24); I = 768:
+// 16, 24 and 32 equal; I = 512: 24 and 32 7-8% faster than 16.
 constexpr int num_dispatch_ctas(int sms, int intermediate) {
-  return (sms >= 64 ? sms / 16 : 1) * (intermediate <= 1024 ? 2 : 1);
+  const int per_1536 = (1536 + intermediate / 2) / intermediate;
+  return (sms >= 64 ? sms / 16 : 1) * (per_1536 < 1 ? 1 : per_1536 > 3 ? 3 : per_1536);
 }
+static_assert(num_dispatch_ctas(132, 2048) == 8 && num_dispatch_ctas(132, 3072) == 8);
+static_assert(num_dispatch_ctas(132, 768) == 16 && num_dispatch_ctas(132, 512) == 24);
+static_assert(num_dispatch_ctas(132, 128) == 24 && num_dispatch_ctas(16, 128) == 3);
 
 class MoeForward {
  public:
