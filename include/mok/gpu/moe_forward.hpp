@@ -29,8 +29,8 @@ const char* row_path_name(RowPath p);
 struct ForwardOptions {
   RowPath row_path = RowPath::automatic;
   int dispatch_ctas = 0;  // CTAs that copy rows (then run GEMM tiles); 0: num_dispatch_ctas(SMs)
-  // The combine on the dispatch CTAs only (the communication SMs), instead of in every CTA's idle
-  // warps; needs dispatch CTAs (the dispatch-copy row path).
+  // The combine on the dispatch CTAs only (the communication SMs, which then do not join the
+  // GEMMs), instead of in every CTA's idle warps; needs dispatch CTAs (the dispatch-copy row path).
   bool combine_on_dispatch_ctas = false;
   // Row blocks dispatch may gather ahead of the GEMMs (rows then still sit in L2 when read);
   // -1: automatic, 0: no limit, else at least 8 (one tile group).
