@@ -68,8 +68,7 @@ template <int kBlockN>
 __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int ctas) {
   // Per row of the block: where it starts on its source rank (nullptr: padding, written as zeros),
   // and whether it is copied at all (not when the producers gather it). Resolved once per block,
-  // so the copy loop reads only shared memory and the rows: no ForwardParams loads, which in this
-  // out-of-line function are generic loads the stores to the ring could alias.
+  // so the copy loop reads only shared memory and the rows, no ForwardParams.
   __shared__ const uint4* row_source[kBlockM];
   __shared__ bool row_copied[kBlockM];
   __shared__ int paced_ok;

@@ -84,7 +84,8 @@ struct ForwardParams {
   uint32_t* combine_next;      // the combine's work queue: next token
   uint32_t* tile_next;         // the GEMM tiles' work queue: next tile of the sequence
   ForwardFault* fault;
-  int dispatch_ctas;  // CTAs [0, dispatch_ctas) dispatch, then combine; the rest run the GEMMs
+  int dispatch_ctas;  // CTAs [0, dispatch_ctas) dispatch, then run the GEMMs like the rest
+                      // (with combine_on_dispatch_ctas: then combine instead)
   int combine_on_dispatch_ctas;  // 1: only the dispatch CTAs combine (the communication SMs);
                                  // 0: every CTA's idle warps do
   int gather_rows;   // the gate/up producers gather routed rows (cp.async into the swizzled stage):
