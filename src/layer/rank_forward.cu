@@ -133,6 +133,9 @@ ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dis
   f.down_waits_gate_up = ms(kern::kTimeDownWaitsGateUp, gemm_ctas);
   f.producer_waits_ring = ms(kern::kTimeProducerWaitsRing, gemm_ctas);
   f.consumer_starved = ms(kern::kTimeConsumerWaitsLoads, warpgroups);
+  f.consumer_starved_first = ms(kern::kTimeConsumerStarvedFirst, warpgroups);
+  f.consumer_epilogue = ms(kern::kTimeConsumerEpilogue, warpgroups);
+  f.consumer_waits_tile = ms(kern::kTimeConsumerWaitsTile, warpgroups);
   f.consumer_total = ms(kern::kTimeConsumerTotal, warpgroups);
   f.dispatch_copying = ms(kern::kTimeDispatchCopying, dispatchers);
   f.dispatch_total = ms(kern::kTimeDispatchTotal, dispatchers);

@@ -164,7 +164,10 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   EXPECT_GE(f.dispatch_total, f.dispatch_copying);
   EXPECT_GT(f.combine_total, 0.0);
   EXPECT_GE(f.combine_total, f.combine_waits);
-  EXPECT_GE(f.consumer_total, f.consumer_starved);
+  EXPECT_GE(f.consumer_total, f.consumer_starved + f.consumer_epilogue + f.consumer_waits_tile);
+  EXPECT_GE(f.consumer_starved, f.consumer_starved_first);
+  EXPECT_GT(f.consumer_epilogue, 0.0);
+  EXPECT_GT(f.consumer_waits_tile, 0.0);  // at least the wait for the end of the sequence
   EXPECT_EQ(f.dispatch_ctas_joined, timed.dispatch_ctas());  // every one went on to the GEMMs
   EXPECT_GT(f.dispatch_ctas_joined, 0);
   o.combine_on_dispatch_ctas = true;  // then they combine instead

@@ -71,6 +71,9 @@ struct ForwardProfile {
   double down_waits_gate_up = 0;      //   ... waiting for a row block's activations
   double producer_waits_ring = 0;     //   ... waiting for a free stage (consumers busy)
   double consumer_starved = 0;        // per consumer warpgroup: waiting for stages to land
+  double consumer_starved_first = 0;  //   ... of which on tiles' first stages
+  double consumer_epilogue = 0;       //   ... storing and publishing tiles
+  double consumer_waits_tile = 0;     //   ... waiting for the next tile's index
   double consumer_total = 0;          //   ... first tile to last
   double dispatch_copying = 0;        // per dispatch CTA: gathering rows
   double dispatch_total = 0;          //   ... start to the last published block

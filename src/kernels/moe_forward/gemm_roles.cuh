@@ -287,17 +287,18 @@ __device__ __forceinline__ bool next_consumer_tile(const ForwardParams& p, const
   return true;
 }
 
-// A consumer warpgroup's profile (one thread per warpgroup reports): time starved for loads, and
-// first tile to the end of the sequence.
+// A consumer warpgroup's profile (one thread per warpgroup reports): time starved for loads (and
+// the part of it on tiles' first stages), and first tile to the end of the sequence.
 struct ConsumerTimes {
   RoleTimer timer;
-  uint64_t start = 0, starved = 0;
+  uint64_t start = 0, starved = 0, starved_first = 0;
   __device__ explicit ConsumerTimes(const ForwardParams& p) : timer(p) {
     timer.on = timer.on && threadIdx.x % 128 == 0;
     start = timer.now();
   }
   __device__ void finish(const ForwardParams& p) {
     timer.sums[kTimeConsumerWaitsLoads] = starved;
+    timer.sums[kTimeConsumerStarvedFirst] = starved_first;
     timer.add(kTimeConsumerTotal, start);
     timer.flush(p);
   }
@@ -314,7 +315,9 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
   ConsumerTimes times(p);
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
     int64_t t = 0;
+    const uint64_t queue_since = times.timer.now();
     if (!next_consumer_tile(p, queue, q, &t)) return false;
+    times.timer.add(kTimeConsumerWaitsTile, queue_since);
     if (t < 0) {
       times.finish(p);
       return true;
@@ -332,11 +335,12 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     }
     const bool gathered = gathers_rows(p, w);
     if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on,
-                           &times.starved, gathered)) {
+                           &times.starved, gathered, &times.starved_first)) {
       record_fault(p, kRoleConsumer, t);
       return false;
     }
     asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
+    const uint64_t epilogue_since = times.timer.now();
     if (is_gate_up(w)) {
       store_gate_up<kBlockN>(p, w, d, row0);
       publish_warpgroup(act_counter(p, w), wg);
@@ -344,6 +348,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       store_down<kBlockN>(p, w, d, row0);
       count_down_rows(p, w, row0, 64, wg);
     }
+    times.timer.add(kTimeConsumerEpilogue, epilogue_since);
   }
 }
 
