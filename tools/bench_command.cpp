@@ -287,24 +287,23 @@ int bench_command(const BenchOptions& o) {
     std::printf(
         "\nWaits inside the megakernel (a profiled run; ms per participant, from %%globaltimer):\n"
         "| shape | T | forward ms (profiled) | GEMM producer waits for dispatch / activations / a "
-        "free stage (per CTA) | consumers starved (on first stages) / epilogue / waiting for a "
-        "tile / "
-        "busy (per warpgroup) | dispatch copying / total (per CTA) | combine waits / total (per "
-        "warp) |\n|---|---|---|---|---|---|---|\n");
+        "free stage (per CTA) | consumers starved (on first stages) / epilogue (down tiles; "
+        "publishing) / waiting for a tile / busy (per warpgroup) | dispatch copying / total (per "
+        "CTA) | combine waits / total (per warp) |\n|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows) {
       for (int variant = 0; variant < 2; ++variant) {
         const gpu::ForwardProfile& f = variant ? r.profile_other : r.profile;
         std::printf(
-            "| %s%s | %lld | %.3f | %.3f / %.3f / %.3f | %.3f (%.3f) / %.3f / %.3f / %.3f | %.3f / "
-            "%.3f | %.3f / %.3f |\n",
+            "| %s%s | %lld | %.3f | %.3f / %.3f / %.3f | %.3f (%.3f) / %.3f (%.3f; %.3f) / %.3f / "
+            "%.3f | %.3f / %.3f | %.3f / %.3f |\n",
             r.name.c_str(),
             (r.row_path == gpu::RowPath::producer_gather) == (variant == 0) ? " (producer gather)"
                                                                             : " (dispatch copy)",
             (long long)r.tokens, variant ? r.profiled_other_ms : r.profiled_ms,
             f.gate_up_waits_dispatch, f.down_waits_gate_up, f.producer_waits_ring,
             f.consumer_starved, f.consumer_starved_first, f.consumer_epilogue,
-            f.consumer_waits_tile, f.consumer_total, f.dispatch_copying, f.dispatch_total,
-            f.combine_waits, f.combine_total);
+            f.consumer_epilogue_down, f.consumer_publish, f.consumer_waits_tile, f.consumer_total,
+            f.dispatch_copying, f.dispatch_total, f.combine_waits, f.combine_total);
       }
     }
   }

@@ -135,6 +135,8 @@ ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dis
   f.consumer_starved = ms(kern::kTimeConsumerWaitsLoads, warpgroups);
   f.consumer_starved_first = ms(kern::kTimeConsumerStarvedFirst, warpgroups);
   f.consumer_epilogue = ms(kern::kTimeConsumerEpilogue, warpgroups);
+  f.consumer_epilogue_down = ms(kern::kTimeConsumerEpilogueDown, warpgroups);
+  f.consumer_publish = ms(kern::kTimeConsumerPublish, warpgroups);
   f.consumer_waits_tile = ms(kern::kTimeConsumerWaitsTile, warpgroups);
   f.consumer_total = ms(kern::kTimeConsumerTotal, warpgroups);
   f.dispatch_copying = ms(kern::kTimeDispatchCopying, dispatchers);

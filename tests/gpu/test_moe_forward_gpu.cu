@@ -167,6 +167,10 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   EXPECT_GE(f.consumer_total, f.consumer_starved + f.consumer_epilogue + f.consumer_waits_tile);
   EXPECT_GE(f.consumer_starved, f.consumer_starved_first);
   EXPECT_GT(f.consumer_epilogue, 0.0);
+  EXPECT_GE(f.consumer_epilogue, f.consumer_epilogue_down);
+  EXPECT_GE(f.consumer_epilogue, f.consumer_publish);
+  EXPECT_GT(f.consumer_epilogue_down, 0.0);
+  EXPECT_GT(f.consumer_publish, 0.0);
   EXPECT_GT(f.consumer_waits_tile, 0.0);  // at least the wait for the end of the sequence
   EXPECT_EQ(f.dispatch_ctas_joined, timed.dispatch_ctas());  // every one went on to the GEMMs
   EXPECT_GT(f.dispatch_ctas_joined, 0);

@@ -105,21 +105,23 @@ struct ForwardParams {
 // Where the roles' time goes (benchmarks): nanoseconds summed over every CTA, warpgroup or warp
 // that plays the role, one atomic add per participant at its end.
 enum ForwardTiming : int {
-  kTimeGateUpWaitsDispatch = 0,   // gate/up producers waiting for dispatched row blocks
-  kTimeDownWaitsGateUp = 1,       // down producers waiting for a row block's activations
-  kTimeProducerWaitsRing = 2,     // producers waiting for a free stage (the consumers are busy)
-  kTimeConsumerWaitsLoads = 3,    // consumer warpgroups waiting for stages to land (starved)
-  kTimeConsumerTotal = 4,         // consumer warpgroups from their first tile to their last
-  kTimeDispatchCopying = 5,       // dispatch CTAs gathering rows
-  kTimeDispatchTotal = 6,         // dispatch CTAs from start to their last published block
-  kTimeCombineWaits = 7,          // combine warps waiting for a token's expert outputs
-  kTimeCombineTotal = 8,          // combine warps from their first token to the empty queue
-  kTimeConsumerStarvedFirst = 9,  // part of kTimeConsumerWaitsLoads: on a tile's first stage
-  kTimeConsumerEpilogue = 10,     // consumer warpgroups storing and publishing tiles
-  kTimeConsumerWaitsTile = 11,    // consumer warpgroups waiting for the next tile's index
-  kForwardTimes = 12,             // the times above (what a RoleTimer sums)
-  kDispatchCtasJoined = 12,       // a count, not a time: dispatch CTAs that went on to the GEMMs
-  kForwardTimings = 13,           // the buffer: times and the count
+  kTimeGateUpWaitsDispatch = 0,    // gate/up producers waiting for dispatched row blocks
+  kTimeDownWaitsGateUp = 1,        // down producers waiting for a row block's activations
+  kTimeProducerWaitsRing = 2,      // producers waiting for a free stage (the consumers are busy)
+  kTimeConsumerWaitsLoads = 3,     // consumer warpgroups waiting for stages to land (starved)
+  kTimeConsumerTotal = 4,          // consumer warpgroups from their first tile to their last
+  kTimeDispatchCopying = 5,        // dispatch CTAs gathering rows
+  kTimeDispatchTotal = 6,          // dispatch CTAs from start to their last published block
+  kTimeCombineWaits = 7,           // combine warps waiting for a token's expert outputs
+  kTimeCombineTotal = 8,           // combine warps from their first token to the empty queue
+  kTimeConsumerStarvedFirst = 9,   // part of kTimeConsumerWaitsLoads: on a tile's first stage
+  kTimeConsumerEpilogue = 10,      // consumer warpgroups storing and publishing tiles
+  kTimeConsumerWaitsTile = 11,     // consumer warpgroups waiting for the next tile's index
+  kTimeConsumerEpilogueDown = 12,  // part of kTimeConsumerEpilogue: on down tiles
+  kTimeConsumerPublish = 13,  // part of kTimeConsumerEpilogue: after the stores, counting them done
+  kForwardTimes = 14,         // the times above (what a RoleTimer sums)
+  kDispatchCtasJoined = 14,   // a count, not a time: dispatch CTAs that went on to the GEMMs
+  kForwardTimings = 15,       // the buffer: times and the count
 };
 
 // Stages a benchmark may drop (the output is then wrong): the dispatch copy (blocks are published

@@ -341,13 +341,18 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     }
     asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
     const uint64_t epilogue_since = times.timer.now();
+    uint64_t publish_since;
     if (is_gate_up(w)) {
       store_gate_up<kBlockN>(p, w, d, row0);
+      publish_since = times.timer.now();
       publish_warpgroup(act_counter(p, w), wg);
     } else {
       store_down<kBlockN>(p, w, d, row0);
+      publish_since = times.timer.now();
       count_down_rows(p, w, row0, 64, wg);
+      times.timer.add(kTimeConsumerEpilogueDown, epilogue_since);
     }
+    times.timer.add(kTimeConsumerPublish, publish_since);
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);
   }
 }
