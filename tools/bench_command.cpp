@@ -288,7 +288,8 @@ int bench_command(const BenchOptions& o) {
         "\nWaits inside the megakernel (a profiled run; ms per participant, from %%globaltimer):\n"
         "| shape | T | forward ms (profiled) | GEMM producer waits for dispatch / activations / a "
         "free stage (per CTA) | consumers starved (on first stages) / epilogue (down tiles; "
-        "publishing) / waiting for a tile / busy (per warpgroup) | dispatch copying / total (per "
+        "gate/up publishing) / waiting for a tile / busy (per warpgroup) | dispatch copying / "
+        "total (per "
         "CTA) | combine waits / total (per warp) |\n|---|---|---|---|---|---|---|\n");
     for (const Row& r : rows) {
       for (int variant = 0; variant < 2; ++variant) {

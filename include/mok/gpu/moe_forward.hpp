@@ -74,7 +74,7 @@ struct ForwardProfile {
   double consumer_starved_first = 0;  //   ... of which on tiles' first stages
   double consumer_epilogue = 0;       //   ... storing and publishing tiles
   double consumer_epilogue_down = 0;  //     ... of which on down tiles
-  double consumer_publish = 0;        //     ... of which counting stored rows done (after stores)
+  double consumer_publish = 0;        //     ... of which releasing gate/up tiles' act counters
   double consumer_waits_tile = 0;     //   ... waiting for the next tile's index
   double consumer_total = 0;          //   ... first tile to last
   double dispatch_copying = 0;        // per dispatch CTA: gathering rows

@@ -182,7 +182,10 @@ struct Fragment {
   }
 };
 
-__device__ __forceinline__ float silu(float g) { return g / (1.0f + __expf(-g)); }
+// The approximate division (one MUFU.RCP): its 2-ulp FP32 error is far below the BF16 rounding of
+// the result, and the IEEE division's Newton steps made the SwiGLU epilogue a third longer. For
+// g < -88 the denominator is inf and the result -0 (exact: -88 e^-88 rounds to a BF16 denormal).
+__device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
 
 // Store epilogue: rows [row0, row0 + 64) of a BF16 [*, ld] matrix, columns [col_base, col_base +
 // valid) of this tile (valid < kBlockN when the last tile is half wide: TMA zero-filled the rest).
@@ -205,17 +208,17 @@ __device__ __forceinline__ void store_tile(const float (&d)[kBlockN / 2], int ro
   }
 }
 
-// Store epilogue with 16-byte stores, for rows that may live on another GPU (4-byte stores waste
-// NVLink): the 4 lanes of a quad hold 8 consecutive columns of a row between them, 2 each; an
-// exchange over 4 column groups (3 xor-shuffles per row) gives each lane all 8 columns of one
-// group. Same bits as store_tile. `valid` must be a multiple of 32.
-template <int kBlockN, class RowPtr>
-__device__ __forceinline__ void store_tile_vec16(const float (&d)[kBlockN / 2], int row0, int valid,
-                                                 RowPtr row_ptr) {
-  const Fragment f = Fragment::mine();
+// Store epilogue with 16-byte stores (a 4-byte store per 8 rows x 16 bytes costs 4x the store
+// instructions, and wastes NVLink for rows on another GPU): the 4 lanes of a quad hold 8
+// consecutive columns of a row between them, 2 each; an exchange over 4 column groups (3
+// xor-shuffles per row) gives each lane all 8 columns of one group. Same bits as store_tile.
+// lo / hi: this thread's rows (Fragment::row_lo and + 8) at the tile's first column, or nullptr
+// (not stored); `valid` must be a multiple of 32.
+template <int kBlockN>
+__device__ __forceinline__ void store_rows_vec16(const float (&d)[kBlockN / 2], __nv_bfloat16* lo,
+                                                 __nv_bfloat16* hi, int valid) {
+  static_assert(kBlockN % 32 == 0, "whole 32-column groups");
   const int q = int(threadIdx.x % 4);
-  __nv_bfloat16* lo = row_ptr(row0 + f.row_lo);
-  __nv_bfloat16* hi = row_ptr(row0 + f.row_lo + 8);
   auto pack = [](float a, float b) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
     return *reinterpret_cast<const uint32_t*>(&v);
@@ -250,23 +253,25 @@ __device__ __forceinline__ void store_tile_vec16(const float (&d)[kBlockN / 2], 
   }
 }
 
+// The same through row_ptr(r): the destination of row r of the tile (nullptr: not stored).
+template <int kBlockN, class RowPtr>
+__device__ __forceinline__ void store_tile_vec16(const float (&d)[kBlockN / 2], int row0, int valid,
+                                                 RowPtr row_ptr) {
+  const Fragment f = Fragment::mine();
+  store_rows_vec16<kBlockN>(d, row_ptr(row0 + f.row_lo), row_ptr(row0 + f.row_lo + 8), valid);
+}
+
 // SwiGLU epilogue: the tile's first kBlockN/2 columns are gate rows, the second half the up rows of
-// the same outputs, so one thread holds both (registers 4j+q and 4(j + kBlockN/16)+q).
+// the same outputs, so one thread holds both (registers 4j+q and 4(j + kBlockN/16)+q); the
+// products form a kBlockN/2-wide fragment in the same layout, stored 16 bytes at a time.
 // out_lo / out_hi: this thread's two destination rows, already offset to the tile's first column.
 template <int kBlockN>
 __device__ __forceinline__ void swiglu_tile(const float (&d)[kBlockN / 2], __nv_bfloat16* out_lo,
                                             __nv_bfloat16* out_hi) {
-  const Fragment f = Fragment::mine();
+  float h[kBlockN / 4];
 #pragma unroll
-  for (int j = 0; j < kBlockN / 16; ++j) {
-    const int c = 8 * j + f.col0;
-    const float* g = &d[4 * j];
-    const float* u = &d[4 * (j + kBlockN / 16)];
-    *reinterpret_cast<__nv_bfloat162*>(out_lo + c) =
-        __floats2bfloat162_rn(silu(g[0]) * u[0], silu(g[1]) * u[1]);
-    *reinterpret_cast<__nv_bfloat162*>(out_hi + c) =
-        __floats2bfloat162_rn(silu(g[2]) * u[2], silu(g[3]) * u[3]);
-  }
+  for (int i = 0; i < kBlockN / 4; ++i) h[i] = silu(d[i]) * d[i + kBlockN / 4];
+  store_rows_vec16<kBlockN / 2>(h, out_lo, out_hi, kBlockN / 2);
 }
 
 }  // namespace mok::kern

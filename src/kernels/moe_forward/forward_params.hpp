@@ -118,7 +118,7 @@ enum ForwardTiming : int {
   kTimeConsumerEpilogue = 10,      // consumer warpgroups storing and publishing tiles
   kTimeConsumerWaitsTile = 11,     // consumer warpgroups waiting for the next tile's index
   kTimeConsumerEpilogueDown = 12,  // part of kTimeConsumerEpilogue: on down tiles
-  kTimeConsumerPublish = 13,  // part of kTimeConsumerEpilogue: after the stores, counting them done
+  kTimeConsumerPublish = 13,  // part of kTimeConsumerEpilogue: gate/up tiles' act counter release
   kForwardTimes = 14,         // the times above (what a RoleTimer sums)
   kDispatchCtasJoined = 14,   // a count, not a time: dispatch CTAs that went on to the GEMMs
   kForwardTimings = 15,       // the buffer: times and the count

@@ -5,7 +5,7 @@
 //  - consumers (two warpgroups): wgmma over the ring, then the tile's epilogue:
 //      gate/up: SwiGLU into act, then +1 on the row block's act counter (per warpgroup);
 //      down:    each row into its (token, k) slot of y_slots (shared: y_shared), then +1 on the
-//               counter of every token it wrote, which the combine waits for.
+//               counter of its token, which the combine waits for.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -241,36 +241,42 @@ __device__ __forceinline__ RowSource down_row_source(const ForwardParams& p, con
   return row < p.tokens ? RowSource{p.ep_rank, row} : RowSource{-1, -1};
 }
 
-// Down epilogue of 64 rows from row0: each row into its (token, k) slot on its source rank
-// (shared rows: y_shared).
-template <int kBlockN>
-__device__ __forceinline__ void store_down(const ForwardParams& p, const TileWork& w,
-                                           const float (&d)[kBlockN / 2], int row0) {
-  const bool routed = w.kind == TileKind::routed_down;
-  const int64_t col0 = int64_t(w.n_tile) * kBlockN;
-  static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
-  store_tile_vec16<kBlockN>(d, row0, p.hidden - int(col0), [&](int row) -> __nv_bfloat16* {
-    const RowSource s = down_row_source(p, w, row);
-    if (s.src < 0) return nullptr;
-    __nv_bfloat16* base = routed ? p.peer_y_slots[s.src] : p.y_shared;
-    return base + s.slot * p.hidden + col0;
-  });
-}
-
-// After a warpgroup stored rows [row0, row0 + rows) of a down tile: +1 on each row's token
-// counter on its source rank (one thread per row), which the combine waits for.
-__device__ __forceinline__ void count_down_rows(const ForwardParams& p, const TileWork& w, int row0,
-                                                int rows, int wg) {
-  dev::named_barrier_sync(1 + wg, 128);
-  if (int(threadIdx.x % 128) >= rows) return;
-  const RowSource s = down_row_source(p, w, row0 + int(threadIdx.x % 128));
+// +1 on the token counter of a stored down row on its source rank (padding: nothing), which the
+// combine waits for.
+__device__ __forceinline__ void count_down_row(const ForwardParams& p, const TileWork& w,
+                                               RowSource s) {
   if (s.src < 0) return;
-  const bool routed = w.kind == TileKind::routed_down;
-  uint32_t* done = p.peer_token_done[s.src] + (routed ? s.slot / p.top_k : s.slot);
+  uint32_t* done =
+      p.peer_token_done[s.src] + (w.kind == TileKind::routed_down ? s.slot / p.top_k : s.slot);
   if (p.ep_size > 1)
     dev::add_release_sys(done, 1);  // the source may be another GPU
   else
     dev::add_release_gpu(done, 1);
+}
+
+// Down epilogue of 64 rows from row0: each row into its (token, k) slot on its source rank
+// (shared rows: y_shared), then +1 on the row's token counter. A row lives in one quad of lanes
+// (both its lookup and all its stores), so the quad's first lane counts it after a warp barrier:
+// no barrier across the warpgroup, and each row's sources are looked up once.
+template <int kBlockN>
+__device__ __forceinline__ void store_down(const ForwardParams& p, const TileWork& w,
+                                           const float (&d)[kBlockN / 2], int row0) {
+  const Fragment f = Fragment::mine();
+  const RowSource lo = down_row_source(p, w, row0 + f.row_lo);
+  const RowSource hi = down_row_source(p, w, row0 + f.row_lo + 8);
+  const int64_t col0 = int64_t(w.n_tile) * kBlockN;
+  auto row_ptr = [&](RowSource s) -> __nv_bfloat16* {
+    if (s.src < 0) return nullptr;
+    __nv_bfloat16* base = w.kind == TileKind::routed_down ? p.peer_y_slots[s.src] : p.y_shared;
+    return base + s.slot * p.hidden + col0;
+  };
+  static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
+  store_rows_vec16<kBlockN>(d, row_ptr(lo), row_ptr(hi), p.hidden - int(col0));
+  __syncwarp();  // memory order: the quad's stores before its first lane's releases
+  if (threadIdx.x % 4 == 0) {
+    count_down_row(p, w, lo);
+    count_down_row(p, w, hi);
+  }
 }
 
 // The next tile index from the producer's queue (every consumer thread reads every entry);
@@ -341,18 +347,15 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     }
     asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
     const uint64_t epilogue_since = times.timer.now();
-    uint64_t publish_since;
     if (is_gate_up(w)) {
       store_gate_up<kBlockN>(p, w, d, row0);
-      publish_since = times.timer.now();
+      const uint64_t publish_since = times.timer.now();
       publish_warpgroup(act_counter(p, w), wg);
+      times.timer.add(kTimeConsumerPublish, publish_since);
     } else {
       store_down<kBlockN>(p, w, d, row0);
-      publish_since = times.timer.now();
-      count_down_rows(p, w, row0, 64, wg);
       times.timer.add(kTimeConsumerEpilogueDown, epilogue_since);
     }
-    times.timer.add(kTimeConsumerPublish, publish_since);
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);
   }
 }

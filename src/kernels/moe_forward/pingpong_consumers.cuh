@@ -76,7 +76,6 @@ __device__ __forceinline__ bool pingpong_consumer_role(const ForwardParams& p,
     } else if (top_live) {
       store_down<kBlockN>(p, w, top, row0);
       if (bottom_live) store_down<kBlockN>(p, w, bottom, row0 + 64);
-      count_down_rows(p, w, row0, 128, wg);
     }
   }
 }
