@@ -189,6 +189,7 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
                "filling the token ring");
     check_cuda(cudaStreamSynchronize(nullptr), "filling the token ring");
   }
+  row_destination = device_alloc<int64_t>(size_t(sched.capacity), what);
   act = device_alloc<__nv_bfloat16>(size_t(sched.capacity * I), what);
   act_shared = S ? device_alloc<__nv_bfloat16>(size_t(sched.token_rows * S), what) : nullptr;
   y_slots = parts.y_slots ? device_alloc<__nv_bfloat16>(size_t(max_t * K * H), what) : nullptr;
@@ -209,9 +210,9 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
 void RankBuffers::release() {
   sched.release();
   for (void* p : {(void*)owner_seg_begin, (void*)owner_segment_rows, (void*)owner_source_begin,
-                  (void*)owner_tile_expert, (void*)group_status, (void*)routed_x, (void*)act,
-                  (void*)act_shared, (void*)y_slots, (void*)y_shared, (void*)counters, (void*)fault,
-                  (void*)timings})
+                  (void*)owner_tile_expert, (void*)group_status, (void*)row_destination,
+                  (void*)routed_x, (void*)act, (void*)act_shared, (void*)y_slots, (void*)y_shared,
+                  (void*)counters, (void*)fault, (void*)timings})
     cudaFree(p);
   *this = RankBuffers{};
 }
@@ -294,6 +295,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.segment_rows = owner_tables ? w.owner_segment_rows : w.sched.segment_rows;
   p.source_begin = owner_tables ? w.owner_source_begin : w.sched.source_begin;
   p.tile_expert = owner_tables ? w.owner_tile_expert : w.sched.tile_expert;
+  p.row_destination = w.row_destination;
   p.status = owner_tables ? &w.group_status->code : &w.sched.status->code;
   p.aborted = o.aborted;
   p.topk_weights = b.topk_weights;

@@ -17,7 +17,8 @@ struct RankBuffers {
   // Owner tables at EP > 1 (built from every source's counts by ep_schedule.cu).
   int64_t *owner_seg_begin = nullptr, *owner_segment_rows = nullptr, *owner_source_begin = nullptr;
   int32_t* owner_tile_expert = nullptr;
-  Status* group_status = nullptr;  // the group's outcome: any rank's failure fails every rank
+  Status* group_status = nullptr;      // the group's outcome: any rank's failure fails every rank
+  int64_t* row_destination = nullptr;  // [capacity]: kern::ForwardParams::row_destination
   __nv_bfloat16 *routed_x = nullptr, *act = nullptr, *act_shared = nullptr, *y_slots = nullptr,
                 *y_shared = nullptr;
   uint32_t* counters = nullptr;  // x_ready | act_ready | act_shared_ready | token_done |

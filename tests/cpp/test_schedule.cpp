@@ -151,3 +151,18 @@ TEST(Schedule, VectorWalkMatchesDivision) {
       }
     }
 }
+
+TEST(Schedule, RowDestinationRoundTrips) {
+  using mok::sched::RowDestination;
+  for (int rank : {0, 1, 7, 255})
+    for (int64_t slot : {int64_t(0), int64_t(1), int64_t(8191 * 16 + 15), (int64_t(1) << 40) + 3,
+                         RowDestination::kSlotMask}) {
+      const int64_t packed = RowDestination::pack(rank, slot);
+      EXPECT_GE(packed, 0);
+      EXPECT_EQ(RowDestination::rank(packed), rank);
+      EXPECT_EQ(RowDestination::slot(packed), slot);
+    }
+  EXPECT_EQ(RowDestination::pack(-1, 5), -1);  // padding
+  EXPECT_EQ(RowDestination::rank(-1), -1);
+  EXPECT_EQ(RowDestination::slot(-1), -1);
+}

@@ -199,4 +199,17 @@ struct VectorWalk {
   }
 };
 
+// Where a routed row's expert output goes, packed in one int64 so that the down epilogue finds it
+// with one load (the lookup through the owner and source schedules is 3-4 dependent loads, some
+// over NVLink): the source rank in bits 48-55 and its (token, k) slot below; -1 for padding.
+struct RowDestination {
+  static constexpr int kRankShift = 48;
+  static constexpr int64_t kSlotMask = (int64_t(1) << kRankShift) - 1;
+  MOK_HD static int64_t pack(int source_rank, int64_t slot) {
+    return source_rank < 0 ? -1 : (int64_t(source_rank) << kRankShift) | slot;
+  }
+  MOK_HD static int rank(int64_t packed) { return packed < 0 ? -1 : int(packed >> kRankShift); }
+  MOK_HD static int64_t slot(int64_t packed) { return packed < 0 ? -1 : packed & kSlotMask; }
+};
+
 }  // namespace mok::sched

@@ -60,6 +60,8 @@ struct ForwardParams {
   const int64_t* segment_rows;  // [experts]
   const int64_t* source_begin;  // [experts][ep_size + 1]
   const int32_t* tile_expert;   // local expert of each routed row block
+  int64_t* row_destination;     // [capacity]: sched::RowDestination of each routed row, written
+                                // by launch_moe_forward's first kernel from the tables above
   const int* status;  // nonzero: a batch of the group failed validation; no GEMM, out is NaN
   int* aborted;       // shared by the group's ranks: the first expired wait stops every wait
   // The batch.

@@ -237,7 +237,10 @@ __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const Tile
 // rank's token); src < 0 for padding.
 __device__ __forceinline__ RowSource down_row_source(const ForwardParams& p, const TileWork& w,
                                                      int row) {
-  if (w.kind == TileKind::routed_down) return routed_row_source(p, row, w.expert);
+  if (w.kind == TileKind::routed_down) {
+    const int64_t d = p.row_destination[row];
+    return {sched::RowDestination::rank(d), sched::RowDestination::slot(d)};
+  }
   return row < p.tokens ? RowSource{p.ep_rank, row} : RowSource{-1, -1};
 }
 

@@ -72,6 +72,19 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (finished && !p.combine_on_dispatch_ctas) combine_role<kBlockN>(p);
 }
 
+// Before the megakernel: each routed row's destination (source rank, slot) from the owner and
+// source schedules, so that the down epilogue looks it up with one load instead of a chain of
+// dependent ones while the tensor cores wait (under EP some of them cross NVLink).
+__global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch launch) {
+  const ForwardParams& p = launch.params[blockIdx.y];
+  const int64_t rows = routed_blocks(p) * kBlockM;
+  for (int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; row < rows;
+       row += int64_t(gridDim.x) * blockDim.x) {
+    const RowSource s = routed_row_source(p, row, p.tile_expert[row / kBlockM]);
+    p.row_destination[row] = sched::RowDestination::pack(s.src, s.slot);
+  }
+}
+
 template <int kBlockN, bool kPingPong>
 void launch_kernel(const ForwardLaunch& l, int grid, cudaStream_t stream) {
   moe_forward_kernel<kBlockN, kPingPong>
@@ -102,6 +115,8 @@ cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, bool pi
                                cudaStream_t stream) {
   if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)
     return cudaErrorInvalidValue;
+  row_destination_kernel<<<dim3(unsigned(grid / launch.ranks), unsigned(launch.ranks)), 256, 0,
+                           stream>>>(launch);
   if (pingpong && block_n == 128)
     launch_kernel<128, true>(launch, grid, stream);
   else if (!pingpong && block_n == 256)
