@@ -233,52 +233,56 @@ __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const Tile
   swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
 }
 
-// Where row `row` of a down tile goes: its source rank and (token, k) slot (shared rows: this
-// rank's token); src < 0 for padding.
-__device__ __forceinline__ RowSource down_row_source(const ForwardParams& p, const TileWork& w,
-                                                     int row) {
-  if (w.kind == TileKind::routed_down) {
-    const int64_t d = p.row_destination[row];
-    return {sched::RowDestination::rank(d), sched::RowDestination::slot(d)};
-  }
-  return row < p.tokens ? RowSource{p.ep_rank, row} : RowSource{-1, -1};
+// Where this thread's two rows of a down tile go (Fragment rows row_lo and row_lo + 8 from row0):
+// sched::RowDestination, source rank and (token, k) slot (shared rows: this rank's token); -1
+// for padding. The consumers load them before the mainloop, whose time hides the loads.
+struct DownRows {
+  int64_t lo, hi;
+};
+__device__ __forceinline__ DownRows down_rows(const ForwardParams& p, const TileWork& w, int row0) {
+  const int row = row0 + Fragment::mine().row_lo;
+  auto at = [&](int r) -> int64_t {
+    if (w.kind == TileKind::routed_down) return p.row_destination[r];
+    return r < p.tokens ? sched::RowDestination::pack(p.ep_rank, r) : -1;
+  };
+  return {at(row), at(row + 8)};
 }
 
 // +1 on the token counter of a stored down row on its source rank (padding: nothing), which the
 // combine waits for.
 __device__ __forceinline__ void count_down_row(const ForwardParams& p, const TileWork& w,
-                                               RowSource s) {
-  if (s.src < 0) return;
+                                               int64_t destination) {
+  const int src = sched::RowDestination::rank(destination);
+  if (src < 0) return;
+  const int64_t slot = sched::RowDestination::slot(destination);
   uint32_t* done =
-      p.peer_token_done[s.src] + (w.kind == TileKind::routed_down ? s.slot / p.top_k : s.slot);
+      p.peer_token_done[src] + (w.kind == TileKind::routed_down ? slot / p.top_k : slot);
   if (p.ep_size > 1)
     dev::add_release_sys(done, 1);  // the source may be another GPU
   else
     dev::add_release_gpu(done, 1);
 }
 
-// Down epilogue of 64 rows from row0: each row into its (token, k) slot on its source rank
-// (shared rows: y_shared), then +1 on the row's token counter. A row lives in one quad of lanes
-// (both its lookup and all its stores), so the quad's first lane counts it after a warp barrier:
-// no barrier across the warpgroup, and each row's sources are looked up once.
+// Down epilogue of this thread's rows (down_rows): each row into its (token, k) slot on its
+// source rank (shared rows: y_shared), then +1 on the row's token counter. A row lives in one quad
+// of lanes (all its stores), so the quad's first lane counts it after a warp barrier: no barrier
+// across the warpgroup.
 template <int kBlockN>
 __device__ __forceinline__ void store_down(const ForwardParams& p, const TileWork& w,
-                                           const float (&d)[kBlockN / 2], int row0) {
-  const Fragment f = Fragment::mine();
-  const RowSource lo = down_row_source(p, w, row0 + f.row_lo);
-  const RowSource hi = down_row_source(p, w, row0 + f.row_lo + 8);
+                                           const float (&d)[kBlockN / 2], DownRows rows) {
   const int64_t col0 = int64_t(w.n_tile) * kBlockN;
-  auto row_ptr = [&](RowSource s) -> __nv_bfloat16* {
-    if (s.src < 0) return nullptr;
-    __nv_bfloat16* base = w.kind == TileKind::routed_down ? p.peer_y_slots[s.src] : p.y_shared;
-    return base + s.slot * p.hidden + col0;
+  auto row_ptr = [&](int64_t destination) -> __nv_bfloat16* {
+    const int src = sched::RowDestination::rank(destination);
+    if (src < 0) return nullptr;
+    __nv_bfloat16* base = w.kind == TileKind::routed_down ? p.peer_y_slots[src] : p.y_shared;
+    return base + sched::RowDestination::slot(destination) * p.hidden + col0;
   };
   static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
-  store_rows_vec16<kBlockN>(d, row_ptr(lo), row_ptr(hi), p.hidden - int(col0));
+  store_rows_vec16<kBlockN>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0));
   __syncwarp();  // memory order: the quad's stores before its first lane's releases
   if (threadIdx.x % 4 == 0) {
-    count_down_row(p, w, lo);
-    count_down_row(p, w, hi);
+    count_down_row(p, w, rows.lo);
+    count_down_row(p, w, rows.hi);
   }
 }
 
@@ -343,6 +347,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       continue;
     }
     const bool gathered = gathers_rows(p, w);
+    const DownRows rows = is_gate_up(w) ? DownRows{-1, -1} : down_rows(p, w, row0);
     if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on,
                            &times.starved, gathered, &times.starved_first)) {
       record_fault(p, kRoleConsumer, t);
@@ -356,7 +361,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       publish_warpgroup(act_counter(p, w), wg);
       times.timer.add(kTimeConsumerPublish, publish_since);
     } else {
-      store_down<kBlockN>(p, w, d, row0);
+      store_down<kBlockN>(p, w, d, rows);
       times.timer.add(kTimeConsumerEpilogueDown, epilogue_since);
     }
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);
