@@ -89,16 +89,17 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
     if (!paced_ok) return false;
     const uint64_t copy_start = timer.now();
     bool copies = false;
+    // One load per row from the row-destination table (the lookup through the schedules is a
+    // chain of dependent loads, two of them from the source rank over NVLink).
     if (threadIdx.x < kBlockM) {
-      const int expert = p.tile_expert[b];
-      const sched::SourceIndex r = routed_row_rank(p, b * kBlockM + threadIdx.x, expert);
-      const int src = r.source_rank;
+      const int64_t d = p.row_destination[b * kBlockM + threadIdx.x];
+      const int src = sched::RowDestination::rank(d);
       const bool gathered = p.gather_rows && (src < 0 || src == p.ep_rank);
       row_copied[threadIdx.x] = !gathered;
       row_source[threadIdx.x] =
           src >= 0 && !gathered
               ? reinterpret_cast<const uint4*>(p.peer_x[src]) +
-                    sched::slot_token(source_slot(p, r, expert), p.top_k) * row_vecs
+                    sched::slot_token(sched::RowDestination::slot(d), p.top_k) * row_vecs
               : nullptr;
       copies = !gathered;
     }

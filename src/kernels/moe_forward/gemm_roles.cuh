@@ -152,12 +152,14 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
 #pragma unroll
       for (int i = 0; i < kGatherRowsPerThread; ++i) {
         const int r = GatherRows::row(i);
-        const sched::SourceIndex s = routed_row_rank(p, w.m_block * kBlockM + r, w.expert);
-        rows.src[i] = s.source_rank < 0 ? nullptr
-                      : s.source_rank == p.ep_rank
-                          ? p.peer_x[s.source_rank] +
-                                sched::slot_token(source_slot(p, s, w.expert), p.top_k) * p.hidden
-                          : p.routed_x + (int64_t(a_row) + r) * p.hidden;
+        const int64_t d = p.row_destination[w.m_block * kBlockM + r];
+        const int src = sched::RowDestination::rank(d);
+        rows.src[i] =
+            src < 0 ? nullptr
+            : src == p.ep_rank
+                ? p.peer_x[src] +
+                      sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden
+                : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
     const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
@@ -235,7 +237,7 @@ __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const Tile
 
 // Where this thread's two rows of a down tile go (Fragment rows row_lo and row_lo + 8 from row0):
 // sched::RowDestination, source rank and (token, k) slot (shared rows: this rank's token); -1
-// for padding. The consumers load them before the mainloop, whose time hides the loads.
+// for padding.
 struct DownRows {
   int64_t lo, hi;
 };
@@ -347,7 +349,6 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       continue;
     }
     const bool gathered = gathers_rows(p, w);
-    const DownRows rows = is_gate_up(w) ? DownRows{-1, -1} : down_rows(p, w, row0);
     if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on,
                            &times.starved, gathered, &times.starved_first)) {
       record_fault(p, kRoleConsumer, t);
@@ -361,7 +362,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       publish_warpgroup(act_counter(p, w), wg);
       times.timer.add(kTimeConsumerPublish, publish_since);
     } else {
-      store_down<kBlockN>(p, w, d, rows);
+      store_down<kBlockN>(p, w, d, down_rows(p, w, row0));
       times.timer.add(kTimeConsumerEpilogueDown, epilogue_since);
     }
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);
