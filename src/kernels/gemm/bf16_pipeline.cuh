@@ -183,8 +183,9 @@ struct Fragment {
 };
 
 // The approximate division (one MUFU.RCP): its 2-ulp FP32 error is far below the BF16 rounding of
-// the result, and the IEEE division's Newton steps made the SwiGLU epilogue a third longer. For
-// g < -88 the denominator is inf and the result -0 (exact: -88 e^-88 rounds to a BF16 denormal).
+// the result; the IEEE division adds Newton steps and a slow-path check per element, in an
+// epilogue that stops both warpgroups' tensor work. For g < -87.3 the denominator exceeds 2^126
+// and the result is -0 instead of a magnitude below 1e-35 (the IEEE division gives -0 below -88.7).
 __device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
 
 // Store epilogue: rows [row0, row0 + 64) of a BF16 [*, ld] matrix, columns [col_base, col_base +
@@ -251,14 +252,6 @@ __device__ __forceinline__ void store_rows_vec16(const float (&d)[kBlockN / 2], 
       *reinterpret_cast<uint4*>(hi + c) = make_uint4(pick(got_hi, q), pick(got_hi, 1 ^ q),
                                                      pick(got_hi, 2 ^ q), pick(got_hi, 3 ^ q));
   }
-}
-
-// The same through row_ptr(r): the destination of row r of the tile (nullptr: not stored).
-template <int kBlockN, class RowPtr>
-__device__ __forceinline__ void store_tile_vec16(const float (&d)[kBlockN / 2], int row0, int valid,
-                                                 RowPtr row_ptr) {
-  const Fragment f = Fragment::mine();
-  store_rows_vec16<kBlockN>(d, row_ptr(row0 + f.row_lo), row_ptr(row0 + f.row_lo + 8), valid);
 }
 
 // SwiGLU epilogue: the tile's first kBlockN/2 columns are gate rows, the second half the up rows of
