@@ -71,17 +71,18 @@ struct ForwardProfile {
   double down_waits_gate_up = 0;      //   ... waiting for a row block's activations
   double producer_waits_ring = 0;     //   ... waiting for a free stage (consumers busy)
   double consumer_starved = 0;        // per consumer warpgroup: waiting for stages to land
-  double consumer_starved_first = 0;  //   ... of which on tiles' first stages
-  double consumer_epilogue = 0;       //   ... storing and publishing tiles
-  double consumer_epilogue_down = 0;  //     ... of which on down tiles
-  double consumer_publish = 0;        //     ... of which releasing gate/up tiles' act counters
-  double consumer_waits_tile = 0;     //   ... waiting for the next tile's index
+  double consumer_starved_first = 0;  //   ... of which on tiles' first stages (*)
+  double consumer_epilogue = 0;       //   ... storing and publishing tiles (*)
+  double consumer_epilogue_down = 0;  //     ... of which on down tiles (*)
+  double consumer_publish = 0;        //     ... of which releasing gate/up tiles' act counters (*)
+  double consumer_waits_tile = 0;     //   ... waiting for the next tile's index (*)
   double consumer_total = 0;          //   ... first tile to last
   double dispatch_copying = 0;        // per dispatch CTA: gathering rows
   double dispatch_total = 0;          //   ... start to the last published block
   double combine_waits = 0;           // per combine warp: waiting for a token's outputs
   double combine_total = 0;           //   ... first token to the empty queue
   int dispatch_ctas_joined = 0;       // dispatch CTAs that ran the GEMM roles after dispatch
+  // (*): timed by the cooperative consumers only; 0 with pingpong_consumers.
 };
 
 // Dispatch CTAs for a GPU (or a logical rank's share) of `sms` SMs: enough to bring rows faster

@@ -142,8 +142,9 @@ struct ForwardLaunch {
 };
 static_assert(sizeof(ForwardLaunch) <= 32764, "kernel parameters (CUDA 12.1+, sm_70+)");
 
-// The kernel for block_n 128 or 256 (ping-pong consumers: 128 only) with `grid` CTAs; every one
-// must be resident at once.
+// Two launches: row_destination_kernel (fills ForwardParams::row_destination), then the kernel
+// for block_n 128 or 256 (ping-pong consumers: 128 only) with `grid` CTAs; every one must be
+// resident at once.
 cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, bool pingpong, int grid,
                                cudaStream_t stream);
 
