@@ -127,15 +127,15 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
 // multiplied: a separate instantiation, since a wgmma under a runtime branch makes ptxas
 // serialize them all, C7520). Each of its 4 warps releases each stage (empty_arrivals 4).
 template <int kBlockN, bool kBottom>
-__device__ __forceinline__ bool mma_tile_128(
-    float (&top)[kBlockN / 2], float (&bottom)[kBlockN / 2], const SmemRing<kBlockN>& ring,
-    dev::RingCursor<TileShape<kBlockN>::kStages>& c, int k_blocks, uint64_t wait_cycles, bool timed,
-    uint64_t* waited_ns, bool gathered, uint64_t* first_waited_ns = nullptr) {
+__device__ __forceinline__ bool mma_tile_128(float (&top)[kBlockN / 2],
+                                             float (&bottom)[kBlockN / 2],
+                                             const SmemRing<kBlockN>& ring,
+                                             dev::RingCursor<TileShape<kBlockN>::kStages>& c,
+                                             int k_blocks, uint64_t wait_cycles, bool timed,
+                                             uint64_t* waited_ns, bool gathered) {
   const bool arrives = threadIdx.x % 32 == 0;
   for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
-    const uint64_t before = timed ? *waited_ns : 0;
     if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered)) return false;
-    if (timed && kb == 0 && first_waited_ns) *first_waited_ns += *waited_ns - before;
     const uint64_t da = dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage)));
     const uint64_t da_bottom =
         dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage) + 64 * 128));

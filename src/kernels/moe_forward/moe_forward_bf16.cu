@@ -80,8 +80,7 @@ __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch lau
   const int64_t rows = routed_blocks(p) * kBlockM;
   for (int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; row < rows;
        row += int64_t(gridDim.x) * blockDim.x) {
-    const RowSource s = routed_row_source(p, row, p.tile_expert[row / kBlockM]);
-    p.row_destination[row] = sched::RowDestination::pack(s.src, s.slot);
+    p.row_destination[row] = routed_row_destination(p, row, p.tile_expert[row / kBlockM]);
   }
 }
 

@@ -59,33 +59,22 @@ __device__ __forceinline__ int routed_group_rows(const ForwardParams& p) {
   return p.ring_blocks < p.group_blocks ? int(p.ring_blocks) : p.group_blocks;
 }
 
-// Where routed row `row` of local expert `expert` comes from: the source rank (-1 for a padding
-// row) and the row's index among that source's rows of the expert. Rows of a segment are in
-// (source rank, slot) order. Reads only this rank's owner tables.
-__device__ __forceinline__ sched::SourceIndex routed_row_rank(const ForwardParams& p, int64_t row,
-                                                              int expert) {
-  return sched::source_of_segment_row(row, expert, p.seg_begin, p.segment_rows, p.source_begin,
-                                      p.ep_size);
-}
-
-// The (token, k) slot on the source rank of a row that is not padding.
-__device__ __forceinline__ int64_t source_slot(const ForwardParams& p, sched::SourceIndex r,
-                                               int expert) {
-  const int global_expert = sched::global_expert(p.ep_rank, expert, p.experts);
-  return p.peer_sorted[r.source_rank]
-                      [p.peer_offsets[r.source_rank][global_expert] + r.index_in_source_group];
-}
-
-// Both at once (reads the source's schedule: over NVLink for a peer).
-struct RowSource {
-  int src;
-  int64_t slot;
-};
-__device__ __forceinline__ RowSource routed_row_source(const ForwardParams& p, int64_t row,
-                                                       int expert) {
-  const sched::SourceIndex r = routed_row_rank(p, row, expert);
-  if (r.source_rank < 0) return {-1, -1};
-  return {r.source_rank, source_slot(p, r, expert)};
+// Where routed row `row` of local expert `expert` goes back to: sched::RowDestination of its
+// source rank and its (token, k) slot there, -1 for a padding row. Rows of a segment are in
+// (source rank, slot) order. Reads the source's schedule (over NVLink for a peer): only
+// row_destination_kernel calls it, the roles read its table.
+__device__ __forceinline__ int64_t routed_row_destination(const ForwardParams& p, int64_t row,
+                                                          int expert) {
+  const sched::SourceIndex r = sched::source_of_segment_row(
+      row, expert, p.seg_begin, p.segment_rows, p.source_begin, p.ep_size);
+  int src = -1;
+  int64_t slot = -1;
+  if (r.source_rank >= 0) {
+    src = r.source_rank;
+    const int global_expert = sched::global_expert(p.ep_rank, expert, p.experts);
+    slot = p.peer_sorted[src][p.peer_offsets[src][global_expert] + r.index_in_source_group];
+  }
+  return sched::RowDestination::pack(src, slot);
 }
 
 template <int kBlockN>
