@@ -40,13 +40,6 @@ __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
                : "memory");
 }
 
-// The same arrival with the default (CTA-scope) release: enough to hand a ring stage back when the
-// only thing ordered before it is this CTA's own completed reads of that stage (wgmma waited), and
-// without the cluster-scope fence that a release.cluster costs per call.
-__device__ __forceinline__ void mbar_arrive_remote(uint32_t cluster_bar) {
-  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" ::"r"(cluster_bar) : "memory");
-}
-
 // A wait that acquires at cluster scope: pairs with mbar_arrive_cluster of the other CTA (the
 // plain mbar_wait acquires at CTA scope, enough for TMA bytes and this CTA's arrivals).
 __device__ __forceinline__ bool mbar_try_wait_cluster(uint64_t* bar, uint32_t parity) {

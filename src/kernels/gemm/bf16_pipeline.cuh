@@ -38,15 +38,15 @@ struct TileShape {
 // In a cluster of two CTAs (the forward's CTA pairs) either CTA's producer may multicast B into
 // both rings, so a stage is free only once both CTAs' consumers released it: each consumer warp
 // arrives on its own empty barrier and on the other CTA's, and each empty barrier counts both
-// (make's empty_arrivals).
+// (make's empty_arrivals). The cluster is read from special registers, not kept in registers the
+// mainloop needs.
 template <int kBlockN>
 struct SmemRing {
   static constexpr int kStages = TileShape<kBlockN>::kStages;
   uint8_t* tiles_a;
   uint8_t* tiles_b;
-  uint64_t* full;       // the producer's arrive_expect_tx + TMA bytes (+ gathering threads' copies)
-  uint64_t* empty;      // one arrival per consumer warp (of both CTAs of a cluster)
-  bool paired = false;  // one of two CTAs of a cluster
+  uint64_t* full;   // the producer's arrive_expect_tx + TMA bytes (+ gathering threads' copies)
+  uint64_t* empty;  // one arrival per consumer warp (of both CTAs of a cluster)
 
   __device__ uint8_t* a(int stage) const { return tiles_a + stage * kTileBytesA; }
   __device__ uint8_t* b(int stage) const { return tiles_b + stage * TileShape<kBlockN>::kBytesB; }
@@ -54,8 +54,8 @@ struct SmemRing {
   // A consumer warp's lane 0: this warp is done reading `stage`.
   __device__ void release(uint32_t stage) const {
     dev::mbar_arrive(&empty[stage]);
-    if (paired)
-      dev::mbar_arrive_remote(dev::cluster_smem_addr(&empty[stage], dev::cluster_ctarank() ^ 1u));
+    if (dev::cluster_nctarank() > 1)
+      dev::mbar_arrive_cluster(dev::cluster_smem_addr(&empty[stage], dev::cluster_ctarank() ^ 1u));
   }
 
   // By the whole CTA, before any role starts. full_arrivals: 1 for one producer thread, more when
@@ -73,7 +73,7 @@ struct SmemRing {
       }
       dev::mbar_fence_init();
     }
-    return {smem, smem + kStages * kTileBytesA, full, empty, false};
+    return {smem, smem + kStages * kTileBytesA, full, empty};
   }
 };
 

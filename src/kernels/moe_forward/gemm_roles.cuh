@@ -61,9 +61,9 @@ __device__ __forceinline__ int64_t next_producer_tile(const ForwardParams& p,
   int64_t t = 0;
   if (threadIdx.x % 32 == 0) {
     if (warp == 0 && queue.claims()) {
-      // Pairs claim two tiles at a time (the count is even then); the counter counts tiles
-      // (dispatch paces itself by it).
-      t = int64_t(atomicAdd(p.tile_next, p.cta_pairs ? 2u : 1u));
+      // Pairs claim two tiles at a time (the count is even then).
+      const int64_t step = p.cta_pairs ? 2 : 1;
+      t = int64_t(atomicAdd(p.tile_next, 1u)) * step;
       if (t >= tiles.count()) t = -1;
       if (!queue.wait_empty(q.stage, q.phase ^ 1u, p.wait_cycles)) {
         record_fault(p, kRoleProducerRing, t);

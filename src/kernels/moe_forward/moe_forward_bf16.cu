@@ -62,9 +62,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   // and on rank 1 of a pair producer warp 0 too (rank 0's claims for it).
   const uint32_t claimer_readers = kConsumers * 4 + (gather ? kGatherWarps - 1 : 0);
   static_assert(!kPingPong || kConsumers * 4 == 8, "ping-pong: 8 consumer warps read the queue");
-  auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty, gather ? kGatherFullArrivals : 1,
-                                      (kPingPong ? 4 : kConsumers * 4) * (paired ? 2 : 1));
-  ring.paired = paired;
+  const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty, gather ? kGatherFullArrivals : 1,
+                                            (kPingPong ? 4 : kConsumers * 4) * (paired ? 2 : 1));
   const TileQueue queue{queue_index, queue_full, queue_empty};
   if (threadIdx.x == 0) {
     queue.init(TileQueue::pair_rank() == 1 ? claimer_readers + 1 : claimer_readers,
@@ -106,11 +105,6 @@ __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch lau
 
 template <int kBlockN, bool kPingPong>
 cudaError_t launch_kernel(const ForwardLaunch& l, int grid, cudaStream_t stream) {
-  if (!l.params[0].cta_pairs) {  // a plain launch: no cluster scheduling
-    moe_forward_kernel<kBlockN, kPingPong>
-        <<<grid, kThreads, TileShape<kBlockN>::kSmemBytes, stream>>>(l);
-    return cudaGetLastError();
-  }
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(grid));
   config.blockDim = dim3(kThreads);
@@ -118,7 +112,7 @@ cudaError_t launch_kernel(const ForwardLaunch& l, int grid, cudaStream_t stream)
   config.stream = stream;
   cudaLaunchAttribute cluster = {};
   cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
+  cluster.val.clusterDim.x = l.params[0].cta_pairs ? 2 : 1;
   cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
   config.attrs = &cluster;
   config.numAttrs = 1;
