@@ -35,8 +35,6 @@ const char* kUsage =
     "                               under EP dispatch CTAs bring the peers' rows)\n"
     "      [--overlap-rows N]       routed rows per tile group (a multiple of 128; default 1024)\n"
     "      [--pingpong 1]           ping-pong consumer warpgroups (128 x 128 tiles)\n"
-    "      [--cta-pairs N]          clusters of two GEMM CTAs sharing B loads: -1 automatic\n"
-    "                               (default), 0 off, 1 on\n"
     "      [--breakdown 1]          also time the other row path, the copy path without its\n"
     "                               copy, the megakernel without its combine, a wait profile\n"
     "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"

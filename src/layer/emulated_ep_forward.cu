@@ -68,7 +68,6 @@ EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& opti
   block_n_ = plan.block_n;
   grid_ = plan.grid;
   dispatch_ctas_ = plan.dispatch_ctas;
-  cta_pairs_ = plan.cta_pairs;
   options_.wait_seconds = plan.wait_seconds;
   wait_cycles_ = plan.wait_cycles;
   require(options.dispatch_lookahead <= 0, ErrorCode::unsupported,
@@ -133,7 +132,6 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
     detail::RankLaunchOptions o;
     o.ep_rank = r;
     o.dispatch_ctas = dispatch_ctas_;
-    o.cta_pairs = cta_pairs_;
     o.gather_rows = row_path_ == RowPath::producer_gather;
     o.wait_cycles = wait_cycles_;
     o.aborted = ws_->aborted;

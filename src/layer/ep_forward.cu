@@ -126,7 +126,6 @@ EpForward::EpForward(const Config& c, const ForwardOptions& options, int rank, i
   block_n_ = plan.block_n;
   grid_ = plan.grid;
   dispatch_ctas_ = plan.dispatch_ctas;
-  cta_pairs_ = plan.cta_pairs;
   options_.wait_seconds = plan.wait_seconds;
   wait_cycles_ = plan.wait_cycles;
   ws_ = new Workspace{};
@@ -250,7 +249,6 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
   detail::RankLaunchOptions o;
   o.ep_rank = rank_;
   o.dispatch_ctas = dispatch_ctas_;
-  o.cta_pairs = cta_pairs_;
   o.gather_rows = row_path_ == RowPath::producer_gather;
   o.wait_cycles = wait_cycles_;
   o.aborted = w.aborted;

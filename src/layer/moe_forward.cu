@@ -60,7 +60,6 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   block_n_ = plan.block_n;
   grid_ = plan.grid;
   dispatch_ctas_ = plan.dispatch_ctas;
-  cta_pairs_ = plan.cta_pairs;
   options_.wait_seconds = plan.wait_seconds;
   wait_cycles_ = plan.wait_cycles;
   require(options.dispatch_lookahead == -1 || options.dispatch_lookahead == 0 ||
@@ -100,7 +99,6 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   if (options_.profile_schedule_only) return;
   detail::RankLaunchOptions o;
   o.dispatch_ctas = dispatch_ctas_;
-  o.cta_pairs = cta_pairs_;
   o.dispatch_lookahead = dispatch_lookahead_;
   o.gather_rows = row_path_ == RowPath::producer_gather;
   o.wait_cycles = wait_cycles_;

@@ -68,13 +68,11 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
   if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
       clock_khz <= 0)
     clock_khz = 2'000'000;
-  // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.
-  plan.grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
-  int pair_clusters = 0;
-  check_cuda(kern::prepare_moe_forward(plan.block_n, o.pingpong_consumers, plan.grid, &per_sm,
-                                       &pair_clusters),
+  check_cuda(kern::prepare_moe_forward(plan.block_n, o.pingpong_consumers, &per_sm),
              "preparing the forward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
+  // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.
+  plan.grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   const int share = plan.grid / ranks_in_launch;
   // Dispatch CTAs run unless a lone rank gathers all its rows itself and no option needs them
   // (under EP they bring the peers' rows).
@@ -90,25 +88,6 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
               std::to_string(ranks_in_launch) + " rank(s) " + std::to_string(share) +
               " CTAs, too few for " + std::to_string(plan.dispatch_ctas) +
               " dispatch CTAs and the GEMMs");
-  // CTA pairs: clusters never span two ranks' shares (the last share also takes the remainder)
-  // nor the dispatch CTAs and the others.
-  const int last_share = plan.grid - share * (ranks_in_launch - 1);
-  const char* pairs_unfit =
-      o.pingpong_consumers                                          ? "ping-pong consumers"
-      : plan.grid % 2 != 0 || share % 2 != 0 || last_share % 2 != 0 ? "an odd grid or rank share"
-      : plan.dispatch_ctas % 2 != 0   ? "an odd number of dispatch CTAs"
-      : 2 * pair_clusters < plan.grid ? "too few resident clusters of two CTAs"
-                                      : nullptr;
-  require(o.cta_pairs >= -1 && o.cta_pairs <= 1, ErrorCode::invalid_argument,
-          std::string(who) + ": cta_pairs = " + std::to_string(o.cta_pairs) +
-              ": allowed -1 (automatic), 0 or 1");
-  require(o.cta_pairs != 1 || !pairs_unfit, ErrorCode::invalid_argument,
-          std::string(who) + ": cta_pairs = 1 but the launch has " +
-              (pairs_unfit ? pairs_unfit : "") + " (grid " + std::to_string(plan.grid) +
-              ", share " + std::to_string(share) + ", dispatch CTAs " +
-              std::to_string(plan.dispatch_ctas) + ", resident pairs " +
-              std::to_string(pair_clusters) + ")");
-  plan.cta_pairs = o.cta_pairs != 0 && !pairs_unfit;
   plan.wait_cycles = uint64_t(plan.wait_seconds * double(clock_khz) * 1e3);
   return plan;
 }
@@ -261,11 +240,11 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
                         : w.routed_x_map;
   maps.gate = dev::make_bf16_map_3d(wt.gate, El, I, H, bn / 2);
   maps.up = dev::make_bf16_map_3d(wt.up, El, I, H, bn / 2);
-  maps.down = dev::make_bf16_map_3d(wt.down, El, H, I, bn / 2);
+  maps.down = dev::make_bf16_map_3d(wt.down, El, H, I, bn);
   if (S > 0) {
     maps.shared_gate = dev::make_bf16_map_3d(wt.shared_gate, 1, S, H, bn / 2);
     maps.shared_up = dev::make_bf16_map_3d(wt.shared_up, 1, S, H, bn / 2);
-    maps.shared_down = dev::make_bf16_map_3d(wt.shared_down, 1, H, S, bn / 2);
+    maps.shared_down = dev::make_bf16_map_3d(wt.shared_down, 1, H, S, bn);
   } else {
     maps.shared_gate = maps.shared_up = maps.gate;
     maps.shared_down = maps.down;
@@ -343,7 +322,6 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.fault = w.fault;
   p.dispatch_ctas = o.dispatch_ctas;
   p.gather_rows = o.gather_rows ? 1 : 0;
-  p.cta_pairs = o.cta_pairs ? 1 : 0;
   p.group_blocks = tile_group_blocks(fo);
   p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;
   p.dispatch_lookahead = o.dispatch_lookahead;

@@ -50,7 +50,6 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
 struct RankLaunchOptions {
   int ep_rank = 0, dispatch_ctas = 1, dispatch_lookahead = 0;
   bool gather_rows = false;  // RowPath::producer_gather
-  bool cta_pairs = false;    // LaunchPlan::cta_pairs
   uint64_t wait_cycles = 0;
   int* aborted = nullptr;
   const ForwardOptions* options = nullptr;
@@ -71,7 +70,6 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
 // several logical ranks (emulated EP); `who` names the class in messages.
 struct LaunchPlan {
   int block_n = 0, grid = 0, dispatch_ctas = 0;
-  bool cta_pairs = false;  // clusters of two CTAs (ForwardOptions::cta_pairs, resolved)
   double wait_seconds = 0;
   uint64_t wait_cycles = 0;
 };

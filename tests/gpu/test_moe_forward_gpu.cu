@@ -49,16 +49,11 @@ mok::Config widest_routing_config() {
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
-  // 0-7, 11, 12, 14, 17: dispatch CTAs copy rows first; 8-10, 13, 15, 16: the producers gather
-  // them (the default). 12-14: ping-pong consumers. CTA pairs where the grid allows (automatic:
-  // 0, 1, 4, 6, 8, 10, 11), never (15), always with few CTAs (16: one pair; 17: a dispatch pair
-  // and two GEMM pairs, every tile waits).
-  std::vector<ForwardOptions> options(18);
+  // 0-7, 11, 12, 14: dispatch CTAs copy rows first; 8-10, 13: the producers gather them (the
+  // default). 12-14: ping-pong consumers.
+  std::vector<ForwardOptions> options(15);
   for (ForwardOptions& o : options) o.row_path = RowPath::dispatch_copy;
-  for (size_t i : {8, 9, 10, 13, 15, 16}) options[i].row_path = RowPath::producer_gather;
-  options[15].cta_pairs = 0;
-  options[16].cta_pairs = 1, options[16].max_ctas = 2;
-  options[17].cta_pairs = 1, options[17].max_ctas = 6, options[17].dispatch_ctas = 2;
+  for (size_t i : {8, 9, 10, 13}) options[i].row_path = RowPath::producer_gather;
   for (size_t i : {12, 13, 14}) options[i].pingpong_consumers = true;
   options[13].profile_wait_times = true;
   options[14].max_ctas = 3, options[14].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
@@ -94,8 +89,7 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
         SCOPED_TRACE("H = " + std::to_string(c.hidden) + ", option set " + std::to_string(o) +
                      ", batch " + std::to_string(i) + ", block_n " +
                      std::to_string(mega.block_n()) + ", grid " + std::to_string(mega.grid()) +
-                     ", dispatch CTAs " + std::to_string(mega.dispatch_ctas()) + ", CTA pairs " +
-                     std::to_string(mega.cta_pairs()));
+                     ", dispatch CTAs " + std::to_string(mega.dispatch_ctas()));
         const std::vector<double> want = gpu_forward(staged, c, layer, batches[i]);
         const std::vector<double> got = gpu_forward(mega, c, layer, batches[i]);
         expect_matches_reference(c, p, batches[i], got);
@@ -238,17 +232,6 @@ TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
   pingpong_wide.pingpong_consumers = true;
   pingpong_wide.block_n = 256;  // one warpgroup cannot hold 128 x 256 accumulators
   EXPECT_THROW(MoeForward(mok::preset("tiny"), pingpong_wide), mok::Error);
-  ForwardOptions pairs_pingpong;
-  pairs_pingpong.pingpong_consumers = true;
-  pairs_pingpong.cta_pairs = 1;  // ping-pong consumers are never paired
-  EXPECT_THROW(MoeForward(mok::preset("tiny"), pairs_pingpong), mok::Error);
-  ForwardOptions pairs_odd_grid;
-  pairs_odd_grid.cta_pairs = 1;
-  pairs_odd_grid.max_ctas = 3;  // a cluster of two cannot cover three CTAs
-  EXPECT_THROW(MoeForward(mok::preset("tiny"), pairs_odd_grid), mok::Error);
-  ForwardOptions pairs_unknown;
-  pairs_unknown.cta_pairs = 2;
-  EXPECT_THROW(MoeForward(mok::preset("tiny"), pairs_unknown), mok::Error);
   ForwardOptions ragged_groups;
   ragged_groups.overlap_rows = 100;  // not a multiple of 128
   EXPECT_THROW(MoeForward(mok::preset("tiny"), ragged_groups), mok::Error);

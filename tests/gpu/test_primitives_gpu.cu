@@ -1,15 +1,13 @@
 // Each device primitive on the GPU: TMA loads through an mbarrier ring (swizzle layout and phase
 // bookkeeping), TMA stores, wgmma against a CPU product, release/acquire handoffs between CTAs,
 // a bounded wait that times out, named barriers and elect_one, and cp.async row gathers tracked by
-// an mbarrier (counted and extra arrivals, zero fill, the 128B swizzle), and a cluster of two CTAs:
-// TMA multicast, remote mbarrier arrivals and stores, the cluster barrier.
+// an mbarrier (counted and extra arrivals, zero fill, the 128B swizzle).
 #include <cuda_bf16.h>
 
 #include <cmath>
 #include <random>
 
 #include "gpu_test_util.hpp"
-#include "mok/device/cluster.cuh"
 #include "mok/device/cp_async.cuh"
 #include "mok/device/mbarrier.cuh"
 #include "mok/device/sync.cuh"
@@ -342,76 +340,4 @@ TEST(PrimitivesGpu, NamedBarrierAndElectOne) {
   EXPECT_EQ(elected.to_host()[0], 8);  // one lane in each of the 8 warps
   const std::vector<int> got = out.to_host();
   for (int i = 0; i < 32; ++i) EXPECT_EQ(got[size_t(i)], i * 3 + 1);
-}
-
-// ---- A cluster of two CTAs: each TMA-loads half of one box and multicasts it to both; CTA 0 then
-// stores a value into CTA 1's shared memory and arrives on CTA 1's mbarrier, which waits for it.
-namespace {
-constexpr int kHalfRows = 64, kHalfBytes = kHalfRows * 128;
-
-__global__ void __cluster_dims__(2, 1, 1)
-    multicast_kernel(const __grid_constant__ CUtensorMap map, int expert, uint8_t* out,
-                     uint64_t* handed, int* error) {
-  extern __shared__ __align__(1024) uint8_t smem_raw[];
-  uint8_t* smem =
-      reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
-  __shared__ uint64_t full, handoff;
-  __shared__ uint64_t value;
-  const uint32_t rank = cluster_ctarank();
-  if (threadIdx.x == 0) {
-    mbar_init(&full, 1);
-    mbar_init(&handoff, 1);
-    value = 0;
-    mbar_fence_init();
-  }
-  cluster_sync();  // both CTAs' barriers exist before either multicasts or arrives
-  if (threadIdx.x == 0) {
-    mbar_arrive_expect_tx(&full, 2 * kHalfBytes);  // its own half and the other CTA's
-    tma_load_3d_multicast(smem + rank * kHalfBytes, &map, &full, 0, int32_t(rank) * kHalfRows,
-                          expert, 0b11);
-    if (!mbar_wait(&full, 0, kTimeoutCycles)) atomicExch(error, 1);
-    if (rank == 0) {
-      st_cluster_u64(cluster_smem_addr(&value, 1), 0x1234567890ABCDEFull);
-      mbar_arrive_cluster(cluster_smem_addr(&handoff, 1));
-    } else if (!mbar_wait_cluster(&handoff, 0, kTimeoutCycles)) {
-      atomicExch(error, 2);
-    } else {
-      *handed = value;
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < 2 * kHalfBytes; i += blockDim.x)
-    out[size_t(rank) * 2 * kHalfBytes + i] = smem[i];
-  cluster_sync();  // CTA 1's shared memory outlives CTA 0's arrival on it
-}
-}  // namespace
-
-TEST(PrimitivesGpu, ClusterPairMulticastsTmaHalvesAndHandsValuesOver) {
-  MOK_REQUIRE_GPU();
-  const int experts = 3, rows = 2 * kHalfRows, cols = 64, expert = 2;
-  const std::vector<uint16_t> src = pattern(size_t(experts * rows * cols));
-  DeviceBuffer<uint16_t> g(src);
-  DeviceBuffer<uint8_t> out(size_t(2) * 2 * kHalfBytes, 0xAB);
-  DeviceBuffer<uint64_t> handed(1, 0);
-  DeviceBuffer<int> error(1, 0);
-  const CUtensorMap map = make_bf16_map_3d(g.ptr, experts, rows, cols, kHalfRows);
-  const int smem = 2 * kHalfBytes + 1024;
-  MOK_CUDA_OK(cudaError_t(opt_in_smem((const void*)multicast_kernel, smem)));
-  multicast_kernel<<<2, 128, smem>>>(map, expert, out.ptr, handed.ptr, error.ptr);
-  MOK_CUDA_OK(cudaDeviceSynchronize());
-  ASSERT_EQ(error.to_host()[0], 0);
-  EXPECT_EQ(handed.to_host()[0], 0x1234567890ABCDEFull);
-  const std::vector<uint8_t> got = out.to_host();
-  for (int cta = 0; cta < 2; ++cta)  // both CTAs hold the whole box: both halves
-    for (int half = 0; half < 2; ++half)
-      for (int r = 0; r < kHalfRows; ++r)
-        for (int c = 0; c < cols; ++c) {
-          uint16_t v;
-          std::memcpy(&v,
-                      &got[size_t(cta) * 2 * kHalfBytes + size_t(half) * kHalfBytes +
-                           swizzle128_offset(r, c * 2)],
-                      2);
-          ASSERT_EQ(v, src[(size_t(expert) * rows + half * kHalfRows + r) * cols + c])
-              << cta << " " << half << " " << r << " " << c;
-        }
 }

@@ -45,7 +45,6 @@ class EmulatedEpForward {
   int stuck_rank_;
   RowPath row_path_ = RowPath::producer_gather;
   int block_n_ = 0, dispatch_ctas_ = 0, grid_ = 0;
-  bool cta_pairs_ = false;
   uint64_t wait_cycles_ = 0;
   Workspace* ws_;
 };

@@ -71,7 +71,6 @@ class EpForward {
   ForwardOptions options_;
   RowPath row_path_ = RowPath::producer_gather;
   int rank_ = 0, device_ = 0, block_n_ = 0, grid_ = 0, dispatch_ctas_ = 0;
-  bool cta_pairs_ = false;
   uint64_t wait_cycles_ = 0;
   std::vector<int> group_devices_;  // one process driving the group: every rank's device
   Workspace* ws_ = nullptr;

@@ -46,12 +46,7 @@ struct ForwardOptions {
   // tiles, so one's epilogue overlaps the other's MMAs (block_n 128; 0 picks it). Default: both
   // warpgroups on every tile (64 rows each, 128 x 256 tiles where I allows).
   bool pingpong_consumers = false;
-  int block_n = 0;  // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128
-  // CTA pairs: clusters of two GEMM CTAs that take tiles in pairs and, where both tiles read the
-  // same weights, load half of B each and multicast it to both (half the L2 -> SM weight bytes).
-  // -1: where the grid allows (not with ping-pong consumers; the grid, every rank's share and the
-  // dispatch CTAs even; every cluster resident), 0: off, 1: on (an error where not allowed).
-  int cta_pairs = -1;
+  int block_n = 0;   // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128
   int max_ctas = 0;  // persistent grid; 0: one CTA per SM
   // Bound of every wait on another CTA or on the TMA; expiry is an error, not a hang. 0: the
   // environment's MOK_WAIT_SECONDS if set (sanitizer runs are ~100x slower), else 2 s.
@@ -130,7 +125,6 @@ class MoeForward {
   int block_n() const { return block_n_; }
   int dispatch_ctas() const { return dispatch_ctas_; }
   int grid() const { return grid_; }
-  bool cta_pairs() const { return cta_pairs_; }
 
  private:
   struct Workspace;
@@ -138,7 +132,6 @@ class MoeForward {
   ForwardOptions options_;
   RowPath row_path_ = RowPath::dispatch_copy;
   int block_n_ = 0, dispatch_ctas_ = 0, dispatch_lookahead_ = 0, grid_ = 0;
-  bool cta_pairs_ = false;
   uint64_t wait_cycles_ = 0;
   Workspace* ws_;
 };

@@ -8,7 +8,6 @@
 
 #include <cstdint>
 
-#include "mok/device/cluster.cuh"
 #include "mok/device/mbarrier.cuh"
 #include "mok/device/sync.cuh"
 #include "mok/device/tma.cuh"
@@ -35,28 +34,16 @@ struct TileShape {
 };
 
 // The ring in shared memory: kStages (A, B) tile pairs and their full / empty barriers.
-// In a cluster of two CTAs (the forward's CTA pairs) either CTA's producer may multicast B into
-// both rings, so a stage is free only once both CTAs' consumers released it: each consumer warp
-// arrives on its own empty barrier and on the other CTA's, and each empty barrier counts both
-// (make's empty_arrivals). The cluster is read from special registers, not kept in registers the
-// mainloop needs.
 template <int kBlockN>
 struct SmemRing {
   static constexpr int kStages = TileShape<kBlockN>::kStages;
   uint8_t* tiles_a;
   uint8_t* tiles_b;
   uint64_t* full;   // the producer's arrive_expect_tx + TMA bytes (+ gathering threads' copies)
-  uint64_t* empty;  // one arrival per consumer warp (of both CTAs of a cluster)
+  uint64_t* empty;  // one arrival per consumer warp
 
   __device__ uint8_t* a(int stage) const { return tiles_a + stage * kTileBytesA; }
   __device__ uint8_t* b(int stage) const { return tiles_b + stage * TileShape<kBlockN>::kBytesB; }
-
-  // A consumer warp's lane 0: this warp is done reading `stage`.
-  __device__ void release(uint32_t stage) const {
-    dev::mbar_arrive(&empty[stage]);
-    if (dev::cluster_nctarank() > 1)
-      dev::mbar_arrive_cluster(dev::cluster_smem_addr(&empty[stage], dev::cluster_ctarank() ^ 1u));
-  }
 
   // By the whole CTA, before any role starts. full_arrivals: 1 for one producer thread, more when
   // producer threads gather A rows themselves (each then arrives on every stage). empty_arrivals:
@@ -130,7 +117,7 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
     dev::wgmma_commit();
     dev::wgmma_wait<0>();
     dev::fence_accumulators(d);
-    if (arrives) ring.release(c.stage);
+    if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
   }
   return true;
 }
@@ -166,7 +153,7 @@ __device__ __forceinline__ bool mma_tile_128(float (&top)[kBlockN / 2],
     dev::wgmma_wait<0>();
     dev::fence_accumulators(top);
     if constexpr (kBottom) dev::fence_accumulators(bottom);
-    if (arrives) ring.release(c.stage);
+    if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
   }
   return true;
 }
@@ -180,7 +167,7 @@ __device__ __forceinline__ bool skip_tile(const SmemRing<kBlockN>& ring,
                                           int k_blocks, uint64_t wait_cycles) {
   for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
     if (!dev::mbar_wait(&ring.full[c.stage], c.phase, wait_cycles)) return false;
-    if (threadIdx.x % 32 == 0) ring.release(c.stage);
+    if (threadIdx.x % 32 == 0) dev::mbar_arrive(&ring.empty[c.stage]);
   }
   return true;
 }

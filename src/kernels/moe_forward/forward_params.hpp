@@ -37,7 +37,7 @@ struct ForwardMaps {
   CUtensorMap act;                     // [capacity, I]
   CUtensorMap act_shared;              // [token_rows, S]
   CUtensorMap gate, up;                // [E, I, H], boxes of block_n / 2 rows
-  CUtensorMap down;                    // [E, H, I], boxes of block_n / 2 rows (B in two halves)
+  CUtensorMap down;                    // [E, H, I], boxes of block_n rows
   CUtensorMap shared_gate, shared_up;  // [1, S, H]
   CUtensorMap shared_down;             // [1, H, S]
 };
@@ -93,8 +93,6 @@ struct ForwardParams {
   int gather_rows;   // the gate/up producers gather routed rows (cp.async into the swizzled stage):
                      // this rank's from x, peers' from the ring (dispatch copies only those; at
                      // EP = 1 there are no dispatch CTAs)
-  int cta_pairs;     // 1: the grid runs as clusters of two CTAs that claim tiles in pairs and
-                     // multicast shared B loads (tile_schedule.cuh); the same in every rank
   int group_blocks;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
   uint64_t wait_cycles;
@@ -132,11 +130,9 @@ enum ForwardTiming : int {
 // without gathering rows) and the combine (out is not written).
 constexpr int kProfileNoDispatchCopy = 1, kProfileNoCombine = 2;
 
-// Once per device, before launches: the shared-memory opt-in, how many CTAs fit on one SM, and how
-// many clusters of two CTAs can be resident at once for a grid of `grid` CTAs (the persistent grid
-// needs every CTA resident).
-cudaError_t prepare_moe_forward(int block_n, bool pingpong, int grid, int* ctas_per_sm,
-                                int* pair_clusters);
+// Once per device, before launches: the shared-memory opt-in, and how many CTAs fit on one SM
+// (the persistent grid needs every CTA resident).
+cudaError_t prepare_moe_forward(int block_n, bool pingpong, int* ctas_per_sm);
 // What one launch runs: `ranks` logical ranks (1 for a real EP rank, ep_size when the group is
 // emulated on one GPU), each on its own contiguous share of the grid.
 struct ForwardLaunch {
@@ -147,8 +143,7 @@ struct ForwardLaunch {
 static_assert(sizeof(ForwardLaunch) <= 32764, "kernel parameters (CUDA 12.1+, sm_70+)");
 
 // Two launches: row_destination_kernel (fills ForwardParams::row_destination), then the kernel
-// for block_n 128 or 256 (ping-pong consumers: 128 only) with `grid` CTAs, in clusters of two when
-// params[0].cta_pairs (then grid, each rank's share and dispatch_ctas are even); every CTA must be
+// for block_n 128 or 256 (ping-pong consumers: 128 only) with `grid` CTAs; every one must be
 // resident at once.
 cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, bool pingpong, int grid,
                                cudaStream_t stream);

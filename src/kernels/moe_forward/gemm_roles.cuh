@@ -47,37 +47,31 @@ struct GatherRows {
   }
 };
 
-// The next tile index for this producer warp: the claiming warp's lane 0 (warp 0, on rank 0 of a
-// pair) takes it from the global counter and publishes it in the queue (for the consumers, the
-// other producer warps, and the other CTA of a pair); the other warps' lane 0 read it there. -1
-// ends the sequence, -2: a bounded wait expired.
-// With pairs the entry also carries kShareB.
-template <int kBlockN>
+// The next tile index for this producer warp: warp 0's lane 0 claims it from the global counter
+// and publishes it in the queue (for the consumers and the other producer warps); the other warps'
+// lane 0 read it there. -1 ends the sequence, -2: a bounded wait expired.
 __device__ __forceinline__ int64_t next_producer_tile(const ForwardParams& p,
-                                                      const ForwardTiles<kBlockN>& tiles,
                                                       const TileQueue& queue,
                                                       const dev::RingCursor<kTileQueueDepth>& q,
-                                                      int warp) {
+                                                      int64_t tile_count, int warp) {
   int64_t t = 0;
   if (threadIdx.x % 32 == 0) {
-    if (warp == 0 && queue.claims()) {
-      // Pairs claim two tiles at a time (the count is even then).
-      const int64_t step = p.cta_pairs ? 2 : 1;
-      t = int64_t(atomicAdd(p.tile_next, 1u)) * step;
-      if (t >= tiles.count()) t = -1;
-      if (!queue.wait_empty(q.stage, q.phase ^ 1u, p.wait_cycles)) {
+    if (warp == 0) {
+      t = atomicAdd(p.tile_next, 1u);
+      if (t >= tile_count) t = -1;
+      if (!dev::mbar_wait(&queue.empty[q.stage], q.phase ^ 1u, p.wait_cycles)) {
         record_fault(p, kRoleProducerRing, t);
         t = -2;
       } else {
-        if (p.cta_pairs && t >= 0 && same_b(tiles.at(t, p), tiles.at(t + 1, p))) t |= kShareB;
-        queue.publish(q.stage, t);
+        queue.index[q.stage] = t;
+        dev::mbar_arrive(&queue.full[q.stage]);
       }
-    } else if (!queue.wait_full(q.stage, q.phase, p.wait_cycles)) {
+    } else if (!dev::mbar_wait(&queue.full[q.stage], q.phase, p.wait_cycles)) {
       record_fault(p, kRoleProducerRing, -1);
       t = -2;
     } else {
       t = queue.index[q.stage];
-      if (t >= 0) queue.release(q.stage);  // the end entry is never reused (see TileQueue)
+      dev::mbar_arrive(&queue.empty[q.stage]);
     }
   }
   return __shfl_sync(0xFFFFFFFFu, t, 0);
@@ -89,11 +83,6 @@ __device__ __forceinline__ int64_t next_producer_tile(const ForwardParams& p,
 // arrive. A gathering thread's arrival is counted by cp.async (noinc) when its copies land; the
 // leader's copies get an extra (uncounted) arrival before its arrive_expect_tx for B, so the phase
 // cannot complete before they land either.
-//
-// Paired CTAs: when the two tiles of a pair read the same B (same_b), each producer loads one half
-// of it (gate or up rows; the first or second half of a down tile's rows) and multicasts it to
-// both rings; each full barrier then expects the whole B, half of it from the other CTA. Empty
-// tiles load nothing and only arrive.
 template <int kBlockN>
 __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const ForwardParams& p,
                                               const SmemRing<kBlockN>& ring,
@@ -105,42 +94,39 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
   RoleTimer timer(p);
   timer.on = timer.on && leader;
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
-    const int64_t entry = next_producer_tile<kBlockN>(p, tiles, queue, q, warp);
-    if (entry == -2) return;
-    if (entry < 0) {
+    const int64_t t = next_producer_tile(p, queue, q, tiles.count(), warp);
+    if (t == -2) return;
+    if (t < 0) {
       timer.flush(p);
       return;
     }
-    const int64_t t = entry & ~kShareB;
-    const bool share_b = (entry & kShareB) != 0;
     const TileWork w = tiles.at(t, p);
-    const bool gather = gathers_rows(p, w) && !w.none;
+    const bool gather = gathers_rows(p, w);
     const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
     const uint32_t* ready = nullptr;
     uint32_t needed = 0;
     ForwardRole role = kRoleGateUpProducer;
-    if (!w.none) switch (w.kind) {
-        case TileKind::shared_gate_up:
-          a_map = &maps.x, b_map = &maps.shared_gate, b_up_map = &maps.shared_up;
-          break;
-        case TileKind::routed_gate_up:
-          a_map = &maps.routed_x, b_map = &maps.gate, b_up_map = &maps.up;
-          // Gathering at EP = 1 needs no dispatch; under EP the peers' rows come through the ring.
-          if (!gather || p.ep_size > 1)
-            ready = p.x_ready + w.m_block, needed = 1, role = kRoleGateUpProducer;
-          break;
-        case TileKind::shared_down:
-          a_map = &maps.act_shared, b_map = &maps.shared_down;
-          ready = p.act_shared_ready + w.m_block;
-          needed = uint32_t(kConsumers * tiles.shared_gate_up_tiles),
-          role = kRoleSharedDownProducer;
-          break;
-        case TileKind::routed_down:
-          a_map = &maps.act, b_map = &maps.down;
-          ready = p.act_ready + w.m_block;
-          needed = uint32_t(kConsumers * tiles.gate_up_tiles), role = kRoleDownProducer;
-          break;
-      }
+    switch (w.kind) {
+      case TileKind::shared_gate_up:
+        a_map = &maps.x, b_map = &maps.shared_gate, b_up_map = &maps.shared_up;
+        break;
+      case TileKind::routed_gate_up:
+        a_map = &maps.routed_x, b_map = &maps.gate, b_up_map = &maps.up;
+        // Gathering at EP = 1 needs no dispatch; under EP the peers' rows come through the ring.
+        if (!gather || p.ep_size > 1)
+          ready = p.x_ready + w.m_block, needed = 1, role = kRoleGateUpProducer;
+        break;
+      case TileKind::shared_down:
+        a_map = &maps.act_shared, b_map = &maps.shared_down;
+        ready = p.act_shared_ready + w.m_block;
+        needed = uint32_t(kConsumers * tiles.shared_gate_up_tiles), role = kRoleSharedDownProducer;
+        break;
+      case TileKind::routed_down:
+        a_map = &maps.act, b_map = &maps.down;
+        ready = p.act_ready + w.m_block;
+        needed = uint32_t(kConsumers * tiles.gate_up_tiles), role = kRoleDownProducer;
+        break;
+    }
     bool ok = true;  // a failed wait ends the warp (lanes stay converged for the shuffles); the
                      // other producer warps and the consumers stop at their own bounded waits
     // The leader waits for its TMA loads; when gathering, every warp's lane 0 acquires for its
@@ -175,12 +161,10 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                       sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden
                 : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
-    const uint32_t bytes = w.none ? 0u : (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
+    const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       if (!leader && !p.gather_rows) continue;  // only the leader arrives
       const uint64_t since = timer.now();
-      // Paired, the other CTA's consumers arrive here too once their wgmmas read the stage (a
-      // CTA-scope acquire, as for TMA's own completions: no global data is handed over).
       if (!dev::mbar_wait(&ring.empty[cursor.stage], cursor.phase ^ 1u, p.wait_cycles)) {
         record_fault(p, kRoleProducerRing, t);
         ok = false;
@@ -199,20 +183,15 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       }
       if (!leader) continue;
       dev::mbar_arrive_expect_tx(bar, bytes);
-      if (w.none) continue;
+      uint8_t* tile_b = ring.b(cursor.stage);
       if (!gather) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
-      // B in two halves of block_n / 2 rows: gate/up tiles' gate rows then the up rows of the
-      // same outputs; other tiles' first and second half.
-      for (int half = 0; half < 2; ++half) {
-        if (share_b && half != TileQueue::pair_rank()) continue;  // the other CTA multicasts it
-        const CUtensorMap* map = b_up_map && half ? b_up_map : b_map;
-        const int32_t row =
-            b_up_map ? w.n_tile * (kBlockN / 2) : (2 * w.n_tile + half) * (kBlockN / 2);
-        uint8_t* dst = ring.b(cursor.stage) + half * (TileShape<kBlockN>::kBytesB / 2);
-        if (share_b)
-          dev::tma_load_3d_multicast(dst, map, bar, kb * kBlockK, row, w.expert, 0b11);
-        else
-          dev::tma_load_3d(dst, map, bar, kb * kBlockK, row, w.expert);
+      if (b_up_map) {  // block_n / 2 gate rows, then the up rows of the same outputs
+        const int32_t row = w.n_tile * (kBlockN / 2);
+        dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, row, w.expert);
+        dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, b_up_map, bar, kb * kBlockK, row,
+                         w.expert);
+      } else {
+        dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, w.n_tile * kBlockN, w.expert);
       }
     }
     if (!__all_sync(0xFFFFFFFFu, ok)) return;
@@ -309,18 +288,17 @@ __device__ __forceinline__ void store_down(const ForwardParams& p, const TileWor
   }
 }
 
-// The next tile index from the producer's queue (every consumer thread reads every entry; lane 0
-// releases it for the warp); false: the bounded wait expired (recorded), for the whole warp.
+// The next tile index from the producer's queue (every consumer thread reads every entry);
+// false: the bounded wait expired (recorded).
 __device__ __forceinline__ bool next_consumer_tile(const ForwardParams& p, const TileQueue& queue,
                                                    const dev::RingCursor<kTileQueueDepth>& q,
                                                    int64_t* t) {
-  if (!__all_sync(0xFFFFFFFFu, queue.wait_full(q.stage, q.phase, p.wait_cycles))) {
-    if (threadIdx.x % 32 == 0) record_fault(p, kRoleConsumer, -1);
+  if (!dev::mbar_wait(&queue.full[q.stage], q.phase, p.wait_cycles)) {
+    record_fault(p, kRoleConsumer, -1);
     return false;
   }
-  *t = queue.index[q.stage] & ~kShareB;
-  __syncwarp();  // memory order: every lane's read before lane 0's release
-  if (threadIdx.x % 32 == 0 && *t >= 0) queue.release(q.stage);  // the end entry is never reused
+  *t = queue.index[q.stage];
+  dev::mbar_arrive(&queue.empty[q.stage]);
   return true;
 }
 
@@ -361,14 +339,12 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     }
     const TileWork w = tiles.at(t, p);
     int row0 = int(w.m_block * kBlockM + wg * 64);
-    // Empty tiles, and the last rows of an expert's segment or past the tokens.
-    if (w.none || all_padding(p, w, row0)) {
+    if (all_padding(p, w, row0)) {  // the last rows of an expert's segment, or past the tokens
       if (!skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles)) {
         record_fault(p, kRoleConsumer, t);
         return false;
       }
-      if (!w.none &&
-          is_gate_up(w))  // its act rows stay unwritten: only skipped down rows read them
+      if (is_gate_up(w))  // its act rows stay unwritten: only skipped down rows read them
         publish_warpgroup(act_counter(p, w), wg);
       continue;
     }

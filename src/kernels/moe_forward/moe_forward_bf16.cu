@@ -11,10 +11,9 @@ namespace mok::kern {
 namespace {
 
 // The producer walks a richer tile sequence than the plain grouped GEMM's (four tile kinds, their
-// counters and maps, the tile queue, peer tables, CTA pairs): at 96 registers it spilled, at 104
-// it does not;
+// counters and maps, the tile queue, peer tables): at 88 registers it spilled, at 96 it does not;
 // the consumers keep 200 (128 accumulators).
-constexpr int kForwardProducerRegs = 104, kForwardConsumerRegs = 200;
+constexpr int kForwardProducerRegs = 96, kForwardConsumerRegs = 200;
 static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRegs <=
                   kThreads * 168,
               "setmaxnreg budget");
@@ -30,21 +29,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int cta = int(blockIdx.x) - rank * per_rank;  // the last rank also takes the remainder
   const ForwardParams& p = launch.params[rank];
   const ForwardMaps& maps = launch.maps[rank];
-  // CTA pairs (clusters of two; shares and dispatch CTAs come in even numbers, so a cluster never
-  // spans two roles or ranks): a CTA's shared memory must outlive the other CTA's arrivals on it
-  // and multicasts into it. Both CTAs' threads meet at a cluster barrier once their barriers are
-  // initialized; the consumers meet again before exiting (a cluster barrier waits for the threads
-  // that have not exited: the producers' last access to the other CTA is the end entry, which
-  // the other CTA's readers wait for, and the consumers' ring releases precede their arrival).
-  const bool paired = p.cta_pairs != 0;
   if (cta < p.dispatch_ctas) {
     // Once its blocks are copied a dispatch CTA joins the GEMMs: its SM would otherwise only wait
     // for the combine (dispatch spans a third of the forward or less). It claims tiles from the
     // same counter, so the tile order's deadlock argument holds; dispatch itself never waits on
-    // this CTA. With combine_on_dispatch_ctas (or a failed wait, unpaired) it combines instead;
-    // a paired CTA whose dispatch failed still joins its pair (the GEMM waits then end at once).
+    // this CTA. With combine_on_dispatch_ctas (or a failed wait) it combines instead.
     const bool dispatched = !batch_ok(p) || dispatch_role<kBlockN>(p, cta, p.dispatch_ctas);
-    if ((!dispatched && !paired) || p.combine_on_dispatch_ctas) {  // never touches the other CTA
+    if (!dispatched || p.combine_on_dispatch_ctas) {
       combine_role<kBlockN>(p);
       return;
     }
@@ -58,24 +49,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Producer: one warp (its lane 0 arrives), or with gather_rows the whole warpgroup (every thread
   // arrives on every stage; warps 1-3 read the tile queue too).
   const bool gather = p.gather_rows != 0;
-  // Reader warps of the tile queue: the 8 consumer warps, producer warps 1-3 when they gather,
-  // and on rank 1 of a pair producer warp 0 too (rank 0's claims for it).
-  const uint32_t claimer_readers = kConsumers * 4 + (gather ? kGatherWarps - 1 : 0);
-  static_assert(!kPingPong || kConsumers * 4 == 8, "ping-pong: 8 consumer warps read the queue");
   const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty, gather ? kGatherFullArrivals : 1,
-                                            (kPingPong ? 4 : kConsumers * 4) * (paired ? 2 : 1));
+                                            kPingPong ? 4 : kConsumers * 4);
   const TileQueue queue{queue_index, queue_full, queue_empty};
   if (threadIdx.x == 0) {
-    queue.init(TileQueue::pair_rank() == 1 ? claimer_readers + 1 : claimer_readers,
-               claimer_readers + 1);
+    queue.init(gather ? kGatherWarps - 1 : 0);
     for (uint64_t& bar : mainloop_done) dev::mbar_init(&bar, kMainloopDoneArrivals);
     dev::mbar_fence_init();
   }
-  // Paired: the other CTA's barriers are initialized before anything arrives on them.
-  if (paired)
-    dev::cluster_sync();
-  else
-    __syncthreads();
+  __syncthreads();
   if (threadIdx.x / 128 == kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kForwardProducerRegs));
     if (gather || threadIdx.x % 128 < 32) producer_role<kBlockN>(maps, p, ring, queue);
@@ -88,7 +70,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   else
     finished = consumer_role<kBlockN>(p, ring, queue);
   if (finished && !p.combine_on_dispatch_ctas) combine_role<kBlockN>(p);
-  if (paired) dev::cluster_sync();
 }
 
 // Before the megakernel: each routed row's destination (source rank, slot) from the owner and
@@ -104,55 +85,28 @@ __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch lau
 }
 
 template <int kBlockN, bool kPingPong>
-cudaError_t launch_kernel(const ForwardLaunch& l, int grid, cudaStream_t stream) {
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(grid));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = TileShape<kBlockN>::kSmemBytes;
-  config.stream = stream;
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = l.params[0].cta_pairs ? 2 : 1;
-  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, moe_forward_kernel<kBlockN, kPingPong>, l);
+void launch_kernel(const ForwardLaunch& l, int grid, cudaStream_t stream) {
+  moe_forward_kernel<kBlockN, kPingPong>
+      <<<grid, kThreads, TileShape<kBlockN>::kSmemBytes, stream>>>(l);
 }
 
 template <int kBlockN, bool kPingPong>
-cudaError_t prepare(int grid, int* ctas_per_sm, int* pair_clusters) {
+cudaError_t prepare(int* ctas_per_sm) {
   constexpr int smem = TileShape<kBlockN>::kSmemBytes;
   if (cudaError_t e = cudaFuncSetAttribute(moe_forward_kernel<kBlockN, kPingPong>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess)
     return e;
-  if (cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          ctas_per_sm, moe_forward_kernel<kBlockN, kPingPong>, kThreads, smem);
-      e != cudaSuccess)
-    return e;
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(grid + grid % 2));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  cudaLaunchAttribute cluster = {};
-  cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = 2;
-  cluster.val.clusterDim.y = cluster.val.clusterDim.z = 1;
-  config.attrs = &cluster;
-  config.numAttrs = 1;
-  return cudaOccupancyMaxActiveClusters(pair_clusters, moe_forward_kernel<kBlockN, kPingPong>,
-                                        &config);
+  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+      ctas_per_sm, moe_forward_kernel<kBlockN, kPingPong>, kThreads, smem);
 }
 
 }  // namespace
 
-cudaError_t prepare_moe_forward(int block_n, bool pingpong, int grid, int* ctas_per_sm,
-                                int* pair_clusters) {
-  if (pingpong)
-    return block_n == 128 ? prepare<128, true>(grid, ctas_per_sm, pair_clusters)
-                          : cudaErrorInvalidValue;
-  if (block_n == 256) return prepare<256, false>(grid, ctas_per_sm, pair_clusters);
-  if (block_n == 128) return prepare<128, false>(grid, ctas_per_sm, pair_clusters);
+cudaError_t prepare_moe_forward(int block_n, bool pingpong, int* ctas_per_sm) {
+  if (pingpong) return block_n == 128 ? prepare<128, true>(ctas_per_sm) : cudaErrorInvalidValue;
+  if (block_n == 256) return prepare<256, false>(ctas_per_sm);
+  if (block_n == 128) return prepare<128, false>(ctas_per_sm);
   return cudaErrorInvalidValue;
 }
 
@@ -160,14 +114,17 @@ cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, bool pi
                                cudaStream_t stream) {
   if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)
     return cudaErrorInvalidValue;
-  if (launch.params[0].cta_pairs && (pingpong || grid % 2 != 0)) return cudaErrorInvalidValue;
   row_destination_kernel<<<dim3(unsigned(grid / launch.ranks), unsigned(launch.ranks)), 256, 0,
                            stream>>>(launch);
-  if (cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
-  if (pingpong && block_n == 128) return launch_kernel<128, true>(launch, grid, stream);
-  if (!pingpong && block_n == 256) return launch_kernel<256, false>(launch, grid, stream);
-  if (!pingpong && block_n == 128) return launch_kernel<128, false>(launch, grid, stream);
-  return cudaErrorInvalidValue;
+  if (pingpong && block_n == 128)
+    launch_kernel<128, true>(launch, grid, stream);
+  else if (!pingpong && block_n == 256)
+    launch_kernel<256, false>(launch, grid, stream);
+  else if (!pingpong && block_n == 128)
+    launch_kernel<128, false>(launch, grid, stream);
+  else
+    return cudaErrorInvalidValue;
+  return cudaGetLastError();
 }
 
 }  // namespace mok::kern

@@ -14,18 +14,12 @@
 // then finish it without the producer. So the earliest unfinished tile is claimed, its inputs are
 // earlier tiles (finished, by minimality) or dispatched rows, and it finishes: the sequence drains.
 // The combine waits on down tiles only, and no GEMM tile waits on the combine.
-// With CTA pairs (ForwardParams::cta_pairs) a cluster of two CTAs claims tiles 2q and 2q + 1 of the
-// sequence at once (its CTA of rank r takes 2q + r), and the pair's tiles share B loads where they
-// read the same weights. Each phase is padded to an even length with empty tiles, so the two tiles
-// of a pair are of one phase and neither waits on the other; both CTAs of a cluster are resident
-// together, so the argument above holds for the sequence of pairs.
 // Shared tiles come first: they need no dispatch, so they run while dispatch is in flight.
 #pragma once
 #include <cstdint>
 
 #include "kernels/gemm/bf16_pipeline.cuh"
 #include "kernels/moe_forward/forward_params.hpp"
-#include "mok/device/cluster.cuh"
 #include "mok/schedule/routing_layout.hpp"
 #include "mok/schedule/tile_order.hpp"
 
@@ -44,14 +38,7 @@ struct TileWork {
   int n_tile;
   int expert;  // 0 for the shared experts (one MLP of width S)
   int k_blocks;
-  bool none;  // an empty tile that pads a phase to pairs: no loads, no MMAs, nothing published
 };
-
-// True when the two tiles of a pair read the same B (weights): each CTA then loads half of it and
-// multicasts it to both.
-__device__ __forceinline__ bool same_b(const TileWork& a, const TileWork& b) {
-  return !a.none && !b.none && a.kind == b.kind && a.expert == b.expert && a.n_tile == b.n_tile;
-}
 
 // True when the producer warpgroup gathers this tile's A rows (cp.async) instead of TMA-loading
 // them: routed gate/up tiles under RowPath::producer_gather.
@@ -92,7 +79,7 @@ __device__ __forceinline__ int64_t routed_row_destination(const ForwardParams& p
 
 template <int kBlockN>
 struct ForwardTiles {
-  int64_t shared_blocks, routed_row_blocks;
+  int64_t shared_blocks;
   int gate_up_tiles, shared_gate_up_tiles, down_tiles;                      // n-tiles per row block
   int64_t routed_gate_up_begin, shared_down_begin, routed_down_begin, end;  // kinds' first tiles
 
@@ -100,45 +87,34 @@ struct ForwardTiles {
     ForwardTiles t;
     const bool shared = p.shared_width > 0 && batch_ok(p);
     t.shared_blocks = shared ? (p.tokens + kBlockM - 1) / kBlockM : 0;
-    t.routed_row_blocks = routed_blocks(p);
+    const int64_t routed = routed_blocks(p);
     t.gate_up_tiles = 2 * p.intermediate / kBlockN;
     t.shared_gate_up_tiles = 2 * p.shared_width / kBlockN;
     t.down_tiles = (p.hidden + kBlockN - 1) / kBlockN;
-    const int64_t pad = p.cta_pairs ? 1 : 0;  // phases of an even length for pairs
-    auto phase = [&](int64_t tiles) { return (tiles + pad) & ~pad; };
-    t.routed_gate_up_begin = phase(t.shared_blocks * t.shared_gate_up_tiles);
-    t.shared_down_begin = t.routed_gate_up_begin + phase(t.routed_row_blocks * t.gate_up_tiles);
-    t.routed_down_begin = t.shared_down_begin + phase(t.shared_blocks * t.down_tiles);
-    t.end = t.routed_down_begin + phase(t.routed_row_blocks * t.down_tiles);
+    t.routed_gate_up_begin = t.shared_blocks * t.shared_gate_up_tiles;
+    t.shared_down_begin = t.routed_gate_up_begin + routed * t.gate_up_tiles;
+    t.routed_down_begin = t.shared_down_begin + t.shared_blocks * t.down_tiles;
+    t.end = t.routed_down_begin + routed * t.down_tiles;
     return t;
   }
   __device__ int64_t count() const { return end; }
 
   __device__ TileWork at(int64_t t, const ForwardParams& p) const {
-    auto none = [](TileKind kind, int k_blocks) { return TileWork{kind, 0, 0, 0, k_blocks, true}; };
     if (t < routed_gate_up_begin) {
-      if (t >= shared_blocks * shared_gate_up_tiles)
-        return none(TileKind::shared_gate_up, p.hidden / kBlockK);
       const sched::TileCoord c = sched::grouped_tile(t, shared_blocks, shared_gate_up_tiles);
-      return {TileKind::shared_gate_up, c.block, c.n_tile, 0, p.hidden / kBlockK, false};
+      return {TileKind::shared_gate_up, c.block, c.n_tile, 0, p.hidden / kBlockK};
     }
     if (t < shared_down_begin) {
-      if (t - routed_gate_up_begin >= routed_row_blocks * gate_up_tiles)
-        return none(TileKind::routed_gate_up, p.hidden / kBlockK);
       const TileWork w = routed(t - routed_gate_up_begin, gate_up_tiles, p);
-      return {TileKind::routed_gate_up, w.m_block, w.n_tile, w.expert, p.hidden / kBlockK, false};
+      return {TileKind::routed_gate_up, w.m_block, w.n_tile, w.expert, p.hidden / kBlockK};
     }
     if (t < routed_down_begin) {
-      if (t - shared_down_begin >= shared_blocks * down_tiles)
-        return none(TileKind::shared_down, p.shared_width / kBlockK);
       const sched::TileCoord c =
           sched::grouped_tile(t - shared_down_begin, shared_blocks, down_tiles);
-      return {TileKind::shared_down, c.block, c.n_tile, 0, p.shared_width / kBlockK, false};
+      return {TileKind::shared_down, c.block, c.n_tile, 0, p.shared_width / kBlockK};
     }
-    if (t - routed_down_begin >= routed_row_blocks * down_tiles)
-      return none(TileKind::routed_down, p.intermediate / kBlockK);
     const TileWork w = routed(t - routed_down_begin, down_tiles, p);
-    return {TileKind::routed_down, w.m_block, w.n_tile, w.expert, p.intermediate / kBlockK, false};
+    return {TileKind::routed_down, w.m_block, w.n_tile, w.expert, p.intermediate / kBlockK};
   }
 
   // Routed tile i of a phase with n_tiles per row block: experts in order, each expert's row
@@ -150,69 +126,22 @@ struct ForwardTiles {
     const int64_t blocks = p.seg_begin[expert + 1] / kBlockM - first;
     const sched::TileCoord c =
         sched::grouped_tile(i - first * n_tiles, blocks, n_tiles, routed_group_rows(p));
-    return {TileKind::routed_gate_up, first + c.block, c.n_tile, expert, 0, false};
+    return {TileKind::routed_gate_up, first + c.block, c.n_tile, expert, 0};
   }
 };
 
 // A CTA's producer claims tiles and hands their indices to its consumers through a small queue in
-// shared memory (an index < 0 ends the sequence). Every warp that reads an entry (each consumer
-// warp, and the producer warps that follow the claiming one) releases it with one arrival of its
-// lane 0 after a __syncwarp.
-// With CTA pairs, rank 0's producer claims for both CTAs: it writes the other CTA's entry (tile
-// 2q + 1) into that CTA's queue and arrives on its full barrier, and the other CTA's readers
-// release entries on rank 0's empty barrier, which therefore counts both CTAs' reader warps.
-// Nobody releases the end entry: no claim follows it, and a producer thread that exits right
-// after reading it must not leave an arrival in flight to the other CTA, which may have exited.
+// shared memory (an index < 0 ends the sequence).
 constexpr int kTileQueueDepth = 4;
-// An entry: the tile index (< 0: the end), and with pairs kShareB when the pair's tiles read the
-// same B (decided once, by the claimer).
-constexpr int64_t kShareB = int64_t(1) << 62;
 struct TileQueue {
   int64_t* index;
-  uint64_t* full;   // the claimer's arrival (release) after writing the index
-  uint64_t* empty;  // one arrival per reader warp (of both CTAs of a pair, on rank 0)
-
-  // This CTA's rank in its pair, -1 without pairs (from special registers: nothing kept live).
-  __device__ static int pair_rank() {
-    return dev::cluster_nctarank() > 1 ? int(dev::cluster_ctarank()) : -1;
-  }
-  __device__ static uint32_t other(const void* p) {
-    return dev::cluster_smem_addr(p, dev::cluster_ctarank() ^ 1u);
-  }
-  // reader_warps: this CTA's; with pairs, rank 0 also counts the other CTA's other_reader_warps.
-  __device__ void init(uint32_t reader_warps, uint32_t other_reader_warps) const {
+  uint64_t* full;   // the producer's arrival (release at CTA scope) after writing the index
+  uint64_t* empty;  // every consumer thread arrives after reading it (and producer_readers more)
+  __device__ void init(uint32_t producer_readers) const {
     for (int s = 0; s < kTileQueueDepth; ++s) {
       dev::mbar_init(&full[s], 1);
-      dev::mbar_init(&empty[s], reader_warps + (pair_rank() == 0 ? other_reader_warps : 0u));
+      dev::mbar_init(&empty[s], kConsumers * 128 + producer_readers);
     }
-  }
-  __device__ static bool claims() { return pair_rank() <= 0; }  // this CTA's leader claims tiles
-  // The claimer's wait for entry `stage` to be free (with pairs, the other CTA's readers too).
-  __device__ bool wait_empty(uint32_t stage, uint32_t phase, uint64_t cycles) const {
-    return pair_rank() == 0 ? dev::mbar_wait_cluster(&empty[stage], phase, cycles)
-                            : dev::mbar_wait(&empty[stage], phase, cycles);
-  }
-  // A reader's wait for entry `stage` (on rank 1 the other CTA's claimer wrote it: acquire at
-  // cluster scope).
-  __device__ bool wait_full(uint32_t stage, uint32_t phase, uint64_t cycles) const {
-    return pair_rank() == 1 ? dev::mbar_wait_cluster(&full[stage], phase, cycles)
-                            : dev::mbar_wait(&full[stage], phase, cycles);
-  }
-  // A reader warp's lane 0, after its lanes read entry `stage`.
-  __device__ void release(uint32_t stage) const {
-    if (pair_rank() == 1)
-      dev::mbar_arrive_cluster(other(&empty[stage]));
-    else
-      dev::mbar_arrive(&empty[stage]);
-  }
-  // The claimer: publishes entry e here and, with pairs, the other CTA's (tile + 1; the end as is).
-  __device__ void publish(uint32_t stage, int64_t e) const {
-    index[stage] = e;
-    if (pair_rank() == 0) {
-      dev::st_cluster_u64(other(&index[stage]), uint64_t(e < 0 ? e : e + 1));
-      dev::mbar_arrive_cluster(other(&full[stage]));
-    }
-    dev::mbar_arrive(&full[stage]);
   }
 };
 
