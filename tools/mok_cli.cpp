@@ -35,8 +35,6 @@ const char* kUsage =
     "                               under EP dispatch CTAs bring the peers' rows)\n"
     "      [--overlap-rows N]       routed rows per tile group (a multiple of 128; default 1024)\n"
     "      [--pingpong 1]           ping-pong consumer warpgroups (128 x 128 tiles)\n"
-    "      [--prefetch-blocks N]    gather: prefetch x rows N row blocks ahead into L2 (-1:\n"
-    "                               one tile group, the default; 0: off)\n"
     "      [--breakdown 1]          also time the other row path, the copy path without its\n"
     "                               copy, the megakernel without its combine, a wait profile\n"
     "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"

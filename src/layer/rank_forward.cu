@@ -44,11 +44,6 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
           ErrorCode::invalid_argument,
           std::string(who) + ": overlap_rows = " + std::to_string(o.overlap_rows) +
               ": allowed 0 (automatic) or a positive multiple of " + std::to_string(kTileRows));
-  require(o.gather_prefetch_blocks >= -1 && o.gather_prefetch_blocks <= (1 << 20),
-          ErrorCode::invalid_argument,
-          std::string(who) +
-              ": gather_prefetch_blocks = " + std::to_string(o.gather_prefetch_blocks) +
-              ": allowed -1 (automatic: one tile group), 0 (off) or a number of row blocks");
   LaunchPlan plan;
   const bool wide_ok = I % 128 == 0 && S % 128 == 0;
   plan.block_n = o.block_n == 0 ? (wide_ok && !o.pingpong_consumers ? 256 : 128) : o.block_n;
@@ -328,8 +323,6 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.dispatch_ctas = o.dispatch_ctas;
   p.gather_rows = o.gather_rows ? 1 : 0;
   p.group_blocks = tile_group_blocks(fo);
-  p.prefetch_blocks =
-      fo.gather_prefetch_blocks < 0 ? p.group_blocks : int(fo.gather_prefetch_blocks);
   p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;
   p.dispatch_lookahead = o.dispatch_lookahead;
   p.wait_cycles = o.wait_cycles;

@@ -66,9 +66,7 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[7].dispatch_lookahead = 8, options[7].dispatch_ctas = 1, options[7].max_ctas = 4;
   options[0].profile_wait_times = true;  // profiling changes no bit
   options[8].profile_wait_times = true;
-  options[9].max_ctas = 1;                // one CTA: every tile in turn, then the combine
-  options[8].gather_prefetch_blocks = 0;  // no L2 prefetch of gathered rows (default: 8 ahead)
-  options[9].gather_prefetch_blocks = 1;  // ... the next row block
+  options[9].max_ctas = 1;  // one CTA: every tile in turn, then the combine
   options[10].block_n = 128;
   options[11].combine_on_dispatch_ctas = true;  // the combine on the 8 dispatch CTAs only
   options[2].overlap_rows = 128;                // tile groups of one row block ...
@@ -234,9 +232,6 @@ TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
   pingpong_wide.pingpong_consumers = true;
   pingpong_wide.block_n = 256;  // one warpgroup cannot hold 128 x 256 accumulators
   EXPECT_THROW(MoeForward(mok::preset("tiny"), pingpong_wide), mok::Error);
-  ForwardOptions negative_prefetch;
-  negative_prefetch.gather_prefetch_blocks = -2;
-  EXPECT_THROW(MoeForward(mok::preset("tiny"), negative_prefetch), mok::Error);
   ForwardOptions ragged_groups;
   ragged_groups.overlap_rows = 100;  // not a multiple of 128
   EXPECT_THROW(MoeForward(mok::preset("tiny"), ragged_groups), mok::Error);

@@ -9,12 +9,6 @@
 
 namespace mok::dev {
 
-// Asks L2 to fetch [src, src + bytes) ahead of its use (bytes: a multiple of 16, src 16-byte
-// aligned); nothing arrives anywhere and nothing waits for it.
-__device__ __forceinline__ void prefetch_l2_bulk(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes) : "memory");
-}
-
 // 16 bytes global -> shared, through L2 only; src_bytes = 0 writes zeros (src is not read).
 __device__ __forceinline__ void cp_async_16(void* smem_dst, const void* gmem_src,
                                             uint32_t src_bytes) {

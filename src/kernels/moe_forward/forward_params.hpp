@@ -94,8 +94,6 @@ struct ForwardParams {
                      // this rank's from x, peers' from the ring (dispatch copies only those; at
                      // EP = 1 there are no dispatch CTAs)
   int group_blocks;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
-  int prefetch_blocks;     // gathering: the first n-tile of row block m prefetches the x rows of
-                           // block m + prefetch_blocks into L2 (0: no prefetch)
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
   uint64_t wait_cycles;
   // Tests only: every dispatched block is published after a pseudo-random delay below delay_ns,

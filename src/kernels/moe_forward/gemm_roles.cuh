@@ -77,21 +77,6 @@ __device__ __forceinline__ int64_t next_producer_tile(const ForwardParams& p,
   return __shfl_sync(0xFFFFFFFFu, t, 0);
 }
 
-// The gathering producer of a row block's first n-tile: each of its 128 threads asks L2 for one
-// whole x row of row block m_block + prefetch_blocks (this rank's rows; peers' rows come through
-// the ring, copied by dispatch, still in L2). That block's tiles start about a wave of tiles later
-// and then gather from L2: x does not fit in L2 at dsv3's H, and the gather's 16-byte copies
-// waited for HBM inside the tiles (the tiles' other n-tiles read the same rows at the same time).
-__device__ __forceinline__ void prefetch_rows(const ForwardParams& p, int64_t m_block) {
-  const int64_t block = m_block + p.prefetch_blocks;
-  if (block >= routed_blocks(p)) return;
-  const int64_t d = p.row_destination[block * kBlockM + threadIdx.x % 128];
-  if (sched::RowDestination::rank(d) != p.ep_rank) return;  // padding, or a peer's row
-  dev::prefetch_l2_bulk(
-      p.peer_x[p.ep_rank] + sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden,
-      uint32_t(p.hidden) * 2u);
-}
-
 // Warp 0's lane 0 (the leader) claims tiles, hands them on, waits for their inputs and issues the
 // TMA loads. With gather_rows every producer thread also copies its A row of routed gate/up tiles
 // and arrives on every stage (kGatherFullArrivals): on the stages of other tiles they simply
@@ -176,7 +161,6 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                       sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden
                 : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
-    if (gather && w.n_tile == 0 && p.prefetch_blocks > 0) prefetch_rows(p, w.m_block);
     const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       if (!leader && !p.gather_rows) continue;  // only the leader arrives
