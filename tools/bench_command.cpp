@@ -104,6 +104,7 @@ struct Row {
   gpu::RowPath row_path = gpu::RowPath::automatic;
   double profiled_ms = 0, profiled_other_ms = 0;
   gpu::ForwardProfile profile, profile_other;  // the second: the other row path
+  gpu::ForwardProfile profile_no_copy;         // the dispatch-copy path without its copy
   const char* bound_by;
 };
 
@@ -211,6 +212,10 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
     r.profiled_other_ms = median_ms(
         [&] { timed_other.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
     r.profile_other = timed_other.last_profile(nullptr);
+    no_copy.profile_wait_times = true;
+    gpu::MoeForward timed_no_copy(c, no_copy);
+    median_ms([&] { timed_no_copy.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
+    r.profile_no_copy = timed_no_copy.last_profile(nullptr);
   }
   r.pct_peak = 100.0 * r.tflops / ceil.bf16_tflops;
   r.bound_ms = std::max(compute_ms, memory_ms);
@@ -307,6 +312,15 @@ int bench_command(const BenchOptions& o) {
             f.dispatch_copying, f.dispatch_total, f.combine_waits, f.combine_total);
       }
     }
+    std::printf(
+        "\nSM clock of the consumer warpgroups over their span (clock64 cycles / %%globaltimer ns; "
+        "the GPU is power-capped), profiled runs:\n| shape | T | %s MHz | %s MHz | dispatch-copy "
+        "path without its copy MHz |\n|---|---|---|---|---|\n",
+        "default row path", "other row path");
+    for (const Row& r : rows)
+      std::printf("| %s | %lld | %.0f (%s) | %.0f | %.0f |\n", r.name.c_str(), (long long)r.tokens,
+                  r.profile.consumer_sm_mhz, gpu::row_path_name(r.row_path),
+                  r.profile_other.consumer_sm_mhz, r.profile_no_copy.consumer_sm_mhz);
   }
   cublasDestroy(h);
   return 0;

@@ -139,6 +139,9 @@ ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dis
   f.consumer_publish = ms(kern::kTimeConsumerPublish, warpgroups);
   f.consumer_waits_tile = ms(kern::kTimeConsumerWaitsTile, warpgroups);
   f.consumer_total = ms(kern::kTimeConsumerTotal, warpgroups);
+  if (ns[kern::kTimeConsumerTotal] > 0)
+    f.consumer_sm_mhz =
+        1e3 * double(ns[kern::kTimeConsumerCycles]) / double(ns[kern::kTimeConsumerTotal]);
   f.dispatch_copying = ms(kern::kTimeDispatchCopying, dispatchers);
   f.dispatch_total = ms(kern::kTimeDispatchTotal, dispatchers);
   f.combine_waits = ms(kern::kTimeCombineWaits, combine_warps);

@@ -174,6 +174,10 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   EXPECT_GT(f.consumer_waits_tile, 0.0);  // at least the wait for the end of the sequence
   EXPECT_EQ(f.dispatch_ctas_joined, timed.dispatch_ctas());  // every one went on to the GEMMs
   EXPECT_GT(f.dispatch_ctas_joined, 0);
+  int max_khz = 0;  // the SM clock over the consumers' span: positive, at most the boost clock
+  MOK_CUDA_OK(cudaDeviceGetAttribute(&max_khz, cudaDevAttrClockRate, 0));
+  EXPECT_GT(f.consumer_sm_mhz, 100.0);
+  EXPECT_LE(f.consumer_sm_mhz, 1.02 * max_khz / 1e3);
   o.combine_on_dispatch_ctas = true;  // then they combine instead
   MoeForward combining(c, o);
   expect_matches_reference(c, p, b, gpu_forward(combining, c, layer, b));

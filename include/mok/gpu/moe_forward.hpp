@@ -78,6 +78,7 @@ struct ForwardProfile {
   double consumer_publish = 0;        //     ... of which releasing gate/up tiles' act counters (*)
   double consumer_waits_tile = 0;     //   ... waiting for the next tile's index (*)
   double consumer_total = 0;          //   ... first tile to last
+  double consumer_sm_mhz = 0;         //   ... the SM clock over that span (clock64 / globaltimer)
   double dispatch_copying = 0;        // per dispatch CTA: gathering rows
   double dispatch_total = 0;          //   ... start to the last published block
   double combine_waits = 0;           // per combine warp: waiting for a token's outputs

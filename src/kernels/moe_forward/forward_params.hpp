@@ -121,9 +121,10 @@ enum ForwardTiming : int {
   kTimeConsumerWaitsTile = 11,     // consumer warpgroups waiting for the next tile's index
   kTimeConsumerEpilogueDown = 12,  // part of kTimeConsumerEpilogue: on down tiles
   kTimeConsumerPublish = 13,  // part of kTimeConsumerEpilogue: gate/up tiles' act counter release
-  kForwardTimes = 14,         // the times above (what a RoleTimer sums)
-  kDispatchCtasJoined = 14,   // a count, not a time: dispatch CTAs that went on to the GEMMs
-  kForwardTimings = 15,       // the buffer: times and the count
+  kTimeConsumerCycles = 14,   // SM clock cycles (clock64), not ns, over kTimeConsumerTotal's span
+  kForwardTimes = 15,         // the sums above (what a RoleTimer sums)
+  kDispatchCtasJoined = 15,   // a count, not a time: dispatch CTAs that went on to the GEMMs
+  kForwardTimings = 16,       // the buffer: times and the count
 };
 
 // Stages a benchmark may drop (the output is then wrong): the dispatch copy (blocks are published

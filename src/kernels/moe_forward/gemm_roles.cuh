@@ -304,16 +304,19 @@ __device__ __forceinline__ bool next_consumer_tile(const ForwardParams& p, const
 
 // A consumer warpgroup's profile (one thread per warpgroup reports): time starved for loads (and
 // the part of it on tiles' first stages), and first tile to the end of the sequence.
+// Its SM clock cycles over the same span give the clock the SM ran at (the GPU is power-capped).
 struct ConsumerTimes {
   RoleTimer timer;
-  uint64_t start = 0, starved = 0, starved_first = 0;
+  uint64_t start = 0, start_cycles = 0, starved = 0, starved_first = 0;
   __device__ explicit ConsumerTimes(const ForwardParams& p) : timer(p) {
     timer.on = timer.on && threadIdx.x % 128 == 0;
     start = timer.now();
+    start_cycles = timer.on ? clock64() : 0;
   }
   __device__ void finish(const ForwardParams& p) {
     timer.sums[kTimeConsumerWaitsLoads] = starved;
     timer.sums[kTimeConsumerStarvedFirst] = starved_first;
+    if (timer.on) timer.sums[kTimeConsumerCycles] = uint64_t(clock64()) - start_cycles;
     timer.add(kTimeConsumerTotal, start);
     timer.flush(p);
   }
