@@ -17,7 +17,6 @@ struct BenchOptions {
   int dispatch_lookahead = -1;    // -1: the megakernel's default
   int64_t overlap_rows = 0;       // routed rows per tile group; 0: the megakernel's default
   bool pingpong = false;          // ping-pong consumer warpgroups (128-wide tiles)
-  bool gather_tma = false;        // ForwardOptions::gather_with_tma
 };
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args);

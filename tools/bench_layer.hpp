@@ -24,7 +24,6 @@ inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
   fo.dispatch_ctas = o.dispatch_ctas;
   fo.overlap_rows = o.overlap_rows;
   fo.pingpong_consumers = o.pingpong;
-  fo.gather_with_tma = o.gather_tma;
   return fo;
 }
 

@@ -241,7 +241,6 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
   maps.act_shared = w.act_shared_map;
   maps.x = b.tokens > 0 ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H, kTileRows)
                         : w.routed_x_map;
-  maps.x_rows = b.tokens > 0 ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H, 1) : maps.x;
   maps.gate = dev::make_bf16_map_3d(wt.gate, El, I, H, bn / 2);
   maps.up = dev::make_bf16_map_3d(wt.up, El, I, H, bn / 2);
   maps.down = dev::make_bf16_map_3d(wt.down, El, H, I, bn);
@@ -326,7 +325,6 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.fault = w.fault;
   p.dispatch_ctas = o.dispatch_ctas;
   p.gather_rows = o.gather_rows ? 1 : 0;
-  p.gather_tma = o.gather_rows && c.ep_size == 1 && fo.gather_with_tma ? 1 : 0;
   p.group_blocks = tile_group_blocks(fo);
   p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;
   p.dispatch_lookahead = o.dispatch_lookahead;

@@ -66,9 +66,7 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[7].dispatch_lookahead = 8, options[7].dispatch_ctas = 1, options[7].max_ctas = 4;
   options[0].profile_wait_times = true;  // profiling changes no bit
   options[8].profile_wait_times = true;
-  options[9].max_ctas = 1;             // one CTA: every tile in turn, then the combine
-  options[10].gather_with_tma = true;  // one-row TMA boxes instead of cp.async copies
-  options[13].gather_with_tma = true;
+  options[9].max_ctas = 1;  // one CTA: every tile in turn, then the combine
   options[10].block_n = 128;
   options[11].combine_on_dispatch_ctas = true;  // the combine on the 8 dispatch CTAs only
   options[2].overlap_rows = 128;                // tile groups of one row block ...

@@ -46,8 +46,6 @@ struct ForwardOptions {
   // tiles, so one's epilogue overlaps the other's MMAs (block_n 128; 0 picks it). Default: both
   // warpgroups on every tile (64 rows each, 128 x 256 tiles where I allows).
   bool pingpong_consumers = false;
-  // Experiment: the producer gather (EP = 1) TMA-loads one-row boxes instead of cp.async copies.
-  bool gather_with_tma = false;
   int block_n = 0;   // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128
   int max_ctas = 0;  // persistent grid; 0: one CTA per SM
   // Bound of every wait on another CTA or on the TMA; expiry is an error, not a hang. 0: the

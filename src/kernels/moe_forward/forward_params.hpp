@@ -33,7 +33,6 @@ struct ForwardFault {
 // Every operand is a TMA tensor map: K-major, 128B swizzle, boxes of 64 columns.
 struct ForwardMaps {
   CUtensorMap x;                       // [T, H]: the shared experts' A (rows past T read as zeros)
-  CUtensorMap x_rows;                  // the same, boxes of one row (gather_tma)
   CUtensorMap routed_x;                // [capacity, H]: the routed experts' A, written by dispatch
   CUtensorMap act;                     // [capacity, I]
   CUtensorMap act_shared;              // [token_rows, S]
@@ -94,8 +93,6 @@ struct ForwardParams {
   int gather_rows;   // the gate/up producers gather routed rows (cp.async into the swizzled stage):
                      // this rank's from x, peers' from the ring (dispatch copies only those; at
                      // EP = 1 there are no dispatch CTAs)
-  int gather_tma;    // with gather_rows at EP = 1: each producer thread TMA-loads its row's box of
-                     // each k-block (x_rows) instead of cp.async copies
   int group_blocks;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
   uint64_t wait_cycles;

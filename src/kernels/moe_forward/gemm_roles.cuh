@@ -146,19 +146,9 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
     // Routed gate/up A rows live in the token ring; every other A is indexed by its block.
     const int64_t a_block =
         w.kind == TileKind::routed_gate_up ? w.m_block % p.ring_blocks : w.m_block;
-    // gather_tma: thread t loads row t of the tile, a one-row box per k-block at x row a_row
-    // (padding: row T, out of bounds, zero-filled), landing where the 128-row box would put it
-    // (the swizzle is a function of the shared address).
-    const bool tma_rows = gather && p.gather_tma;
-    int32_t a_row = int32_t(a_block * kBlockM);
-    if (tma_rows) {
-      const int64_t d = p.row_destination[w.m_block * kBlockM + threadIdx.x % 128];
-      a_row = sched::RowDestination::rank(d) < 0
-                  ? int32_t(p.tokens)
-                  : int32_t(sched::slot_token(sched::RowDestination::slot(d), p.top_k));
-    }
+    const int32_t a_row = int32_t(a_block * kBlockM);
     GatherRows rows{};
-    if (gather && !tma_rows)
+    if (gather)
 #pragma unroll
       for (int i = 0; i < kGatherRowsPerThread; ++i) {
         const int r = GatherRows::row(i);
@@ -171,7 +161,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                       sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden
                 : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
-    const uint32_t bytes = (gather && !tma_rows ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
+    const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       if (!leader && !p.gather_rows) continue;  // only the leader arrives
       const uint64_t since = timer.now();
@@ -182,11 +172,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       }
       timer.add(kTimeProducerWaitsRing, since);
       uint64_t* bar = &ring.full[cursor.stage];
-      if (tma_rows) {
-        dev::tma_load_2d(ring.a(cursor.stage) + (threadIdx.x % 128) * 128, &maps.x_rows, bar,
-                         kb * kBlockK, a_row);
-        if (!leader) dev::mbar_arrive(bar);
-      } else if (gather) {
+      if (gather) {
         rows.copy(ring.a(cursor.stage), kb);
         if (leader)
           dev::cp_async_arrive_extra(bar);
