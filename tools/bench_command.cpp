@@ -314,9 +314,8 @@ int bench_command(const BenchOptions& o) {
     }
     std::printf(
         "\nSM clock of the consumer warpgroups over their span (clock64 cycles / %%globaltimer ns; "
-        "the GPU is power-capped), profiled runs:\n| shape | T | %s MHz | %s MHz | dispatch-copy "
-        "path without its copy MHz |\n|---|---|---|---|---|\n",
-        "default row path", "other row path");
+        "the GPU is power-capped), profiled runs:\n| shape | T | default row path MHz | other row "
+        "path MHz | dispatch-copy path without its copy MHz |\n|---|---|---|---|---|\n");
     for (const Row& r : rows)
       std::printf("| %s | %lld | %.0f (%s) | %.0f | %.0f |\n", r.name.c_str(), (long long)r.tokens,
                   r.profile.consumer_sm_mhz, gpu::row_path_name(r.row_path),
