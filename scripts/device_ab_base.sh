@@ -21,8 +21,7 @@ case "${1:-}" in
     rm -rf "$dir" && mkdir -p "$dir"
     tar -C . -cf - "${paths[@]}" scripts | tar -C "$dir" -xf -
     (cd "$dir" && git apply -R --whitespace=nowarn "$OLDPWD/.device/$name.diff")
-    nccl_root="$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' \
-      2>/dev/null || true)"
+    nccl_root="$(bash scripts/nccl_root.sh)"
     cmake -S "$dir" -B "$dir/b" -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOK_TESTS=OFF \
       ${nccl_root:+-DMOK_NCCL_ROOT="$nccl_root"} -DCMAKE_CXX_COMPILER=/usr/bin/g++ \
       -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ >"/tmp/$name-configure.log" 2>&1

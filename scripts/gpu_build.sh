@@ -4,8 +4,7 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 # NCCL: PyTorch's 2.28.9 (headers and library together), not the system's 2.28.3 (device-notes.md).
-nccl_root="$(python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))' 2>/dev/null || true)"
-[ -f "$nccl_root/include/nccl_device.h" ] || nccl_root="$(python3 -c 'import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)"
+nccl_root="$(bash "$(dirname "$0")/nccl_root.sh")"
 cmake -S . -B build-gpu ${nccl_root:+-DMOK_NCCL_ROOT="$nccl_root"} -G Ninja -DCMAKE_BUILD_TYPE=Release -DMOK_WERROR=ON \
   -DCMAKE_CXX_COMPILER=/usr/bin/g++ -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ \
   -DMOK_GTEST_SOURCE="$PWD/.device/googletest" >/tmp/mok-configure.log 2>&1 || {
