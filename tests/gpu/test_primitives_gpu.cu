@@ -136,11 +136,16 @@ __global__ void __launch_bounds__(128, 1)
 }
 
 // ---- Release/acquire between CTAs, and a bounded wait that times out ---------------------------
-__global__ void handoff_kernel(float* data, uint32_t* flag, float* out, int n, int* timed_out) {
+// The writer releases the flag with a release increment (mode 0) or with a fence and a relaxed
+// increment, at GPU (1) or system (2) scope.
+__global__ void handoff_kernel(float* data, uint32_t* flag, float* out, int n, int* timed_out,
+                               int mode) {
   if (blockIdx.x == 0) {  // writer
     for (int i = threadIdx.x; i < n; i += blockDim.x) data[i] = float(i) * 0.5f + 1.0f;
     __syncthreads();
-    if (threadIdx.x == 0) add_release_gpu(flag, 1);
+    if (threadIdx.x == 0 && mode == 0) add_release_gpu(flag, 1);
+    if (threadIdx.x == 0 && mode == 1) fence_acq_rel_gpu(), add_relaxed_gpu(flag, 1);
+    if (threadIdx.x == 0 && mode == 2) fence_acq_rel_sys(), add_relaxed_sys(flag, 1);
   } else {  // reader: one thread acquires, the block reads after a barrier
     __shared__ int ok;
     if (threadIdx.x == 0) ok = wait_flag_at_least(flag, 1, kTimeoutCycles);
@@ -315,11 +320,11 @@ TEST(PrimitivesGpu, WgmmaBf16MatchesTheCpuProduct) {
 TEST(PrimitivesGpu, ReleaseAcquireHandsDataToAnotherBlockAndWaitsAreBounded) {
   MOK_REQUIRE_GPU();
   const int n = 1 << 16;
-  for (int round = 0; round < 20; ++round) {
+  for (int round = 0; round < 30; ++round) {
     DeviceBuffer<float> data(size_t(n), 0xFF), out(size_t(n), 0xFF);
     DeviceBuffer<uint32_t> flag(1, 0);
     DeviceBuffer<int> timed_out(1, 0);
-    handoff_kernel<<<2, 256>>>(data.ptr, flag.ptr, out.ptr, n, timed_out.ptr);
+    handoff_kernel<<<2, 256>>>(data.ptr, flag.ptr, out.ptr, n, timed_out.ptr, round % 3);
     MOK_CUDA_OK(cudaDeviceSynchronize());
     ASSERT_EQ(timed_out.to_host()[0], 0);
     const std::vector<float> got = out.to_host();

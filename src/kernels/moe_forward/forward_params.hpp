@@ -119,7 +119,7 @@ enum ForwardTiming : int {
   kTimeConsumerStarvedFirst = 9,   // part of kTimeConsumerWaitsLoads: on a tile's first stage
   kTimeConsumerEpilogue = 10,      // consumer warpgroups storing and publishing tiles
   kTimeConsumerWaitsTile = 11,     // consumer warpgroups waiting for the next tile's index
-  kTimeConsumerEpilogueDown = 12,  // part of kTimeConsumerEpilogue: on down tiles
+  kTimeConsumerEpilogueDown = 12,  // part of kTimeConsumerEpilogue: down tiles' stores and counts
   kTimeConsumerPublish = 13,  // part of kTimeConsumerEpilogue: gate/up tiles' act counter release
   kTimeConsumerCycles = 14,   // SM clock cycles (clock64), not ns, over kTimeConsumerTotal's span
   kForwardTimes = 15,         // the sums above (what a RoleTimer sums)

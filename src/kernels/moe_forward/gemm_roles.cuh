@@ -4,8 +4,8 @@
 //    through the async proxy), then TMA-loads A and B k-block by k-block into the ring;
 //  - consumers (two warpgroups): wgmma over the ring, then the tile's epilogue:
 //      gate/up: SwiGLU into act, then +1 on the row block's act counter (per warpgroup);
-//      down:    each row into its (token, k) slot of y_slots (shared: y_shared), then +1 on the
-//               counter of its token, which the combine waits for.
+//      down:    each row into its (token, k) slot of y_slots (shared: y_shared), then, after the
+//               next tile's mainloop, +1 on the counter of its token, which the combine waits for.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -251,27 +251,48 @@ __device__ __forceinline__ DownRows down_rows(const ForwardParams& p, const Tile
 }
 
 // +1 on the token counter of a stored down row on its source rank (padding: nothing), which the
-// combine waits for.
-__device__ __forceinline__ void count_down_row(const ForwardParams& p, const TileWork& w,
+// combine waits for. Relaxed: DownRowCounts::release fences once before both of a thread's rows.
+__device__ __forceinline__ void count_down_row(const ForwardParams& p, bool routed,
                                                int64_t destination) {
   const int src = sched::RowDestination::rank(destination);
   if (src < 0) return;
   const int64_t slot = sched::RowDestination::slot(destination);
-  uint32_t* done =
-      p.peer_token_done[src] + (w.kind == TileKind::routed_down ? slot / p.top_k : slot);
+  uint32_t* done = p.peer_token_done[src] + (routed ? slot / p.top_k : slot);
   if (p.ep_size > 1)
-    dev::add_release_sys(done, 1);  // the source may be another GPU
+    dev::add_relaxed_sys(done, 1);  // the source may be another GPU
   else
-    dev::add_release_gpu(done, 1);
+    dev::add_relaxed_gpu(done, 1);
 }
 
+// The token counts a thread owes for the rows of its last down tile (down_rows; its quad's first
+// lane counts them). The fence before them waits until the tile's stores have landed, under EP
+// across NVLink, while the tensor cores idle; nothing but the combine reads the counts, so the
+// cooperative consumers release them after their next tile's mainloop, by which time the stores
+// have drained. No deadlock: no tile waits on a token counter.
+struct DownRowCounts {
+  DownRows rows{-1, -1};
+  bool routed = false;
+  // By the whole warp, converged.
+  __device__ __forceinline__ void release(const ForwardParams& p) {
+    __syncwarp();  // memory order: a row's stores (its quad's) before the quad's first lane's fence
+    if (threadIdx.x % 4 == 0 && (rows.lo >= 0 || rows.hi >= 0)) {
+      if (p.ep_size > 1)
+        dev::fence_acq_rel_sys();
+      else
+        dev::fence_acq_rel_gpu();
+      count_down_row(p, routed, rows.lo);
+      count_down_row(p, routed, rows.hi);
+    }
+    rows = {-1, -1};
+  }
+};
+
 // Down epilogue of this thread's rows (down_rows): each row into its (token, k) slot on its
-// source rank (shared rows: y_shared), then +1 on the row's token counter. A row lives in one quad
-// of lanes (all its stores), so the quad's first lane counts it after a warp barrier: no barrier
-// across the warpgroup.
+// source rank (shared rows: y_shared). Returns the token counts the rows then owe (a row lives in
+// one quad of lanes: all its stores, and its count by the quad's first lane).
 template <int kBlockN>
-__device__ __forceinline__ void store_down(const ForwardParams& p, const TileWork& w,
-                                           const float (&d)[kBlockN / 2], DownRows rows) {
+__device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, const TileWork& w,
+                                                    const float (&d)[kBlockN / 2], DownRows rows) {
   const int64_t col0 = int64_t(w.n_tile) * kBlockN;
   auto row_ptr = [&](int64_t destination) -> __nv_bfloat16* {
     const int src = sched::RowDestination::rank(destination);
@@ -281,11 +302,7 @@ __device__ __forceinline__ void store_down(const ForwardParams& p, const TileWor
   };
   static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
   store_rows_vec16<kBlockN>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0));
-  __syncwarp();  // memory order: the quad's stores before its first lane's releases
-  if (threadIdx.x % 4 == 0) {
-    count_down_row(p, w, rows.lo);
-    count_down_row(p, w, rows.hi);
-  }
+  return {rows, w.kind == TileKind::routed_down};
 }
 
 // The next tile index from the producer's queue (every consumer thread reads every entry);
@@ -331,12 +348,20 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
   const int wg = threadIdx.x / 128;
   float d[kBlockN / 2];
   ConsumerTimes times(p);
+  DownRowCounts owed;  // the last down tile's, released after the next mainloop (or at the end)
+  auto release_owed = [&] {
+    const uint64_t since = times.timer.now();
+    owed.release(p);
+    times.timer.add(kTimeConsumerEpilogueDown, since);
+    times.timer.add(kTimeConsumerEpilogue, since);
+  };
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
     int64_t t = 0;
     const uint64_t queue_since = times.timer.now();
     if (!next_consumer_tile(p, queue, q, &t)) return false;
     times.timer.add(kTimeConsumerWaitsTile, queue_since);
     if (t < 0) {
+      release_owed();
       times.finish(p);
       return true;
     }
@@ -347,6 +372,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
         record_fault(p, kRoleConsumer, t);
         return false;
       }
+      release_owed();
       if (is_gate_up(w))  // its act rows stay unwritten: only skipped down rows read them
         publish_warpgroup(act_counter(p, w), wg);
       continue;
@@ -358,6 +384,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       return false;
     }
     asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
+    release_owed();
     const uint64_t epilogue_since = times.timer.now();
     if (is_gate_up(w)) {
       store_gate_up<kBlockN>(p, w, d, row0);
@@ -365,7 +392,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       publish_warpgroup(act_counter(p, w), wg);
       times.timer.add(kTimeConsumerPublish, publish_since);
     } else {
-      store_down<kBlockN>(p, w, d, down_rows(p, w, row0));
+      owed = store_down<kBlockN>(p, w, d, down_rows(p, w, row0));
       times.timer.add(kTimeConsumerEpilogueDown, epilogue_since);
     }
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);
