@@ -7,12 +7,16 @@
 // bandwidth, NVLink bytes / measured NVLink bandwidth).
 #include "bench_ep.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "mok/config.hpp"
 #include "mok/error.hpp"
@@ -63,6 +67,66 @@ double median_wall_ms(F&& f, int iterations, int devices) {
   return t[t.size() / 2];
 }
 
+// Per-GPU time as bench/torch_ep_forward.py measures its ranks: CUDA events around the forward on
+// each rank's stream, every GPU idle before, the slowest rank's time, median of `iterations`. Each
+// rank's forward (forward_rank(r, stream)) is captured in a CUDA graph, so the host issues one
+// launch per rank: in the wall time it issues every rank's ~16 calls one rank after the other,
+// which under EP delays the later ranks and so every rank (the counts exchange waits for all).
+template <class F>
+double median_graph_ms(F&& forward_rank, int iterations, int n) {
+  std::vector<cudaStream_t> streams(size_t(n), nullptr);
+  std::vector<cudaGraphExec_t> execs(size_t(n), nullptr);
+  std::vector<cudaEvent_t> start(size_t(n), nullptr), stop(size_t(n), nullptr);
+  for (int r = 0; r < n; ++r) {
+    const size_t i = size_t(r);
+    cuda_ok(cudaSetDevice(r), "cudaSetDevice");
+    cuda_ok(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking), "cudaStreamCreate");
+    cuda_ok(cudaEventCreate(&start[i]), "cudaEventCreate");
+    cuda_ok(cudaEventCreate(&stop[i]), "cudaEventCreate");
+    cudaGraph_t graph = nullptr;
+    cuda_ok(cudaStreamBeginCapture(streams[i], cudaStreamCaptureModeThreadLocal),
+            "cudaStreamBeginCapture");
+    forward_rank(r, streams[i]);
+    cuda_ok(cudaStreamEndCapture(streams[i], &graph), "cudaStreamEndCapture (the EP forward)");
+    cuda_ok(cudaGraphInstantiate(&execs[i], graph, 0), "cudaGraphInstantiate");
+    cudaGraphDestroy(graph);
+  }
+  auto launch_all = [&] {
+    for (int r = 0; r < n; ++r) {
+      const size_t i = size_t(r);
+      cuda_ok(cudaSetDevice(r), "cudaSetDevice");
+      cudaEventRecord(start[i], streams[i]);
+      cuda_ok(cudaGraphLaunch(execs[i], streams[i]), "cudaGraphLaunch");
+      cudaEventRecord(stop[i], streams[i]);
+    }
+  };
+  launch_all();  // warm-up
+  sync_all(n);
+  std::vector<double> t;
+  for (int it = 0; it < iterations; ++it) {
+    launch_all();
+    sync_all(n);
+    double slowest = 0;
+    for (int r = 0; r < n; ++r) {
+      float ms = 0;
+      cuda_ok(cudaEventElapsedTime(&ms, start[size_t(r)], stop[size_t(r)]), "cudaEventElapsedTime");
+      slowest = std::max(slowest, double(ms));
+    }
+    t.push_back(slowest);
+  }
+  for (int r = 0; r < n; ++r) {
+    const size_t i = size_t(r);
+    cuda_ok(cudaSetDevice(r), "cudaSetDevice");
+    cudaGraphExecDestroy(execs[i]);
+    cudaEventDestroy(start[i]);
+    cudaEventDestroy(stop[i]);
+    cudaStreamDestroy(streams[i]);
+  }
+  cuda_ok(cudaSetDevice(0), "cudaSetDevice");
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
 // GPU 0 -> GPU 1 copy bandwidth (GB/s), one direction, peer access on.
 double measure_nvlink_gbps() {
   const size_t bytes = size_t(1) << 30;
@@ -105,8 +169,10 @@ int bench_ep_command(const BenchOptions& o) {
     shapes = {{o.preset, o.tokens >= 0 ? o.tokens : preset(o.preset).max_tokens_per_rank}};
   const double nvlink_gbps = use_nccl ? measure_nvlink_gbps() : 0;
   std::printf(
-      "mok bench --ep %d: %s on %s; tokens per rank fixed; medians of %d runs (wall time, every "
-      "GPU idle before and after); row path: %s; NVLink %s\n\n",
+      "mok bench --ep %d: %s on %s; tokens per rank fixed; medians of %d runs, every GPU idle "
+      "before each; EP ms: the slowest rank's CUDA-event time of its forward captured in a CUDA "
+      "graph (as bench/torch_ep_forward.py times its ranks), wall: the host's time for one call "
+      "of every rank's forward; row path: %s; NVLink %s\n\n",
       n,
       use_nccl ? "one process driving every GPU (NCCL device API)"
                : "ranks EMULATED on GPU 0 (correctness only: the times are the whole group's)",
@@ -116,9 +182,10 @@ int bench_ep_command(const BenchOptions& o) {
       use_nccl ? (std::to_string(int(nvlink_gbps)) + " GB/s GPU0->GPU1 measured").c_str()
                : "not used");
   std::printf(
-      "| shape | T per rank | EP ms | TFLOP/s per GPU | EP=1 ms (same T, one GPU) | EP=1 "
+      "| shape | T per rank | EP ms | EP ms, wall | TFLOP/s per GPU | EP=1 ms (same T, one GPU) | "
+      "EP=1 "
       "TFLOP/s | dispatch + combine NVLink GB/s per GPU (over the forward) | roofline ms "
-      "(bound) | %% of roofline |\n|---|---|---|---|---|---|---|---|---|\n");
+      "(bound) | %% of roofline |\n|---|---|---|---|---|---|---|---|---|---|\n");
   std::string profile_lines;
   for (const auto& [name, tokens] : shapes) {
     Config c = preset(name);
@@ -163,7 +230,7 @@ int bench_ep_command(const BenchOptions& o) {
       if (r == 0) pulled_rank0 = pulled, pushed_in_rank0 = pushed_in;
       worst_nvlink_rows = std::max(worst_nvlink_rows, pulled + pushed_in);
     }
-    double ep_ms = 0;
+    double ep_ms = 0, graph_ms = 0;
     if (use_nccl) {
 #if defined(MOK_WITH_NCCL_DEVICE)
       setenv("NCCL_NVLS_ENABLE", "0", 1);
@@ -184,7 +251,41 @@ int bench_ep_command(const BenchOptions& o) {
         for (auto& f : group) f->check(nullptr);
         ep_ms = median_wall_ms(run, o.iterations, n);
         for (auto& f : group) f->check(nullptr);
+        std::vector<std::vector<__nv_bfloat16>> outs;
+        for (int r = 0; r < n; ++r) {
+          cuda_ok(cudaSetDevice(r), "cudaSetDevice");
+          outs.push_back(ranks[size_t(r)]->out.to_host());
+        }
+        graph_ms = median_graph_ms(
+            [&](int r, cudaStream_t stream) {
+              group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
+                                        ranks[size_t(r)]->out.ptr, stream);
+            },
+            o.iterations, n);
+        for (auto& f : group) f->check(nullptr);
+        for (int r = 0; r < n; ++r) {  // the replays compute the same bits as the calls
+          cuda_ok(cudaSetDevice(r), "cudaSetDevice");
+          const std::vector<__nv_bfloat16> replayed = ranks[size_t(r)]->out.to_host();
+          if (std::memcmp(replayed.data(), outs[size_t(r)].data(), replayed.size() * 2) != 0)
+            throw std::runtime_error(
+                "mok bench --ep: rank " + std::to_string(r) +
+                "'s output after the CUDA "
+                "graph replays differs from its output after the direct calls");
+        }
+        cuda_ok(cudaSetDevice(0), "cudaSetDevice");
       }
+      // What the stages cost: the same forward without the megakernel (the schedule, the copies
+      // into the window, the counts exchange) and without the combine (wrong outputs).
+      auto variant_ms = [&](gpu::ForwardOptions v) {
+        auto group = gpu::EpForward::create_group(c, comms, v);
+        forward_all(group);
+        for (auto& f : group) f->check(nullptr);
+        return median_wall_ms([&] { forward_all(group); }, o.iterations, n);
+      };
+      gpu::ForwardOptions schedule_only = fo, no_combine = fo;
+      schedule_only.profile_schedule_only = true;
+      no_combine.profile_without_combine = true;
+      const double schedule_ms = variant_ms(schedule_only), no_combine_ms = variant_ms(no_combine);
       double no_copy_ms = 0;
       {  // what the pulls cost: the same forward without the dispatch copy (wrong output)
         gpu::ForwardOptions no_copy = fo;
@@ -202,13 +303,14 @@ int bench_ep_command(const BenchOptions& o) {
         char line[512];
         std::snprintf(line, sizeof line,
                       "| %s | %lld | %d | %.3f | %.3f | %.3f | %.0f | %.3f / %.3f | %.3f / %.3f | "
-                      "%.3f | %.0f |\n",
+                      "%.3f | %.0f | %.3f / %.3f |\n",
                       name.c_str(), (long long)tokens, group[0]->dispatch_ctas(), ep_ms, no_copy_ms,
                       f.dispatch_total,
                       double(pulled_rank0) * double(H) * 2.0 / (f.dispatch_total * 1e-3) * 1e-9,
                       f.gate_up_waits_dispatch, f.producer_waits_ring, f.consumer_starved,
                       f.consumer_total, f.combine_total,
-                      double(pushed_in_rank0) * double(H) * 2.0 / (f.combine_total * 1e-3) * 1e-9);
+                      double(pushed_in_rank0) * double(H) * 2.0 / (f.combine_total * 1e-3) * 1e-9,
+                      schedule_ms, no_combine_ms);
         profile_lines += line;
       }
       for (ncclComm_t comm : comms) ncclCommDestroy(comm);
@@ -240,10 +342,16 @@ int bench_ep_command(const BenchOptions& o) {
     const double bound = std::max({compute_ms, memory_ms, link_ms});
     const char* by = bound == compute_ms ? "compute" : bound == memory_ms ? "weights" : "NVLink";
     const double moved = 2.0 * double(remote_rows_total) / n * double(H) * 2.0;  // per GPU
-    std::printf("| %s | %lld | %.3f | %.0f | %.3f | %.0f | %.0f | %.3f (%s) | %.0f%% |\n",
-                name.c_str(), (long long)tokens, ep_ms, flops / (ep_ms * 1e-3) * 1e-12, ep1_ms,
-                flops / (ep1_ms * 1e-3) * 1e-12, moved / (ep_ms * 1e-3) * 1e-9, bound, by,
-                use_nccl ? 100.0 * bound / ep_ms : 0.0);
+    // The per-GPU figures use the graph time (events, as the PyTorch script times its ranks)
+    // where there is one; the emulated group has only its whole time on one GPU.
+    const double per_gpu_ms = use_nccl ? graph_ms : ep_ms;
+    char wall[32] = "-";
+    if (use_nccl) std::snprintf(wall, sizeof wall, "%.3f", ep_ms);
+    std::printf("| %s | %lld | %.3f | %s | %.0f | %.3f | %.0f | %.0f | %.3f (%s) | %.0f%% |\n",
+                name.c_str(), (long long)tokens, per_gpu_ms, wall,
+                flops / (per_gpu_ms * 1e-3) * 1e-12, ep1_ms, flops / (ep1_ms * 1e-3) * 1e-12,
+                moved / (per_gpu_ms * 1e-3) * 1e-9, bound, by,
+                use_nccl ? 100.0 * bound / per_gpu_ms : 0.0);
     std::fflush(stdout);
   }
   if (!profile_lines.empty())
@@ -255,7 +363,9 @@ int bench_ep_command(const BenchOptions& o) {
         "| shape | T per rank | dispatch CTAs | EP ms | EP ms without the dispatch copy | "
         "dispatch span ms | dispatch NVLink GB/s | GEMM producers wait for rows / for a free stage "
         "(per CTA) | consumers starved / busy (per warpgroup) | combine span ms | bytes into rank "
-        "0's slots / combine span, GB/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n%s",
+        "0's slots / combine span, GB/s | EP ms: schedule, copies into the window and counts "
+        "exchange only / without the combine "
+        "|\n|---|---|---|---|---|---|---|---|---|---|---|---|\n%s",
         profile_lines.c_str());
   return 0;
 }

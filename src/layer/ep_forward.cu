@@ -245,6 +245,7 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
            w.rank.owner_tile_expert, w.rank.group_status};
   exchange_kernel<<<1, 256, 0, stream>>>(a);
   check_cuda(cudaGetLastError(), "the counts exchange kernel");
+  if (options_.profile_schedule_only) return;
 
   detail::RankLaunchOptions o;
   o.ep_rank = rank_;

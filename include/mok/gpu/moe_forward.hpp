@@ -58,8 +58,9 @@ struct ForwardOptions {
   int64_t never_publish_block = -1;
   // Benchmarks only: drop a stage to measure what it costs (the output is then wrong).
   bool profile_without_dispatch_copy = false, profile_without_combine = false;
-  // Benchmarks only (MoeForward): run the schedule kernels and memsets, not the megakernel (nor
-  // the row-destination kernel that launch_moe_forward runs before it).
+  // Benchmarks only: run the schedule kernels and memsets (under EP also the copies into the
+  // window and the counts exchange), not the megakernel (nor the row-destination kernel that
+  // launch_moe_forward runs before it).
   bool profile_schedule_only = false;
   // Benchmarks only: time every role's waits (same output; a few clock reads per tile).
   bool profile_wait_times = false;
