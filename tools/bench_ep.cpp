@@ -244,6 +244,15 @@ int bench_ep_command(const BenchOptions& o) {
           group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
                                     ranks[size_t(r)]->out.ptr, nullptr);
       };
+      // The per-GPU time of `group`'s forward (median_graph_ms).
+      auto graph_time = [&](const std::vector<std::unique_ptr<gpu::EpForward>>& group) {
+        return median_graph_ms(
+            [&](int r, cudaStream_t stream) {
+              group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
+                                        ranks[size_t(r)]->out.ptr, stream);
+            },
+            o.iterations, n);
+      };
       {
         auto group = gpu::EpForward::create_group(c, comms, fo);
         auto run = [&] { forward_all(group); };
@@ -256,43 +265,35 @@ int bench_ep_command(const BenchOptions& o) {
           cuda_ok(cudaSetDevice(r), "cudaSetDevice");
           outs.push_back(ranks[size_t(r)]->out.to_host());
         }
-        graph_ms = median_graph_ms(
-            [&](int r, cudaStream_t stream) {
-              group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
-                                        ranks[size_t(r)]->out.ptr, stream);
-            },
-            o.iterations, n);
+        graph_ms = graph_time(group);
         for (auto& f : group) f->check(nullptr);
         for (int r = 0; r < n; ++r) {  // the replays compute the same bits as the calls
           cuda_ok(cudaSetDevice(r), "cudaSetDevice");
           const std::vector<__nv_bfloat16> replayed = ranks[size_t(r)]->out.to_host();
           if (std::memcmp(replayed.data(), outs[size_t(r)].data(), replayed.size() * 2) != 0)
-            throw std::runtime_error(
-                "mok bench --ep: rank " + std::to_string(r) +
-                "'s output after the CUDA "
-                "graph replays differs from its output after the direct calls");
+            throw std::runtime_error("mok bench --ep: rank " + std::to_string(r) +
+                                     "'s output after the CUDA graph replays differs from its "
+                                     "output after the direct calls");
         }
         cuda_ok(cudaSetDevice(0), "cudaSetDevice");
       }
-      // What the stages cost: the same forward without the megakernel (the schedule, the copies
-      // into the window, the counts exchange) and without the combine (wrong outputs).
+      // What the stages cost (per-GPU times as above; the outputs are wrong): the forward without
+      // the dispatch copy (the pulls), without the megakernel (the schedule, the copies into the
+      // window, the counts exchange) and without the combine.
       auto variant_ms = [&](gpu::ForwardOptions v) {
         auto group = gpu::EpForward::create_group(c, comms, v);
         forward_all(group);
         for (auto& f : group) f->check(nullptr);
-        return median_wall_ms([&] { forward_all(group); }, o.iterations, n);
+        const double ms = graph_time(group);
+        for (auto& f : group) f->check(nullptr);
+        return ms;
       };
-      gpu::ForwardOptions schedule_only = fo, no_combine = fo;
+      gpu::ForwardOptions no_copy = fo, schedule_only = fo, no_combine = fo;
+      no_copy.profile_without_dispatch_copy = true;
       schedule_only.profile_schedule_only = true;
       no_combine.profile_without_combine = true;
-      const double schedule_ms = variant_ms(schedule_only), no_combine_ms = variant_ms(no_combine);
-      double no_copy_ms = 0;
-      {  // what the pulls cost: the same forward without the dispatch copy (wrong output)
-        gpu::ForwardOptions no_copy = fo;
-        no_copy.profile_without_dispatch_copy = true;
-        auto group = gpu::EpForward::create_group(c, comms, no_copy);
-        no_copy_ms = median_wall_ms([&] { forward_all(group); }, o.iterations, n);
-      }
+      const double no_copy_ms = variant_ms(no_copy), schedule_ms = variant_ms(schedule_only),
+                   no_combine_ms = variant_ms(no_combine);
       {  // one profiled forward (same output): the spans of dispatch and combine on rank 0
         gpu::ForwardOptions timed = fo;
         timed.profile_wait_times = true;
@@ -304,8 +305,8 @@ int bench_ep_command(const BenchOptions& o) {
         std::snprintf(line, sizeof line,
                       "| %s | %lld | %d | %.3f | %.3f | %.3f | %.0f | %.3f / %.3f | %.3f / %.3f | "
                       "%.3f | %.0f | %.3f / %.3f |\n",
-                      name.c_str(), (long long)tokens, group[0]->dispatch_ctas(), ep_ms, no_copy_ms,
-                      f.dispatch_total,
+                      name.c_str(), (long long)tokens, group[0]->dispatch_ctas(), graph_ms,
+                      no_copy_ms, f.dispatch_total,
                       double(pulled_rank0) * double(H) * 2.0 / (f.dispatch_total * 1e-3) * 1e-9,
                       f.gate_up_waits_dispatch, f.producer_waits_ring, f.consumer_starved,
                       f.consumer_total, f.combine_total,
