@@ -11,12 +11,13 @@ struct BenchOptions {
   int iterations = 20;
   // Also time the other row path, the copy path without its copy, no combine, the schedule alone.
   bool breakdown = false;
-  std::string row_path = "auto";  // auto, copy (dispatch CTAs) or gather (GEMM producers)
-  int ep = 1;                     // > 1: the expert-parallel forward (bench_ep.cpp)
-  int dispatch_ctas = 0;          // 0: the megakernel's default
-  int dispatch_lookahead = -1;    // -1: the megakernel's default
-  int64_t overlap_rows = 0;       // routed rows per tile group; 0: the megakernel's default
-  bool pingpong = false;          // ping-pong consumer warpgroups (128-wide tiles)
+  std::string row_path = "auto";          // auto, copy (dispatch CTAs) or gather (GEMM producers)
+  int ep = 1;                             // > 1: the expert-parallel forward (bench_ep.cpp)
+  int dispatch_ctas = 0;                  // 0: the megakernel's default
+  int dispatch_lookahead = -1;            // -1: the megakernel's default
+  int64_t overlap_rows = 0;               // routed rows per tile group; 0: the megakernel's default
+  bool pingpong = false;                  // ping-pong consumer warpgroups (128-wide tiles)
+  bool combine_on_dispatch_ctas = false;  // only the dispatch CTAs combine (they need some)
 };
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args);

@@ -35,6 +35,7 @@ const char* kUsage =
     "                               under EP dispatch CTAs bring the peers' rows)\n"
     "      [--overlap-rows N]       routed rows per tile group (a multiple of 128; default 1024)\n"
     "      [--pingpong 1]           ping-pong consumer warpgroups (128 x 128 tiles)\n"
+    "      [--combine-on-dispatch-ctas 1]  only the dispatch CTAs combine (needs dispatch CTAs)\n"
     "      [--breakdown 1]          also time the other row path, the copy path without its\n"
     "                               copy, the megakernel without its combine, a wait profile\n"
     "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"
