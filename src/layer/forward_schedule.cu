@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "layer/owner_schedule.cuh"
 #include "mok/error.hpp"
 #include "mok/gpu/schedule_gpu.hpp"
 #include "mok/schedule/routing_layout.hpp"
@@ -37,7 +36,8 @@ __global__ void segments_kernel(const int32_t* counts, int experts, int64_t capa
   }
   __syncthreads();
   const bool ok = !schedule_failed(st);
-  fill_tile_expert(seg_begin, experts, routed_tiles, !ok, tile_expert);
+  for (int64_t m = threadIdx.x; m < routed_tiles; m += blockDim.x)
+    tile_expert[m] = ok ? sched::segment_of_row(m * kTileRows, seg_begin, experts) : -1;
   for (int64_t m = threadIdx.x; m < shared_tile_count; m += blockDim.x)
     shared_tiles[m] = ok && m * kTileRows < tokens ? 0 : -1;
 }

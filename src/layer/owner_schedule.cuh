@@ -23,21 +23,6 @@ struct OwnerTables {
   Status* group_status;
 };
 
-// One block: the expert of each routed row block (sched::segment_of_row of its first row; -1 past
-// the last segment, and everywhere when the schedule failed). Segments are padded to whole blocks,
-// so each thread fills its segments' blocks: two loads per segment instead of a binary search of
-// dependent loads per block.
-__device__ inline void fill_tile_expert(const int64_t* seg_begin, int segments,
-                                        int64_t capacity_blocks, bool failed,
-                                        int32_t* tile_expert) {
-  const int64_t used = failed ? 0 : seg_begin[segments] / kTileRows;
-  if (!failed)
-    for (int l = int(threadIdx.x); l < segments; l += int(blockDim.x))
-      for (int64_t m = seg_begin[l] / kTileRows, end = seg_begin[l + 1] / kTileRows; m < end; ++m)
-        tile_expert[m] = l;
-  for (int64_t m = used + threadIdx.x; m < capacity_blocks; m += blockDim.x) tile_expert[m] = -1;
-}
-
 // One block. `counts` is [ranks][experts] in shared memory and visible to every thread;
 // source_status(src) is that source's schedule status; `missing` >= 0 names a rank whose counts
 // never arrived (the tables then say "no work" and the status says why).
@@ -76,7 +61,9 @@ __device__ void build_owner_tables(const int32_t* counts, int ranks, int experts
       out.seg_begin[experts / ranks] = 0;  // no routed rows: only seg_begin[local] is read
   }
   __syncthreads();
-  fill_tile_expert(out.seg_begin, experts / ranks, capacity_blocks, failed, out.tile_expert);
+  const int local = experts / ranks;
+  for (int64_t m = threadIdx.x; m < capacity_blocks; m += blockDim.x)
+    out.tile_expert[m] = failed ? -1 : sched::segment_of_row(m * kTileRows, out.seg_begin, local);
 }
 
 }  // namespace mok::gpu::detail
