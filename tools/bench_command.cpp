@@ -53,11 +53,7 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.pingpong = v == "1" || v == "yes";
     else if (a == "--combine-on-dispatch-ctas")
       o.combine_on_dispatch_ctas = v == "1" || v == "yes";
-    else if (a == "--keep-x-l2") {
-      if (v != "auto" && v != "0" && v != "1")
-        throw UsageError("--keep-x-l2 takes auto, 0 or 1, not '" + v + "'");
-      o.keep_x_in_l2 = v == "auto" ? -1 : std::atoi(v.c_str());
-    } else if (a == "--ep")
+    else if (a == "--ep")
       o.ep = std::atoi(v.c_str());
     else if (a == "--row-path") {
       if (v != "auto" && v != "copy" && v != "gather")

@@ -18,7 +18,6 @@ struct BenchOptions {
   int64_t overlap_rows = 0;               // routed rows per tile group; 0: the megakernel's default
   bool pingpong = false;                  // ping-pong consumer warpgroups (128-wide tiles)
   bool combine_on_dispatch_ctas = false;  // only the dispatch CTAs combine (they need some)
-  int keep_x_in_l2 = -1;                  // ForwardOptions::keep_x_in_l2 (-1: automatic)
 };
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args);

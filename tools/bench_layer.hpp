@@ -25,7 +25,6 @@ inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
   fo.overlap_rows = o.overlap_rows;
   fo.pingpong_consumers = o.pingpong;
   fo.combine_on_dispatch_ctas = o.combine_on_dispatch_ctas;
-  fo.keep_x_in_l2 = o.keep_x_in_l2;
   return fo;
 }
 

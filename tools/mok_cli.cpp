@@ -36,7 +36,6 @@ const char* kUsage =
     "      [--overlap-rows N]       routed rows per tile group (a multiple of 128; default 1024)\n"
     "      [--pingpong 1]           ping-pong consumer warpgroups (128 x 128 tiles)\n"
     "      [--combine-on-dispatch-ctas 1]  only the dispatch CTAs combine (needs dispatch CTAs)\n"
-    "      [--keep-x-l2 auto|0|1]   gathered rows of x loaded with an L2 evict_last policy\n"
     "      [--breakdown 1]          also time the other row path, the copy path without its\n"
     "                               copy, the megakernel without its combine, a wait profile\n"
     "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"

@@ -44,9 +44,6 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
           ErrorCode::invalid_argument,
           std::string(who) + ": overlap_rows = " + std::to_string(o.overlap_rows) +
               ": allowed 0 (automatic) or a positive multiple of " + std::to_string(kTileRows));
-  require(o.keep_x_in_l2 >= -1 && o.keep_x_in_l2 <= 1, ErrorCode::invalid_argument,
-          std::string(who) + ": keep_x_in_l2 = " + std::to_string(o.keep_x_in_l2) +
-              ": allowed -1 (automatic), 0 (never) or 1 (always)");
   LaunchPlan plan;
   const bool wide_ok = I % 128 == 0 && S % 128 == 0;
   plan.block_n = o.block_n == 0 ? (wide_ok && !o.pingpong_consumers ? 256 : 128) : o.block_n;
@@ -328,9 +325,6 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.fault = w.fault;
   p.dispatch_ctas = o.dispatch_ctas;
   p.gather_rows = o.gather_rows ? 1 : 0;
-  p.x_keep_fraction =
-      o.gather_rows ? keep_x_fraction(double(b.tokens) * double(c.hidden) * 2.0, fo.keep_x_in_l2)
-                    : 0.0f;
   p.group_blocks = tile_group_blocks(fo);
   p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;
   p.dispatch_lookahead = o.dispatch_lookahead;

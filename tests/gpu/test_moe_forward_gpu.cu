@@ -72,8 +72,6 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[2].overlap_rows = 128;                // tile groups of one row block ...
   options[5].overlap_rows = 2 * 128;            // ... two
   options[9].overlap_rows = 3 * 128;            // ... three, gathering
-  options[9].keep_x_in_l2 = 1;                  // gathered rows evict_last (the default on these
-  options[10].keep_x_in_l2 = 0;                 // small x), or with the normal L2 priority
   for (const mok::Config& c :
        {mok::preset("tiny"), odd_config(1), odd_config(0), widest_routing_config()}) {
     const mok::LayerParams p = mok::tools::random_params(c, 31);

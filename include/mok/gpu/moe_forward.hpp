@@ -42,10 +42,6 @@ struct ForwardOptions {
   // sooner; larger ones read the weights less often. A multiple of 128; capped by the token ring
   // (a group must fit in it). 0: 1024 (8 row blocks).
   int64_t overlap_rows = 0;
-  // With the producer gather: ask L2 to keep the gathered rows of x (an evict_last cache policy
-  // on their loads; every x row is read by its K experts' tiles and each n-tile of them, while the
-  // weights stream through). -1: automatic (keep_x_fraction), 0: never, 1: every load.
-  int keep_x_in_l2 = -1;
   // Ping-pong consumers: the two consumer warpgroups of a GEMM CTA take alternate 128 x 128
   // tiles, so one's epilogue overlaps the other's MMAs (block_n 128; 0 picks it). Default: both
   // warpgroups on every tile (64 rows each, 128 x 256 tiles where I allows).
@@ -105,19 +101,6 @@ constexpr int num_dispatch_ctas(int sms, int intermediate) {
 static_assert(num_dispatch_ctas(132, 2048) == 8 && num_dispatch_ctas(132, 3072) == 8);
 static_assert(num_dispatch_ctas(132, 768) == 16 && num_dispatch_ctas(132, 512) == 24);
 static_assert(num_dispatch_ctas(132, 128) == 24 && num_dispatch_ctas(16, 128) == 3);
-
-// The fraction of the gathered rows' loads marked evict_last: automatic keeps at most
-// kKeepXBytes of x (half the H100/H200 L2), so the weight stream keeps the other half.
-constexpr double kKeepXBytes = 24.0 * 1024 * 1024;
-constexpr float keep_x_fraction(double x_bytes, int keep_x_in_l2) {
-  if (keep_x_in_l2 == 0 || x_bytes <= 0) return 0.0f;
-  if (keep_x_in_l2 > 0 || x_bytes <= kKeepXBytes) return 1.0f;
-  return float(kKeepXBytes / x_bytes);
-}
-static_assert(keep_x_fraction(8192.0 * 2048 * 2, -1) == 0.75f &&
-              keep_x_fraction(4096.0 * 2048 * 2, -1) == 1.0f &&
-              keep_x_fraction(8192.0 * 2048 * 2, 1) == 1.0f &&
-              keep_x_fraction(8192.0 * 2048 * 2, 0) == 0.0f);
 
 class MoeForward {
  public:

@@ -90,12 +90,10 @@ struct ForwardParams {
                       // (with combine_on_dispatch_ctas: then combine instead)
   int combine_on_dispatch_ctas;  // 1: only the dispatch CTAs combine (the communication SMs);
                                  // 0: every CTA's idle warps do
-  int gather_rows;  // the gate/up producers gather routed rows (cp.async into the swizzled stage):
-                    // this rank's from x, peers' from the ring (dispatch copies only those; at
-                    // EP = 1 there are no dispatch CTAs)
-  float x_keep_fraction;   // > 0: that fraction of the gathered rows' loads ask L2 to keep them
-                           // (evict_last; ForwardOptions::keep_x_in_l2); 0: normal priority
-  int group_blocks;        // routed row blocks per tile group (ForwardOptions::overlap_rows)
+  int gather_rows;   // the gate/up producers gather routed rows (cp.async into the swizzled stage):
+                     // this rank's from x, peers' from the ring (dispatch copies only those; at
+                     // EP = 1 there are no dispatch CTAs)
+  int group_blocks;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
   uint64_t wait_cycles;
   // Tests only: every dispatched block is published after a pseudo-random delay below delay_ns,

@@ -35,16 +35,14 @@ struct GatherRows {
   __device__ static int row(int i) {
     return int(threadIdx.x % 128) / 32 * 32 + 4 * i + int(threadIdx.x % 32) / 8;
   }
-  // policy: the L2 priority of the rows (ForwardParams::x_keep_fraction).
-  __device__ void copy(uint8_t* tile_a, int kb, uint64_t policy) const {
+  __device__ void copy(uint8_t* tile_a, int kb) const {
     const uint32_t chunk = threadIdx.x % 8;
 #pragma unroll
     for (int i = 0; i < kGatherRowsPerThread; ++i) {
       const __nv_bfloat16* from = src[i] ? src[i] + kb * kBlockK + chunk * 8 : nullptr;
-      dev::cp_async_16_hinted(
-          tile_a + dev::swizzle128_offset(uint32_t(row(i)), chunk * 16u),
-          from ? static_cast<const void*>(from) : static_cast<const void*>(tile_a), from ? 16u : 0u,
-          policy);
+      dev::cp_async_16(tile_a + dev::swizzle128_offset(uint32_t(row(i)), chunk * 16u),
+                       from ? static_cast<const void*>(from) : static_cast<const void*>(tile_a),
+                       from ? 16u : 0u);
     }
   }
 };
@@ -95,9 +93,6 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
   const bool leader = warp == 0 && lane == 0;
   RoleTimer timer(p);
   timer.on = timer.on && leader;
-  const uint64_t row_policy = p.x_keep_fraction > 0.0f
-                                  ? dev::l2_policy_evict_last(p.x_keep_fraction)
-                                  : dev::l2_policy_evict_normal();
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
     const int64_t t = next_producer_tile(p, queue, q, tiles.count(), warp);
     if (t == -2) return;
@@ -178,7 +173,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       timer.add(kTimeProducerWaitsRing, since);
       uint64_t* bar = &ring.full[cursor.stage];
       if (gather) {
-        rows.copy(ring.a(cursor.stage), kb, row_policy);
+        rows.copy(ring.a(cursor.stage), kb);
         if (leader)
           dev::cp_async_arrive_extra(bar);
         else
