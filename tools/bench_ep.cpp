@@ -238,20 +238,19 @@ int bench_ep_command(const BenchOptions& o) {
       if (ncclCommInitAll(comms.data(), n, nullptr) != ncclSuccess)
         throw Error(ErrorCode::unsupported, "ncclCommInitAll failed");
       const gpu::ForwardOptions fo = bench_forward_options(o);
-      // One forward of every rank of `group` on its own inputs.
-      auto forward_all = [&](const std::vector<std::unique_ptr<gpu::EpForward>>& group) {
-        for (int r = 0; r < n; ++r)
-          group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
-                                    ranks[size_t(r)]->out.ptr, nullptr);
+      using Group = std::vector<std::unique_ptr<gpu::EpForward>>;
+      // Rank r's forward of `group` on its own inputs.
+      auto forward_rank = [&](const Group& group, int r, cudaStream_t stream) {
+        group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
+                                  ranks[size_t(r)]->out.ptr, stream);
+      };
+      auto forward_all = [&](const Group& group) {
+        for (int r = 0; r < n; ++r) forward_rank(group, r, nullptr);
       };
       // The per-GPU time of `group`'s forward (median_graph_ms).
-      auto graph_time = [&](const std::vector<std::unique_ptr<gpu::EpForward>>& group) {
-        return median_graph_ms(
-            [&](int r, cudaStream_t stream) {
-              group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
-                                        ranks[size_t(r)]->out.ptr, stream);
-            },
-            o.iterations, n);
+      auto graph_time = [&](const Group& group) {
+        return median_graph_ms([&](int r, cudaStream_t s) { forward_rank(group, r, s); },
+                               o.iterations, n);
       };
       {
         auto group = gpu::EpForward::create_group(c, comms, fo);
