@@ -3,6 +3,7 @@
 // host's.
 #include <algorithm>
 
+#include "mok/device/block_scan.cuh"
 #include "mok/gpu/schedule_gpu.hpp"
 #include "mok/schedule/routing_layout.hpp"
 
@@ -40,20 +41,12 @@ __global__ void chunk_count_kernel(const int32_t* ids, int64_t slots, int num_ex
 __global__ void __launch_bounds__(kScanThreads)
     chunk_base_kernel(int32_t* chunk_counts, int chunks, int num_experts, int32_t* counts,
                       int32_t* offsets) {
-  __shared__ int32_t warp_sums[kScanThreads / kWarp];
-  const int e = int(threadIdx.x), lane = e % kWarp, warp = e / kWarp;
+  __shared__ int32_t warp_sums[dev::kMaxBlockWarps];
+  const int e = int(threadIdx.x);
   int32_t total = 0;
   if (e < num_experts)
     for (int c = 0; c < chunks; ++c) total += chunk_counts[int64_t(c) * num_experts + e];
-  int32_t inclusive = total;  // scan within the warp, then across the warps' sums
-  for (int d = 1; d < kWarp; d *= 2) {
-    const int32_t v = __shfl_up_sync(0xFFFFFFFFu, inclusive, d);
-    if (lane >= d) inclusive += v;
-  }
-  if (lane == kWarp - 1) warp_sums[warp] = inclusive;
-  __syncthreads();
-  int32_t before = inclusive - total;
-  for (int w = 0; w < warp; ++w) before += warp_sums[w];
+  int32_t before = dev::block_exclusive_sum(total, warp_sums);
   if (e >= num_experts) return;
   counts[e] = total;
   offsets[e] = before;

@@ -36,7 +36,8 @@ struct OwnerScheduleArgs {
 };
 
 // Block r builds owner r's tables and the group's status; every block reaches the same verdict.
-__global__ void owner_schedule_kernel(const __grid_constant__ OwnerScheduleArgs a) {
+__global__ void __launch_bounds__(detail::kOwnerTableThreads)
+    owner_schedule_kernel(const __grid_constant__ OwnerScheduleArgs a) {
   __shared__ int32_t counts[kern::kMaxRanks * detail::kMaxEpExperts];  // [source][expert]
   const int owner = int(blockIdx.x), n = a.ranks, e_all = a.experts;
   for (int i = int(threadIdx.x); i < n * e_all; i += int(blockDim.x))
@@ -121,7 +122,7 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
     a.tile_expert[r] = w.owner_tile_expert;
     a.group_status[r] = w.group_status;
   }
-  owner_schedule_kernel<<<n, 256, 0, stream>>>(a);
+  owner_schedule_kernel<<<n, detail::kOwnerTableThreads, 0, stream>>>(a);
   check_cuda(cudaGetLastError(), "the owner schedule kernel");
   for (const auto& w : ranks) w.reset(stream);
   check_cuda(cudaMemsetAsync(ws_->aborted, 0, sizeof(int), stream), "cudaMemsetAsync");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "layer/owner_schedule.cuh"
 #include "mok/error.hpp"
 #include "mok/gpu/schedule_gpu.hpp"
 #include "mok/schedule/routing_layout.hpp"
@@ -22,22 +23,24 @@ __global__ void check_ids_kernel(const int32_t* ids, int64_t slots, int top_k, i
   }
 }
 
-// Padded expert segments (EP = 1: one source), the capacity check, and the m-tile tables of the
-// routed and the shared GEMMs.
-__global__ void segments_kernel(const int32_t* counts, int experts, int64_t capacity,
-                                int64_t* seg_begin, int64_t* segment_rows, int64_t* source_begin,
-                                int32_t* tile_expert, int64_t routed_tiles, int64_t tokens,
-                                int32_t* shared_tiles, int64_t shared_tile_count, Status* st) {
-  if (threadIdx.x == 0) {  // the EP layout's math with one source and this rank as the owner
-    sched::build_segments(counts, 1, experts, 0, kTileRows, seg_begin, segment_rows, source_begin);
-    const int64_t rows = seg_begin[experts];
+// Padded expert segments (EP = 1: one source; one block of kOwnerTableThreads), the capacity
+// check, and the m-tile tables of the routed and the shared GEMMs.
+__global__ void __launch_bounds__(kOwnerTableThreads)
+    segments_kernel(const int32_t* counts, int experts, int64_t capacity, int64_t* seg_begin,
+                    int64_t* segment_rows, int64_t* source_begin, int32_t* tile_expert,
+                    int64_t routed_tiles, int64_t tokens, int32_t* shared_tiles,
+                    int64_t shared_tile_count, Status* st) {
+  __shared__ SegmentScratch s;
+  build_segments_block(counts, 1, experts, 0, s, seg_begin, segment_rows, source_begin);
+  if (threadIdx.x == 0) {
+    const int64_t rows = s.seg_begin[experts];
     if (rows > capacity && atomicCAS(&st->code, kOk, kCapacityExceeded) == kOk)
       st->needed_rows = rows;
   }
   __syncthreads();
   const bool ok = !schedule_failed(st);
   for (int64_t m = threadIdx.x; m < routed_tiles; m += blockDim.x)
-    tile_expert[m] = ok ? sched::segment_of_row(m * kTileRows, seg_begin, experts) : -1;
+    tile_expert[m] = ok ? sched::segment_of_row(m * kTileRows, s.seg_begin, experts) : -1;
   for (int64_t m = threadIdx.x; m < shared_tile_count; m += blockDim.x)
     shared_tiles[m] = ok && m * kTileRows < tokens ? 0 : -1;
 }
@@ -93,7 +96,7 @@ void build_forward_schedule(const DeviceBatch& b, int top_k, int experts, const 
                                    s.sort_scratch, stream),
              "schedule");
   if (owner_tables)
-    segments_kernel<<<1, 256, 0, stream>>>(
+    segments_kernel<<<1, kOwnerTableThreads, 0, stream>>>(
         s.counts, experts, s.capacity, s.seg_begin, s.segment_rows, s.source_begin, s.tile_expert,
         s.capacity / kTileRows, T, s.shared_tiles, s.token_rows / kTileRows, s.status);
   check_cuda(cudaGetLastError(), "schedule kernels");

@@ -2,6 +2,7 @@
 #include <random>
 
 #include "gpu_test_util.hpp"
+#include "layer/owner_schedule.cuh"
 #include "mok/gpu/schedule_gpu.hpp"
 #include "mok/schedule/routing_layout.hpp"
 
@@ -62,6 +63,101 @@ TEST(ScheduleGpu, RoutedRowTableMatchesHost) {
           r, seg_begin.data(), seg_rows.data(), src_begin.data(), L, N);
       ASSERT_EQ(rank[size_t(r)], want.source_rank) << r;
       if (want.source_rank >= 0) ASSERT_EQ(index[size_t(r)], want.index_in_source_group) << r;
+    }
+  }
+}
+
+namespace {
+
+struct OwnerArgs {
+  const int32_t* counts;  // [ranks][experts]
+  int ranks, experts, owner, bad_source;
+  int64_t capacity, capacity_blocks;
+  mok::gpu::detail::OwnerTables out;
+};
+
+__global__ void owner_tables_kernel(OwnerArgs a) {
+  __shared__ int32_t counts[mok::kern::kMaxRanks * mok::gpu::detail::kMaxEpExperts];
+  for (int i = int(threadIdx.x); i < a.ranks * a.experts; i += int(blockDim.x))
+    counts[i] = a.counts[i];
+  __syncthreads();
+  mok::gpu::detail::build_owner_tables(
+      counts, a.ranks, a.experts, a.owner, a.capacity, a.capacity_blocks,
+      [&](int src) {
+        mok::gpu::detail::Status st{};
+        if (src == a.bad_source) st.code = mok::gpu::detail::kBadExpertId, st.id = -7;
+        return st;
+      },
+      /*missing=*/-1, 0, a.out);
+}
+
+}  // namespace
+
+// The block-parallel owner tables (one thread per local expert, a block-wide prefix sum) equal the
+// host's sched::build_segments, its capacity verdict and its row -> expert lookup.
+TEST(ScheduleGpu, OwnerTablesMatchHost) {
+  MOK_REQUIRE_GPU();
+  using mok::gpu::detail::kOk;
+  std::mt19937_64 rng(3);
+  const int tile = int(mok::gpu::detail::kTileRows);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int N = 1 << (rng() % 4);
+    const int L = trial < 4 ? mok::gpu::detail::kMaxEpExperts / N : 1 + int(rng() % (512 / N));
+    const int E = N * L, owner = int(rng() % N);
+    std::vector<int32_t> counts(size_t(N) * size_t(E));
+    const bool skew = trial % 5 == 1;  // every row to a few experts
+    for (size_t i = 0; i < counts.size(); ++i)
+      counts[i] = skew ? (i % size_t(E) < 2 ? int32_t(rng() % 20000) : 0)
+                       : (rng() % 4 == 0 ? 0 : int32_t(rng() % 300));
+    std::vector<int64_t> seg_begin(size_t(L) + 1), seg_rows(static_cast<size_t>(L)),
+        src_begin(size_t(L) * size_t(N + 1));
+    mok::sched::build_segments(counts.data(), N, E, owner, tile, seg_begin.data(), seg_rows.data(),
+                               src_begin.data());
+    int64_t most = 0;
+    for (int o = 0; o < N; ++o)
+      most = std::max(most, mok::sched::padded_rows_of_rank(counts.data(), N, E, o, tile));
+    // Some trials lack capacity (the verdict names the first owner over it), some have a source
+    // with a bad id (its status wins and no row block gets an expert).
+    const int64_t capacity = trial % 4 == 3 ? std::max<int64_t>(0, most - tile) : most + 2 * tile;
+    const int bad_source = trial % 7 == 5 ? int(rng() % N) : -1;
+    const int64_t blocks = capacity / tile + 3;
+    DeviceBuffer<int32_t> d_counts(counts), d_tile_expert(static_cast<size_t>(blocks));
+    DeviceBuffer<int64_t> d_begin(seg_begin.size()), d_rows(seg_rows.size()),
+        d_src(src_begin.size());
+    DeviceBuffer<mok::gpu::detail::Status> d_status(1);
+    OwnerArgs a{d_counts.ptr,
+                N,
+                E,
+                owner,
+                bad_source,
+                capacity,
+                blocks,
+                {d_begin.ptr, d_rows.ptr, d_src.ptr, d_tile_expert.ptr, d_status.ptr}};
+    owner_tables_kernel<<<1, mok::gpu::detail::kOwnerTableThreads>>>(a);
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(d_begin.to_host(), seg_begin) << trial;
+    EXPECT_EQ(d_rows.to_host(), seg_rows) << trial;
+    EXPECT_EQ(d_src.to_host(), src_begin) << trial;
+    const mok::gpu::detail::Status st = d_status.to_host()[0];
+    int want_code = kOk, want_rank = 0;
+    int64_t want_rows = 0;
+    if (bad_source >= 0) {
+      want_code = mok::gpu::detail::kBadExpertId, want_rank = bad_source;
+    } else {
+      for (int o = 0; o < N && want_code == kOk; ++o) {
+        const int64_t need = mok::sched::padded_rows_of_rank(counts.data(), N, E, o, tile);
+        if (need > capacity)
+          want_code = mok::gpu::detail::kCapacityExceeded, want_rank = o, want_rows = need;
+      }
+    }
+    ASSERT_EQ(st.code, want_code) << trial;
+    if (want_code != kOk) EXPECT_EQ(st.rank, want_rank) << trial;
+    if (want_code == mok::gpu::detail::kCapacityExceeded) EXPECT_EQ(st.needed_rows, want_rows);
+    const std::vector<int32_t> tile_expert = d_tile_expert.to_host();
+    for (int64_t m = 0; m < blocks; ++m) {
+      const int want =
+          want_code != kOk ? -1 : mok::sched::segment_of_row(m * tile, seg_begin.data(), L);
+      ASSERT_EQ(tile_expert[size_t(m)], want) << trial << " block " << m;
     }
   }
 }

@@ -73,21 +73,28 @@ MOK_HD int64_t padded_rows_of_rank(const int32_t* counts_by_source, int ep_size,
   return total;
 }
 
+// One expert's source_begin row (sb[0 .. ep_size]); returns its rows.
+MOK_HD int64_t source_begins(const int32_t* counts_by_source, int ep_size, int num_experts,
+                             int expert, int64_t* sb /*[ep+1]*/) {
+  int64_t rows = 0;
+  sb[0] = 0;
+  for (int src = 0; src < ep_size; ++src)
+    sb[src + 1] = rows += counts_by_source[src * num_experts + expert];
+  return rows;
+}
+
+// The host's (and the tests') reference; the device builds the same tables with one thread per
+// expert and a block-wide prefix sum (layer/owner_schedule.cuh).
 MOK_HD void build_segments(const int32_t* counts_by_source, int ep_size, int num_experts, int owner,
                            int tile_rows, int64_t* segment_begin /*[L+1]*/,
                            int64_t* segment_rows /*[L]*/, int64_t* source_begin /*[L][ep+1]*/) {
-  // Running sums in locals: on the device (one thread) re-reading just-written global memory
-  // costs an L2 round trip per step.
   const int per_rank = num_experts / ep_size;
   int64_t begin = 0;
   segment_begin[0] = 0;
   for (int l = 0; l < per_rank; ++l) {
-    const int e = global_expert(owner, l, per_rank);
-    int64_t* sb = source_begin + int64_t(l) * (ep_size + 1);
-    int64_t rows = 0;
-    sb[0] = 0;
-    for (int src = 0; src < ep_size; ++src)
-      sb[src + 1] = rows += counts_by_source[src * num_experts + e];
+    const int64_t rows =
+        source_begins(counts_by_source, ep_size, num_experts, global_expert(owner, l, per_rank),
+                      source_begin + int64_t(l) * (ep_size + 1));
     segment_rows[l] = rows;
     segment_begin[l + 1] = begin += pad_to_tile(rows, tile_rows);
   }
