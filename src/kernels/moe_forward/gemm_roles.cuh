@@ -378,6 +378,9 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       continue;
     }
     const bool gathered = gathers_rows(p, w);
+    // A down tile's row destinations are loaded before its mainloop: with the L2 saturated their
+    // latency would otherwise open the epilogue while the tensor cores idle.
+    const DownRows destinations = is_gate_up(w) ? DownRows{-1, -1} : down_rows(p, w, row0);
     if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on,
                            &times.starved, gathered, &times.starved_first)) {
       record_fault(p, kRoleConsumer, t);
@@ -392,7 +395,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       publish_warpgroup(act_counter(p, w), wg);
       times.timer.add(kTimeConsumerPublish, publish_since);
     } else {
-      owed = store_down<kBlockN>(p, w, d, down_rows(p, w, row0));
+      owed = store_down<kBlockN>(p, w, d, destinations);
       times.timer.add(kTimeConsumerEpilogueDown, epilogue_since);
     }
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);
