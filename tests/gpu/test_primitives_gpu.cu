@@ -1,11 +1,9 @@
 // Each device primitive on the GPU: TMA loads through an mbarrier ring (swizzle layout and phase
-// bookkeeping), TMA stores, bulk row stores (1D, scattered), wgmma against a CPU product,
-// release/acquire handoffs between CTAs, a bounded wait that times out, named barriers and
-// elect_one, and cp.async row gathers tracked by an mbarrier (counted and extra arrivals, zero
-// fill, the 128B swizzle).
+// bookkeeping), TMA stores, wgmma against a CPU product, release/acquire handoffs between CTAs,
+// a bounded wait that times out, named barriers and elect_one, and cp.async row gathers tracked by
+// an mbarrier (counted and extra arrivals, zero fill, the 128B swizzle).
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -285,50 +283,6 @@ TEST(PrimitivesGpu, TmaStoreWritesTheBoxAndNothingElse) {
       const bool inside = r >= kBoxRows && r < 2 * kBoxRows && c >= 64 && c < 128;
       const uint16_t want = inside ? uint16_t((r - kBoxRows) * 64 + (c - 64)) : uint16_t(0xABAB);
       ASSERT_EQ(got[size_t(r * cols + c)], want) << r << " " << c;
-    }
-}
-
-// Each of 64 threads stages one row of 128 BF16 in shared memory and sends it (or its first half,
-// odd rows) with one bulk copy to a scattered destination row; after wait_read it overwrites its
-// staged row, which must not reach global memory; wait_all before the kernel ends.
-__global__ void bulk_store_kernel(uint16_t* out, const int32_t* destination) {
-  __shared__ alignas(128) uint16_t staged[64][128];
-  const int t = int(threadIdx.x);
-  for (int i = 0; i < 128; ++i) staged[t][i] = uint16_t(t * 128 + i);
-  fence_proxy_async_shared();
-  __syncthreads();
-  if (destination[t] >= 0) {
-    bulk_store_1d(out + int64_t(destination[t]) * 128, staged[t], t % 2 == 0 ? 256u : 128u);
-    tma_store_commit();
-  }
-  tma_store_wait_read();
-  for (int i = 0; i < 128; ++i) staged[t][i] = 0xDEAD;  // too late for the copy
-  tma_store_wait_all();
-}
-
-TEST(PrimitivesGpu, BulkStoreSendsScatteredRowsAndReleasesTheStagingAfterWaitRead) {
-  MOK_REQUIRE_GPU();
-  const int rows = 3 * 64;
-  std::mt19937 rng(7);
-  std::vector<int32_t> all(static_cast<size_t>(rows));
-  for (int r = 0; r < rows; ++r) all[size_t(r)] = r;
-  std::shuffle(all.begin(), all.end(), rng);
-  std::vector<int32_t> destination(all.begin(), all.begin() + 64);
-  for (int t = 0; t < 64; t += 9) destination[size_t(t)] = -1;  // rows that send nothing
-  DeviceBuffer<uint16_t> g(size_t(rows) * 128, 0xAB);           // poisoned
-  DeviceBuffer<int32_t> d_destination(destination);
-  bulk_store_kernel<<<1, 64>>>(g.ptr, d_destination.ptr);
-  MOK_CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<uint16_t> got = g.to_host();
-  std::vector<int> source(static_cast<size_t>(rows), -1);
-  for (int t = 0; t < 64; ++t)
-    if (destination[size_t(t)] >= 0) source[size_t(destination[size_t(t)])] = t;
-  for (int r = 0; r < rows; ++r)
-    for (int i = 0; i < 128; ++i) {
-      const int t = source[size_t(r)];
-      const bool sent = t >= 0 && (t % 2 == 0 || i < 64);
-      const uint16_t want = sent ? uint16_t(t * 128 + i) : uint16_t(0xABAB);
-      ASSERT_EQ(got[size_t(r) * 128 + size_t(i)], want) << r << " " << i;
     }
 }
 

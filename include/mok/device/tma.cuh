@@ -40,14 +40,6 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void*
       "r"(smem_addr(src)), "r"(x), "r"(y)
       : "memory");
 }
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) from smem to global memory, in the
-// bulk group of this thread (tma_store_commit / _wait_*). No tensor map: the destination can be
-// any row, e.g. one scattered row of a tile per call, on this GPU or on a peer (NVLink).
-__device__ __forceinline__ void bulk_store_1d(void* dst, const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
-               "r"(smem_addr(src)), "r"(bytes)
-               : "memory");
-}
 __device__ __forceinline__ void tma_store_commit() {
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }

@@ -209,15 +209,15 @@ __device__ __forceinline__ void store_tile(const float (&d)[kBlockN / 2], int ro
   }
 }
 
-// The 16-byte exchange of a fragment (a 4-byte store per 8 rows x 16 bytes costs 4x the store
+// Store epilogue with 16-byte stores (a 4-byte store per 8 rows x 16 bytes costs 4x the store
 // instructions, and wastes NVLink for rows on another GPU): the 4 lanes of a quad hold 8
 // consecutive columns of a row between them, 2 each; an exchange over 4 column groups (3
-// xor-shuffles per row) gives each lane all 8 columns of one group. For the 32-column groups
-// [first_group, end_group) below `valid` columns, emit(hi, column, v) receives this thread's 16
-// bytes of its row lo (hi = false) or lo + 8 (hi = true) from `column` on. Same bits as store_tile.
-template <int kBlockN, class Emit>
-__device__ __forceinline__ void exchange_rows_vec16(const float (&d)[kBlockN / 2], int valid,
-                                                    int first_group, int end_group, Emit emit) {
+// xor-shuffles per row) gives each lane all 8 columns of one group. Same bits as store_tile.
+// lo / hi: this thread's rows (Fragment::row_lo and + 8) at the tile's first column, or nullptr
+// (not stored); `valid` must be a multiple of 32.
+template <int kBlockN>
+__device__ __forceinline__ void store_rows_vec16(const float (&d)[kBlockN / 2], __nv_bfloat16* lo,
+                                                 __nv_bfloat16* hi, int valid) {
   static_assert(kBlockN % 32 == 0, "whole 32-column groups");
   const int q = int(threadIdx.x % 4);
   auto pack = [](float a, float b) {
@@ -229,7 +229,7 @@ __device__ __forceinline__ void exchange_rows_vec16(const float (&d)[kBlockN / 2
   };
 #pragma unroll
   for (int g = 0; g < kBlockN / 32; ++g) {  // 32 columns: fragments j = 4g .. 4g + 3
-    if (g < first_group || g >= end_group || 32 * g >= valid) continue;
+    if (32 * g >= valid) break;
     uint32_t in_lo[4], in_hi[4], got_lo[4], got_hi[4];
 #pragma unroll
     for (int jj = 0; jj < 4; ++jj) {
@@ -245,24 +245,13 @@ __device__ __forceinline__ void exchange_rows_vec16(const float (&d)[kBlockN / 2
       got_hi[m] = m == 0 ? send_hi : __shfl_xor_sync(0xFFFFFFFFu, send_hi, m);
     }
     const int c = 32 * g + 8 * q;  // word s of the 16 bytes: lane s's columns = got[s ^ q]
-    emit(
-        false, c,
-        make_uint4(pick(got_lo, q), pick(got_lo, 1 ^ q), pick(got_lo, 2 ^ q), pick(got_lo, 3 ^ q)));
-    emit(
-        true, c,
-        make_uint4(pick(got_hi, q), pick(got_hi, 1 ^ q), pick(got_hi, 2 ^ q), pick(got_hi, 3 ^ q)));
+    if (lo)
+      *reinterpret_cast<uint4*>(lo + c) = make_uint4(pick(got_lo, q), pick(got_lo, 1 ^ q),
+                                                     pick(got_lo, 2 ^ q), pick(got_lo, 3 ^ q));
+    if (hi)
+      *reinterpret_cast<uint4*>(hi + c) = make_uint4(pick(got_hi, q), pick(got_hi, 1 ^ q),
+                                                     pick(got_hi, 2 ^ q), pick(got_hi, 3 ^ q));
   }
-}
-
-// Store epilogue with 16-byte stores (exchange_rows_vec16). lo / hi: this thread's rows
-// (Fragment::row_lo and + 8) at the tile's first column, or nullptr (not stored); `valid` must be
-// a multiple of 32.
-template <int kBlockN>
-__device__ __forceinline__ void store_rows_vec16(const float (&d)[kBlockN / 2], __nv_bfloat16* lo,
-                                                 __nv_bfloat16* hi, int valid) {
-  exchange_rows_vec16<kBlockN>(d, valid, 0, kBlockN / 32, [&](bool high, int c, uint4 v) {
-    if (__nv_bfloat16* row = high ? hi : lo) *reinterpret_cast<uint4*>(row + c) = v;
-  });
 }
 
 // SwiGLU epilogue: the tile's first kBlockN/2 columns are gate rows, the second half the up rows of

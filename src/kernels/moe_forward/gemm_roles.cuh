@@ -276,8 +276,6 @@ struct DownRowCounts {
   __device__ __forceinline__ void release(const ForwardParams& p) {
     __syncwarp();  // memory order: a row's stores (its quad's) before the quad's first lane's fence
     if (threadIdx.x % 4 == 0 && (rows.lo >= 0 || rows.hi >= 0)) {
-      dev::tma_store_wait_all();        // store_down_staged's bulk copies have landed
-      dev::fence_proxy_async_global();  // their async-proxy writes before the release below
       if (p.ep_size > 1)
         dev::fence_acq_rel_sys();
       else
@@ -289,79 +287,21 @@ struct DownRowCounts {
   }
 };
 
-// Where a down row goes, at the tile's first column (nullptr: padding): its (token, k) slot on
-// its source rank, or for shared rows this rank's y_shared.
-template <int kBlockN>
-__device__ __forceinline__ __nv_bfloat16* down_row_ptr(const ForwardParams& p, const TileWork& w,
-                                                       int64_t destination) {
-  const int src = sched::RowDestination::rank(destination);
-  if (src < 0) return nullptr;
-  __nv_bfloat16* base = w.kind == TileKind::routed_down ? p.peer_y_slots[src] : p.y_shared;
-  return base + sched::RowDestination::slot(destination) * p.hidden + int64_t(w.n_tile) * kBlockN;
-}
-
-// Down epilogue of this thread's rows (down_rows), stored directly (ping-pong consumers). Returns
-// the token counts the rows then owe (a row lives in one quad of lanes: all its stores, and its
-// count by the quad's first lane).
+// Down epilogue of this thread's rows (down_rows): each row into its (token, k) slot on its
+// source rank (shared rows: y_shared). Returns the token counts the rows then owe (a row lives in
+// one quad of lanes: all its stores, and its count by the quad's first lane).
 template <int kBlockN>
 __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, const TileWork& w,
                                                     const float (&d)[kBlockN / 2], DownRows rows) {
+  const int64_t col0 = int64_t(w.n_tile) * kBlockN;
+  auto row_ptr = [&](int64_t destination) -> __nv_bfloat16* {
+    const int src = sched::RowDestination::rank(destination);
+    if (src < 0) return nullptr;
+    __nv_bfloat16* base = w.kind == TileKind::routed_down ? p.peer_y_slots[src] : p.y_shared;
+    return base + sched::RowDestination::slot(destination) * p.hidden + col0;
+  };
   static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
-  store_rows_vec16<kBlockN>(d, down_row_ptr<kBlockN>(p, w, rows.lo),
-                            down_row_ptr<kBlockN>(p, w, rows.hi), p.hidden - w.n_tile * kBlockN);
-  return {rows, w.kind == TileKind::routed_down};
-}
-
-// The cooperative consumers' down epilogue goes through shared memory: each warpgroup stages its
-// 64 rows kStagingColumns at a time, and the first lane of each row's quad hands the row to the
-// bulk copy engine (one cp.async.bulk per row and part: the rows are scattered (token, k) slots,
-// so no tensor map). The warpgroup then returns to the tensor cores while the stores drain; with
-// direct stores the epilogue of a down tile took ~4 us behind the saturated L2. Before the staging
-// is rewritten, the copying lanes wait until the engine has read it; DownRowCounts::release waits
-// until the rows have landed.
-constexpr int kStagingColumns = 128;
-constexpr uint32_t kStagingRowBytes = kStagingColumns * 2;
-constexpr uint32_t kStagingBytes = kConsumers * 64 * kStagingRowBytes;  // after the ring
-
-template <int kBlockN>
-constexpr int forward_smem_bytes() {
-  static_assert(TileShape<kBlockN>::kSmemBytes + int(kStagingBytes) <= 232448 - 2048,
-                "the ring, the staging and ~2 KB of static shared memory on one SM");
-  return TileShape<kBlockN>::kSmemBytes + int(kStagingBytes);
-}
-
-template <int kBlockN>
-__device__ __forceinline__ DownRowCounts store_down_staged(const ForwardParams& p,
-                                                           const TileWork& w,
-                                                           const float (&d)[kBlockN / 2],
-                                                           DownRows rows, uint8_t* staging,
-                                                           int wg) {
-  static_assert(kBlockN % kStagingColumns == 0);
-  __nv_bfloat16* lo = down_row_ptr<kBlockN>(p, w, rows.lo);
-  __nv_bfloat16* hi = down_row_ptr<kBlockN>(p, w, rows.hi);
-  const int valid = min(kBlockN, p.hidden - w.n_tile * kBlockN);  // a multiple of 64
-  const int r = Fragment::mine().row_lo;
-  uint8_t* const staged_lo = staging + r * kStagingRowBytes;
-  uint8_t* const staged_hi = staging + (r + 8) * kStagingRowBytes;
-  const bool copier = threadIdx.x % 4 == 0;
-#pragma unroll
-  for (int c0 = 0; c0 < kBlockN; c0 += kStagingColumns) {
-    if (c0 >= valid) break;
-    if (copier) dev::tma_store_wait_read();  // the engine has read this lane's earlier rows
-    dev::named_barrier_sync(1 + wg, 128);    // ... and every lane's: the staging is free
-    exchange_rows_vec16<kBlockN>(
-        d, valid, c0 / 32, (c0 + kStagingColumns) / 32, [&](bool high, int c, uint4 v) {
-          *reinterpret_cast<uint4*>((high ? staged_hi : staged_lo) + (c - c0) * 2) = v;
-        });
-    dev::fence_proxy_async_shared();  // the staged rows, visible to the bulk copies
-    dev::named_barrier_sync(1 + wg, 128);
-    if (copier) {
-      const uint32_t bytes = uint32_t(min(kStagingColumns, valid - c0)) * 2;
-      if (lo) dev::bulk_store_1d(lo + c0, staged_lo, bytes);
-      if (hi) dev::bulk_store_1d(hi + c0, staged_hi, bytes);
-      dev::tma_store_commit();
-    }
-  }
+  store_rows_vec16<kBlockN>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0));
   return {rows, w.kind == TileKind::routed_down};
 }
 
@@ -402,7 +342,7 @@ struct ConsumerTimes {
 // Cooperative consumers: both warpgroups work on every tile, 64 rows each.
 template <int kBlockN>
 __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
-                                              const TileQueue& queue, uint8_t* staging) {
+                                              const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
   const int wg = threadIdx.x / 128;
@@ -455,8 +395,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       publish_warpgroup(act_counter(p, w), wg);
       times.timer.add(kTimeConsumerPublish, publish_since);
     } else {
-      owed = store_down_staged<kBlockN>(p, w, d, destinations, staging + wg * 64 * kStagingRowBytes,
-                                        wg);
+      owed = store_down<kBlockN>(p, w, d, destinations);
       times.timer.add(kTimeConsumerEpilogueDown, epilogue_since);
     }
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);

@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kPingPong)
     finished = pingpong_consumer_role<kBlockN>(p, ring, queue, mainloop_done);
   else
-    finished = consumer_role<kBlockN>(p, ring, queue, ring.b(TileShape<kBlockN>::kStages));
+    finished = consumer_role<kBlockN>(p, ring, queue);
   if (finished && !p.combine_on_dispatch_ctas) combine_role<kBlockN>(p);
 }
 
@@ -87,12 +87,12 @@ __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch lau
 template <int kBlockN, bool kPingPong>
 void launch_kernel(const ForwardLaunch& l, int grid, cudaStream_t stream) {
   moe_forward_kernel<kBlockN, kPingPong>
-      <<<grid, kThreads, forward_smem_bytes<kBlockN>(), stream>>>(l);
+      <<<grid, kThreads, TileShape<kBlockN>::kSmemBytes, stream>>>(l);
 }
 
 template <int kBlockN, bool kPingPong>
 cudaError_t prepare(int* ctas_per_sm) {
-  constexpr int smem = forward_smem_bytes<kBlockN>();
+  constexpr int smem = TileShape<kBlockN>::kSmemBytes;
   if (cudaError_t e = cudaFuncSetAttribute(moe_forward_kernel<kBlockN, kPingPong>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
       e != cudaSuccess)
