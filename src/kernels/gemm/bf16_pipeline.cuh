@@ -90,9 +90,6 @@ __device__ __forceinline__ bool wait_stage_full(
 }
 
 // Consumer side of a whole tile: d = A[64 rows of this warpgroup] * B^T over k_blocks stages.
-// One k-block of wgmma stays in flight while the next stage is awaited and issued, so the tensor
-// pipe does not drain at every stage boundary; a stage is released once the wgmma group after it
-// has been issued and wait_group 1 says its own group is done.
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
 // timed / waited_ns / gathered: as for wait_stage_full; first_waited_ns also gets the first
 // stage's wait (starved at the tile boundary).
@@ -104,13 +101,9 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
                                          bool gathered = false,
                                          uint64_t* first_waited_ns = nullptr) {
   const bool arrives = threadIdx.x % 32 == 0;
-  int in_flight = -1;  // the stage the last issued wgmma group reads
   for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
     const uint64_t before = timed ? *waited_ns : 0;
-    if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered)) {
-      dev::wgmma_wait<0>();  // no wgmma may still read the ring once the caller gives up
-      return false;
-    }
+    if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered)) return false;
     if (timed && kb == 0 && first_waited_ns) *first_waited_ns += *waited_ns - before;
     // This warpgroup's 64 rows start 64 * 128 bytes into the A tile.
     const uint64_t da =
@@ -122,14 +115,10 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
       dev::wgmma_bf16<kBlockN>(d, dev::smem_desc_advance(da, 32 * k),
                                dev::smem_desc_advance(db, 32 * k), kb > 0 || k > 0);
     dev::wgmma_commit();
-    dev::wgmma_wait<1>();
+    dev::wgmma_wait<0>();
     dev::fence_accumulators(d);
-    if (arrives && in_flight >= 0) dev::mbar_arrive(&ring.empty[in_flight]);
-    in_flight = c.stage;
+    if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
   }
-  dev::wgmma_wait<0>();
-  dev::fence_accumulators(d);
-  if (arrives && in_flight >= 0) dev::mbar_arrive(&ring.empty[in_flight]);
   return true;
 }
 
