@@ -63,7 +63,7 @@ EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& opti
   require(n == 2 || n == 4 || n == 8, ErrorCode::unsupported,
           "EmulatedEpForward runs ep_size 2, 4 or 8 logical ranks, got " + std::to_string(n));
   require(c.num_experts <= detail::kMaxEpExperts, ErrorCode::unsupported, "at most 512 experts");
-  row_path_ = detail::resolve_row_path(options, /*expert_parallel=*/true);
+  row_path_ = detail::resolve_row_path(c, options, /*expert_parallel=*/true);
   const detail::LaunchPlan plan =
       detail::plan_forward_launch(c, options, n, "EmulatedEpForward", row_path_);
   block_n_ = plan.block_n;

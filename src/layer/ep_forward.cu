@@ -126,7 +126,7 @@ EpForward::EpForward(const Config& c, const ForwardOptions& options, int rank, i
   require(options.dispatch_lookahead <= 0, ErrorCode::unsupported,
           "dispatch_lookahead is not supported under expert parallelism");
   DeviceGuard on(device_);
-  row_path_ = detail::resolve_row_path(options, /*expert_parallel=*/true);
+  row_path_ = detail::resolve_row_path(c, options, /*expert_parallel=*/true);
   const detail::LaunchPlan plan =
       detail::plan_forward_launch(config_, options, 1, "EpForward", row_path_);
   block_n_ = plan.block_n;

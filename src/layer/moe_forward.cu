@@ -48,7 +48,7 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   c.validate();
   require(c.ep_size == 1, ErrorCode::unsupported,
           "MoeForward runs one GPU (ep_size = 1), got ep_size = " + std::to_string(c.ep_size));
-  row_path_ = detail::resolve_row_path(options, /*expert_parallel=*/false);
+  row_path_ = detail::resolve_row_path(c, options, /*expert_parallel=*/false);
   require(row_path_ != RowPath::producer_gather || !detail::needs_dispatch_role(options),
           ErrorCode::invalid_argument,
           "dispatch_ctas, dispatch_lookahead > 0, combine_on_dispatch_ctas, the dispatch test "

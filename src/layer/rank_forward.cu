@@ -17,12 +17,15 @@ bool needs_dispatch_role(const ForwardOptions& o) {
          o.combine_on_dispatch_ctas;
 }
 
-RowPath resolve_row_path(const ForwardOptions& o, bool expert_parallel) {
+RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_parallel) {
   if (o.row_path != RowPath::automatic) return o.row_path;
   // Under EP the dispatch CTAs always run (they bring the peers' rows); the producers gather the
   // rank's own rows beside them.
-  return expert_parallel || !needs_dispatch_role(o) ? RowPath::producer_gather
-                                                    : RowPath::dispatch_copy;
+  if (expert_parallel) return RowPath::producer_gather;
+  return needs_dispatch_role(o) || copy_rows_pays_off(c.max_tokens_per_rank, c.top_k,
+                                                      c.num_experts)
+             ? RowPath::dispatch_copy
+             : RowPath::producer_gather;
 }
 
 int tile_group_blocks(const ForwardOptions& o) {

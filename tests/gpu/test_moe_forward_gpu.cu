@@ -194,8 +194,9 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   EXPECT_THROW(plain.last_profile(nullptr), mok::Error);
 }
 
-// automatic: the producers gather, unless an option needs the dispatch role.
-TEST(MoeForwardGpu, AutomaticRowPathGathersUnlessADispatchOptionIsSet) {
+// automatic: the producers gather, unless an option needs the dispatch role or the experts
+// average two or more full row blocks (copy_rows_pays_off).
+TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {
   MOK_REQUIRE_GPU();
   const mok::Config c = mok::preset("tiny");
   const MoeForward plain(c);
@@ -214,6 +215,16 @@ TEST(MoeForwardGpu, AutomaticRowPathGathersUnlessADispatchOptionIsSet) {
   o = {};
   o.row_path = RowPath::dispatch_copy;
   EXPECT_GT(MoeForward(c, o).dispatch_ctas(), 0);
+  mok::Config big = c;  // 256 routed rows per expert at the largest batch
+  big.max_tokens_per_rank = 2 * 128 * c.num_experts / c.top_k;
+  const MoeForward copying(big);
+  EXPECT_EQ(copying.row_path(), RowPath::dispatch_copy);
+  EXPECT_GT(copying.dispatch_ctas(), 0);
+  o = {};
+  o.row_path = RowPath::producer_gather;
+  EXPECT_EQ(MoeForward(big, o).row_path(), RowPath::producer_gather);
+  big.max_tokens_per_rank -= 1;
+  EXPECT_EQ(MoeForward(big).row_path(), RowPath::producer_gather);
 }
 
 TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {

@@ -16,15 +16,28 @@ namespace mok::gpu {
 
 // How routed rows reach the gate/up GEMMs.
 enum class RowPath {
-  automatic,        // producer_gather, unless (EP = 1) an option below needs the dispatch role
+  automatic,        // at EP = 1 dispatch_copy when an option below needs the dispatch role or
+                    // copy_rows_pays_off(config), else producer_gather; under EP producer_gather
   dispatch_copy,    // dispatch CTAs copy every row into the token ring first; the GEMMs TMA-load it
   producer_gather,  // the gate/up producer warpgroup gathers each tile's rows (cp.async into the
                     // swizzled stage): this rank's from x, no copy; under EP the dispatch CTAs
-                    // still bring the peers' rows into the ring. At EP = 1: no dispatch CTAs;
-                    // measured equal on dsv3 (within 2%), 3-14% faster on the other shapes
-                    // (docs/benchmarks.md)
+                    // still bring the peers' rows into the ring. At EP = 1: no dispatch CTAs
 };
 const char* row_path_name(RowPath p);
+
+// At EP = 1, whether the dispatch copy beats the producer gather for a batch of max_tokens_per_rank
+// tokens: when the experts average two or more full 128-row blocks. Measured in four calls on
+// H200s (docs/benchmarks.md, eleventh session): the copy 3-5% faster on dsv3 at T = 8192 (256
+// rows per expert) and 2-11% on qwen3-30b (512); the gather 3-4% faster on mok-default (32), ~10%
+// on fine (80), and on dsv3 at T = 4096 (128) from 3% slower to 9% faster. Rows loaded by TMA
+// starve the consumers less than gathered ones (dsv3 8k: 1.4 against 2.0 ms per warpgroup); with
+// fewer rows per expert the copy's dispatch CTAs cost more than that saves.
+constexpr bool copy_rows_pays_off(int64_t max_tokens, int top_k, int experts) {
+  return max_tokens * top_k >= int64_t(2) * 128 * experts;
+}
+static_assert(copy_rows_pays_off(8192, 8, 256) && copy_rows_pays_off(8192, 8, 128) &&
+              !copy_rows_pays_off(4096, 8, 256) && !copy_rows_pays_off(4096, 10, 512) &&
+              !copy_rows_pays_off(2048, 6, 384));
 
 struct ForwardOptions {
   RowPath row_path = RowPath::automatic;
