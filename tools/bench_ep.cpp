@@ -177,8 +177,10 @@ int bench_ep_command(const BenchOptions& o) {
       use_nccl ? "one process driving every GPU (NCCL device API)"
                : "ranks EMULATED on GPU 0 (correctness only: the times are the whole group's)",
       prop.name, o.iterations,
-      o.row_path == "copy" ? "dispatch copy (every row through the ring)"
-                           : "producer gather (own rows from x, peers' through the ring)",
+      o.row_path == "copy"     ? "dispatch copy (every row through the ring)"
+      : o.row_path == "gather" ? "producer gather (own rows from x, peers' through the ring)"
+                               : "automatic per shape (gpu::copy_rows_pays_off; the profile "
+                                 "table names it)",
       use_nccl ? (std::to_string(int(nvlink_gbps)) + " GB/s GPU0->GPU1 measured").c_str()
                : "not used");
   std::printf(
@@ -302,10 +304,10 @@ int bench_ep_command(const BenchOptions& o) {
         const gpu::ForwardProfile f = group[0]->last_profile(nullptr);
         char line[512];
         std::snprintf(line, sizeof line,
-                      "| %s | %lld | %d | %.3f | %.3f | %.3f | %.0f | %.3f / %.3f | %.3f / %.3f | "
-                      "%.3f | %.0f | %.3f / %.3f |\n",
-                      name.c_str(), (long long)tokens, group[0]->dispatch_ctas(), graph_ms,
-                      no_copy_ms, f.dispatch_total,
+                      "| %s | %lld | %s (%d) | %.3f | %.3f | %.3f | %.0f | %.3f / %.3f | %.3f / "
+                      "%.3f | %.3f | %.0f | %.3f / %.3f |\n",
+                      name.c_str(), (long long)tokens, gpu::row_path_name(group[0]->row_path()),
+                      group[0]->dispatch_ctas(), graph_ms, no_copy_ms, f.dispatch_total,
                       double(pulled_rank0) * double(H) * 2.0 / (f.dispatch_total * 1e-3) * 1e-9,
                       f.gate_up_waits_dispatch, f.producer_waits_ring, f.consumer_starved,
                       f.consumer_total, f.combine_total,
@@ -360,7 +362,8 @@ int bench_ep_command(const BenchOptions& o) {
         "span (start to last published block), NVLink bytes = rows pulled from the other ranks; "
         "combine = the combine warps' span (first token to the last), bytes = rows the other "
         "ranks wrote into rank 0's slots (not a link rate: they arrive during the down tiles)\n"
-        "| shape | T per rank | dispatch CTAs | EP ms | EP ms without the dispatch copy | "
+        "| shape | T per rank | row path (dispatch CTAs) | EP ms | EP ms without the dispatch copy "
+        "| "
         "dispatch span ms | dispatch NVLink GB/s | GEMM producers wait for rows / for a free stage "
         "(per CTA) | consumers starved / busy (per warpgroup) | combine span ms | bytes into rank "
         "0's slots / combine span, GB/s | EP ms: schedule, copies into the window and counts "

@@ -19,13 +19,12 @@ bool needs_dispatch_role(const ForwardOptions& o) {
 
 RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_parallel) {
   if (o.row_path != RowPath::automatic) return o.row_path;
-  // Under EP the dispatch CTAs always run (they bring the peers' rows); the producers gather the
-  // rank's own rows beside them.
-  if (expert_parallel) return RowPath::producer_gather;
-  return needs_dispatch_role(o) || copy_rows_pays_off(c.max_tokens_per_rank, c.top_k,
-                                                      c.num_experts)
-             ? RowPath::dispatch_copy
-             : RowPath::producer_gather;
+  if (copy_rows_pays_off(c.max_tokens_per_rank, c.top_k, c.num_experts, c.ep_size, c.intermediate))
+    return RowPath::dispatch_copy;
+  // Under EP the dispatch CTAs always run (they bring the peers' rows) and the producers gather
+  // the rank's own rows beside them; at EP = 1 the dispatch options need the dispatch CTAs.
+  return !expert_parallel && needs_dispatch_role(o) ? RowPath::dispatch_copy
+                                                    : RowPath::producer_gather;
 }
 
 int tile_group_blocks(const ForwardOptions& o) {

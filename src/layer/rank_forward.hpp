@@ -76,8 +76,8 @@ struct LaunchPlan {
 // Options that only the dispatch role takes (MoeForward then keeps the dispatch-copy row path).
 bool needs_dispatch_role(const ForwardOptions& o);
 // The row path a forward runs (never automatic; see RowPath::automatic); expert_parallel: the EP
-// forwards (EpForward even for a one-rank group), whose automatic path gathers whatever dispatch
-// options are set.
+// forwards (EpForward even for a one-rank group), whose automatic path does not depend on the
+// dispatch options.
 RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_parallel);
 // Routed row blocks per tile group: overlap_rows / 128, or sched::kTileGroupRows for 0.
 int tile_group_blocks(const ForwardOptions& o);

@@ -144,11 +144,21 @@ TEST(EmulatedEpGpu, CapacityOverflowAndAStoppedRankAreErrorsOnEveryRank) {
     }
   }
   // Under EP the automatic row path is the producer gather, whatever dispatch options are set
-  // (the dispatch CTAs run either way).
+  // (the dispatch CTAs run either way), unless copy_rows_pays_off: two or more full row blocks per
+  // local expert and I >= 2048.
   for (const bool dispatch_option : {false, true}) {
     mok::gpu::ForwardOptions o;
     o.combine_on_dispatch_ctas = dispatch_option;
     const mok::gpu::EmulatedEpForward ep(c, o);
     EXPECT_EQ(ep.row_path(), mok::gpu::RowPath::producer_gather);
   }
+  mok::Config wide = c;
+  wide.intermediate = 2048;
+  wide.max_tokens_per_rank = 2 * 128 * c.num_experts / (c.ep_size * c.top_k);
+  EXPECT_EQ(mok::gpu::EmulatedEpForward(wide).row_path(), mok::gpu::RowPath::dispatch_copy);
+  wide.intermediate = 1024;
+  EXPECT_EQ(mok::gpu::EmulatedEpForward(wide).row_path(), mok::gpu::RowPath::producer_gather);
+  wide.intermediate = 2048;
+  wide.max_tokens_per_rank -= 1;
+  EXPECT_EQ(mok::gpu::EmulatedEpForward(wide).row_path(), mok::gpu::RowPath::producer_gather);
 }

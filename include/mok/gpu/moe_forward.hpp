@@ -16,8 +16,8 @@ namespace mok::gpu {
 
 // How routed rows reach the gate/up GEMMs.
 enum class RowPath {
-  automatic,        // at EP = 1 dispatch_copy when an option below needs the dispatch role or
-                    // copy_rows_pays_off(config), else producer_gather; under EP producer_gather
+  automatic,        // dispatch_copy when copy_rows_pays_off, or at EP = 1 when an option below
+                    // needs the dispatch role; else producer_gather
   dispatch_copy,    // dispatch CTAs copy every row into the token ring first; the GEMMs TMA-load it
   producer_gather,  // the gate/up producer warpgroup gathers each tile's rows (cp.async into the
                     // swizzled stage): this rank's from x, no copy; under EP the dispatch CTAs
@@ -25,19 +25,30 @@ enum class RowPath {
 };
 const char* row_path_name(RowPath p);
 
-// At EP = 1, whether the dispatch copy beats the producer gather for a batch of max_tokens_per_rank
-// tokens: when the experts average two or more full 128-row blocks. Measured in four calls on
-// H200s (docs/benchmarks.md, eleventh session): the copy 3-5% faster on dsv3 at T = 8192 (256
+// Whether the dispatch copy beats the producer gather for batches of max_tokens_per_rank tokens:
+// when the local experts average two or more full 128-row blocks, and under EP (where dispatch
+// CTAs run anyway and the copy only adds the rank's own rows, H bytes for ~6HI FLOPs each) when
+// I >= 2048 too. Rows loaded by TMA starve the consumers less than gathered ones (dsv3 8k: 1.4
+// against 2.0 ms per warpgroup); below that the copy costs more than it saves. Measured on H200s
+// (docs/benchmarks.md, eleventh session), EP = 1, four calls: the copy 3-5% faster on dsv3 8k (256
 // rows per expert) and 2-11% on qwen3-30b (512); the gather 3-4% faster on mok-default (32), ~10%
-// on fine (80), and on dsv3 at T = 4096 (128) from 3% slower to 9% faster. Rows loaded by TMA
-// starve the consumers less than gathered ones (dsv3 8k: 1.4 against 2.0 ms per warpgroup); with
-// fewer rows per expert the copy's dispatch CTAs cost more than that saves.
-constexpr bool copy_rows_pays_off(int64_t max_tokens, int top_k, int experts) {
-  return max_tokens * top_k >= int64_t(2) * 128 * experts;
+// on fine (80), and on dsv3 4k (128) from 3% slower to 9% faster. EP = 2: the copy 3-11% faster
+// on dsv3 4k (256 rows per local expert) and 5-6% on dsv3 8k (512); the gather 1-2% faster on
+// qwen3-30b (1024, I = 768) and mok-default (64), 6% on fine (160).
+constexpr bool copy_rows_pays_off(int64_t max_tokens_per_rank, int top_k, int experts, int ep_size,
+                                  int intermediate) {
+  const int64_t rows_per_local_expert = max_tokens_per_rank * ep_size * top_k / experts;
+  return rows_per_local_expert >= 2 * 128 && (ep_size == 1 || intermediate >= 2048);
 }
-static_assert(copy_rows_pays_off(8192, 8, 256) && copy_rows_pays_off(8192, 8, 128) &&
-              !copy_rows_pays_off(4096, 8, 256) && !copy_rows_pays_off(4096, 10, 512) &&
-              !copy_rows_pays_off(2048, 6, 384));
+static_assert(copy_rows_pays_off(8192, 8, 256, 1, 2048) &&
+              copy_rows_pays_off(8192, 8, 128, 1, 768));
+static_assert(!copy_rows_pays_off(4096, 8, 256, 1, 2048) &&
+              !copy_rows_pays_off(4096, 10, 512, 1, 512) &&
+              !copy_rows_pays_off(2048, 6, 384, 1, 3072));
+static_assert(copy_rows_pays_off(4096, 8, 256, 2, 2048) &&
+              !copy_rows_pays_off(8192, 8, 128, 2, 768) &&
+              !copy_rows_pays_off(2048, 6, 384, 2, 3072) &&
+              !copy_rows_pays_off(4096, 10, 512, 2, 512));
 
 struct ForwardOptions {
   RowPath row_path = RowPath::automatic;
