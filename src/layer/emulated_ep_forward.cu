@@ -154,7 +154,8 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
       p.peer_y_slots[q] = other.peer_y_slots[q];
       p.peer_token_done[q] = other.peer_token_done[q];
     }
-  check_cuda(kern::launch_moe_forward(launch, block_n_, options_.pingpong_consumers, grid_, stream),
+  check_cuda(kern::launch_moe_forward(launch, detail::forward_kernel(block_n_, options_, row_path_),
+                                      grid_, stream),
              "the forward megakernel (emulated EP)");
 }
 

@@ -286,7 +286,8 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
     p.peer_y_slots[q] = reinterpret_cast<__nv_bfloat16*>(base + L.y_slots);
     p.peer_token_done[q] = reinterpret_cast<uint32_t*>(base + L.token_done);
   }
-  check_cuda(kern::launch_moe_forward(launch, block_n_, options_.pingpong_consumers, grid_, stream),
+  check_cuda(kern::launch_moe_forward(launch, detail::forward_kernel(block_n_, options_, row_path_),
+                                      grid_, stream),
              "the forward megakernel (EP over NCCL)");
 }
 

@@ -108,7 +108,8 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   launch.ranks = 1;
   launch.maps[0] = detail::rank_maps(w.rank, c, b, wt, block_n_);
   launch.params[0] = detail::rank_params(w.rank, c, b, out, o);
-  check_cuda(kern::launch_moe_forward(launch, block_n_, options_.pingpong_consumers, grid_, stream),
+  check_cuda(kern::launch_moe_forward(launch, detail::forward_kernel(block_n_, options_, row_path_),
+                                      grid_, stream),
              "the forward megakernel");
 }
 

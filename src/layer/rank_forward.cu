@@ -27,6 +27,11 @@ RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_p
                                                     : RowPath::producer_gather;
 }
 
+kern::ForwardKernel forward_kernel(int block_n, const ForwardOptions& o, RowPath row_path) {
+  return {block_n, o.pingpong_consumers,
+          !o.pingpong_consumers && row_path == RowPath::dispatch_copy};
+}
+
 int tile_group_blocks(const ForwardOptions& o) {
   return o.overlap_rows == 0 ? sched::kTileGroupRows : int(o.overlap_rows / kTileRows);
 }
@@ -70,7 +75,7 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
   if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
       clock_khz <= 0)
     clock_khz = 2'000'000;
-  check_cuda(kern::prepare_moe_forward(plan.block_n, o.pingpong_consumers, &per_sm),
+  check_cuda(kern::prepare_moe_forward(forward_kernel(plan.block_n, o, row_path), &per_sm),
              "preparing the forward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
   // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.

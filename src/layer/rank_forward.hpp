@@ -73,6 +73,9 @@ struct LaunchPlan {
   double wait_seconds = 0;
   uint64_t wait_cycles = 0;
 };
+// The megakernel instantiation for a tile width, the options and the row path: one wgmma group in
+// flight with the dispatch copy (measured faster there, slower with the producer gather).
+kern::ForwardKernel forward_kernel(int block_n, const ForwardOptions& o, RowPath row_path);
 // Options that only the dispatch role takes (MoeForward then keeps the dispatch-copy row path).
 bool needs_dispatch_role(const ForwardOptions& o);
 // The row path a forward runs (never automatic; see RowPath::automatic); expert_parallel: the EP

@@ -90,10 +90,16 @@ __device__ __forceinline__ bool wait_stage_full(
 }
 
 // Consumer side of a whole tile: d = A[64 rows of this warpgroup] * B^T over k_blocks stages.
+// kInFlight: one k-block of wgmma stays in flight while the next stage is awaited and issued (the
+// tensor pipe does not drain at every stage boundary), and a stage is released only once the next
+// group has been issued and wait_group 1 says its own is done, so the producer runs one stage
+// less ahead. Measured (docs/benchmarks.md, eleventh session): 1-2% faster where the rows come by
+// TMA (the dispatch copy; dsv3 at EP = 2 up to 9%), up to 2% slower with the producer gather on
+// mok-default; the forward megakernel picks it with the dispatch copy.
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
 // timed / waited_ns / gathered: as for wait_stage_full; first_waited_ns also gets the first
 // stage's wait (starved at the tile boundary).
-template <int kBlockN>
+template <int kBlockN, bool kInFlight = false>
 __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
                                          dev::RingCursor<TileShape<kBlockN>::kStages>& c,
                                          int k_blocks, int wg, uint64_t wait_cycles,
@@ -101,9 +107,13 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
                                          bool gathered = false,
                                          uint64_t* first_waited_ns = nullptr) {
   const bool arrives = threadIdx.x % 32 == 0;
+  int in_flight = -1;  // kInFlight: the stage the last issued wgmma group reads
   for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
     const uint64_t before = timed ? *waited_ns : 0;
-    if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered)) return false;
+    if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered)) {
+      if constexpr (kInFlight) dev::wgmma_wait<0>();  // nothing reads the ring after giving up
+      return false;
+    }
     if (timed && kb == 0 && first_waited_ns) *first_waited_ns += *waited_ns - before;
     // This warpgroup's 64 rows start 64 * 128 bytes into the A tile.
     const uint64_t da =
@@ -115,9 +125,21 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
       dev::wgmma_bf16<kBlockN>(d, dev::smem_desc_advance(da, 32 * k),
                                dev::smem_desc_advance(db, 32 * k), kb > 0 || k > 0);
     dev::wgmma_commit();
+    if constexpr (kInFlight) {
+      dev::wgmma_wait<1>();
+      dev::fence_accumulators(d);
+      if (arrives && in_flight >= 0) dev::mbar_arrive(&ring.empty[in_flight]);
+      in_flight = int(c.stage);
+    } else {
+      dev::wgmma_wait<0>();
+      dev::fence_accumulators(d);
+      if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
+    }
+  }
+  if constexpr (kInFlight) {
     dev::wgmma_wait<0>();
     dev::fence_accumulators(d);
-    if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
+    if (arrives && in_flight >= 0) dev::mbar_arrive(&ring.empty[in_flight]);
   }
   return true;
 }

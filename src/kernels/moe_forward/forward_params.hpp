@@ -131,9 +131,18 @@ enum ForwardTiming : int {
 // without gathering rows) and the combine (out is not written).
 constexpr int kProfileNoDispatchCopy = 1, kProfileNoCombine = 2;
 
+// Which instantiation of the megakernel runs: tile width 128 or 256, ping-pong consumers (128
+// only), and for the cooperative consumers whether one wgmma group stays in flight across
+// k-blocks (mma_tile; chosen with the dispatch copy, where the rows come by TMA).
+struct ForwardKernel {
+  int block_n = 256;
+  bool pingpong = false;
+  bool mma_in_flight = false;
+};
+
 // Once per device, before launches: the shared-memory opt-in, and how many CTAs fit on one SM
 // (the persistent grid needs every CTA resident).
-cudaError_t prepare_moe_forward(int block_n, bool pingpong, int* ctas_per_sm);
+cudaError_t prepare_moe_forward(const ForwardKernel& kernel, int* ctas_per_sm);
 // What one launch runs: `ranks` logical ranks (1 for a real EP rank, ep_size when the group is
 // emulated on one GPU), each on its own contiguous share of the grid.
 struct ForwardLaunch {
@@ -143,10 +152,9 @@ struct ForwardLaunch {
 };
 static_assert(sizeof(ForwardLaunch) <= 32764, "kernel parameters (CUDA 12.1+, sm_70+)");
 
-// Two launches: row_destination_kernel (fills ForwardParams::row_destination), then the kernel
-// for block_n 128 or 256 (ping-pong consumers: 128 only) with `grid` CTAs; every one must be
-// resident at once.
-cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, bool pingpong, int grid,
+// Two launches: row_destination_kernel (fills ForwardParams::row_destination), then `kernel`
+// with `grid` CTAs; every one must be resident at once.
+cudaError_t launch_moe_forward(const ForwardLaunch& launch, const ForwardKernel& kernel, int grid,
                                cudaStream_t stream);
 
 }  // namespace mok::kern

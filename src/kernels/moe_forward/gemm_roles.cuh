@@ -339,8 +339,9 @@ struct ConsumerTimes {
   }
 };
 
-// Cooperative consumers: both warpgroups work on every tile, 64 rows each.
-template <int kBlockN>
+// Cooperative consumers: both warpgroups work on every tile, 64 rows each (kMmaInFlight: see
+// mma_tile).
+template <int kBlockN, bool kMmaInFlight>
 __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
                                               const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
@@ -381,8 +382,9 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     // A down tile's row destinations are loaded before its mainloop: with the L2 saturated their
     // latency would otherwise open the epilogue while the tensor cores idle.
     const DownRows destinations = is_gate_up(w) ? DownRows{-1, -1} : down_rows(p, w, row0);
-    if (!mma_tile<kBlockN>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on,
-                           &times.starved, gathered, &times.starved_first)) {
+    if (!mma_tile<kBlockN, kMmaInFlight>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles,
+                                         times.timer.on, &times.starved, gathered,
+                                         &times.starved_first)) {
       record_fault(p, kRoleConsumer, t);
       return false;
     }

@@ -20,8 +20,8 @@ static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRe
 
 // The grid is split into launch.ranks contiguous shares, one per logical rank (one share for a
 // real EP rank); inside a share the first dispatch_ctas CTAs dispatch, then join the others in the
-// GEMMs.
-template <int kBlockN, bool kPingPong>
+// GEMMs. kMmaInFlight: the cooperative consumers keep one wgmma group in flight (mma_tile).
+template <int kBlockN, bool kPingPong, bool kMmaInFlight>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
   const int per_rank = int(gridDim.x) / launch.ranks;
@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kPingPong)
     finished = pingpong_consumer_role<kBlockN>(p, ring, queue, mainloop_done);
   else
-    finished = consumer_role<kBlockN>(p, ring, queue);
+    finished = consumer_role<kBlockN, kMmaInFlight>(p, ring, queue);
   if (finished && !p.combine_on_dispatch_ctas) combine_role<kBlockN>(p);
 }
 
@@ -84,46 +84,57 @@ __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch lau
   }
 }
 
-template <int kBlockN, bool kPingPong>
-void launch_kernel(const ForwardLaunch& l, int grid, cudaStream_t stream) {
-  moe_forward_kernel<kBlockN, kPingPong>
-      <<<grid, kThreads, TileShape<kBlockN>::kSmemBytes, stream>>>(l);
-}
+// The instantiations: ping-pong (block_n 128 only), and cooperative with either mainloop.
+template <int kBlockN, bool kPingPong, bool kMmaInFlight>
+struct Variant {
+  static constexpr auto kernel = moe_forward_kernel<kBlockN, kPingPong, kMmaInFlight>;
+  static constexpr int smem = TileShape<kBlockN>::kSmemBytes;
+  static cudaError_t prepare(int* ctas_per_sm) {
+    if (cudaError_t e =
+            cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+        e != cudaSuccess)
+      return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, kThreads, smem);
+  }
+  static void launch(const ForwardLaunch& l, int grid, cudaStream_t stream) {
+    kernel<<<grid, kThreads, smem, stream>>>(l);
+  }
+};
 
-template <int kBlockN, bool kPingPong>
-cudaError_t prepare(int* ctas_per_sm) {
-  constexpr int smem = TileShape<kBlockN>::kSmemBytes;
-  if (cudaError_t e = cudaFuncSetAttribute(moe_forward_kernel<kBlockN, kPingPong>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-      e != cudaSuccess)
-    return e;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-      ctas_per_sm, moe_forward_kernel<kBlockN, kPingPong>, kThreads, smem);
+// Calls f with the Variant of k (false: no such instantiation).
+template <class F>
+bool with_variant(const ForwardKernel& k, F&& f) {
+  if (k.pingpong) {
+    if (k.block_n != 128 || k.mma_in_flight) return false;
+    f(Variant<128, true, false>{});
+  } else if (k.block_n == 256) {
+    k.mma_in_flight ? f(Variant<256, false, true>{}) : f(Variant<256, false, false>{});
+  } else if (k.block_n == 128) {
+    k.mma_in_flight ? f(Variant<128, false, true>{}) : f(Variant<128, false, false>{});
+  } else {
+    return false;
+  }
+  return true;
 }
 
 }  // namespace
 
-cudaError_t prepare_moe_forward(int block_n, bool pingpong, int* ctas_per_sm) {
-  if (pingpong) return block_n == 128 ? prepare<128, true>(ctas_per_sm) : cudaErrorInvalidValue;
-  if (block_n == 256) return prepare<256, false>(ctas_per_sm);
-  if (block_n == 128) return prepare<128, false>(ctas_per_sm);
-  return cudaErrorInvalidValue;
+cudaError_t prepare_moe_forward(const ForwardKernel& k, int* ctas_per_sm) {
+  cudaError_t e = cudaErrorInvalidValue;
+  with_variant(k, [&](auto v) { e = decltype(v)::prepare(ctas_per_sm); });
+  return e;
 }
 
-cudaError_t launch_moe_forward(const ForwardLaunch& launch, int block_n, bool pingpong, int grid,
+cudaError_t launch_moe_forward(const ForwardLaunch& launch, const ForwardKernel& k, int grid,
                                cudaStream_t stream) {
   if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)
     return cudaErrorInvalidValue;
+  bool known = false;
+  with_variant(k, [&](auto) { known = true; });
+  if (!known) return cudaErrorInvalidValue;
   row_destination_kernel<<<dim3(unsigned(grid / launch.ranks), unsigned(launch.ranks)), 256, 0,
                            stream>>>(launch);
-  if (pingpong && block_n == 128)
-    launch_kernel<128, true>(launch, grid, stream);
-  else if (!pingpong && block_n == 256)
-    launch_kernel<256, false>(launch, grid, stream);
-  else if (!pingpong && block_n == 128)
-    launch_kernel<128, false>(launch, grid, stream);
-  else
-    return cudaErrorInvalidValue;
+  with_variant(k, [&](auto v) { decltype(v)::launch(launch, grid, stream); });
   return cudaGetLastError();
 }
 
