@@ -30,11 +30,12 @@ const char* row_path_name(RowPath p);
 // CTAs run anyway and the copy only adds the rank's own rows, H bytes for ~6HI FLOPs each) when
 // I >= 2048 too. Rows loaded by TMA starve the consumers less than gathered ones (dsv3 8k: 1.4
 // against 2.0 ms per warpgroup); below that the copy costs more than it saves. Measured on H200s
-// (docs/benchmarks.md, eleventh session), EP = 1, four calls: the copy 3-5% faster on dsv3 8k (256
-// rows per expert) and 2-11% on qwen3-30b (512); the gather 3-4% faster on mok-default (32), ~10%
-// on fine (80), and on dsv3 4k (128) from 3% slower to 9% faster. EP = 2: the copy 3-11% faster
-// on dsv3 4k (256 rows per local expert) and 5-6% on dsv3 8k (512); the gather 1-2% faster on
-// qwen3-30b (1024, I = 768) and mok-default (64), 6% on fine (160).
+// (docs/benchmarks.md, eleventh session), EP = 1, rounds of four calls: the copy 3-5% faster on
+// dsv3 8k (256 rows per expert), on qwen3-30b (512) from 2% slower to 11% faster (mostly 2-8%
+// faster); the gather 2-4% faster on mok-default (32), ~10% on fine (80), and on dsv3 4k (128)
+// from 3% slower to 12% faster. EP = 2: the copy 3-11% faster on dsv3 4k (256 rows per local
+// expert) and 5-6% on dsv3 8k (512); the gather 1-2% faster on qwen3-30b (1024, I = 768) and
+// mok-default (64), 6% on fine (160).
 constexpr bool copy_rows_pays_off(int64_t max_tokens_per_rank, int top_k, int experts, int ep_size,
                                   int intermediate) {
   const int64_t rows_per_local_expert = max_tokens_per_rank * ep_size * top_k / experts;
