@@ -129,9 +129,7 @@ cudaError_t launch_moe_forward(const ForwardLaunch& launch, const ForwardKernel&
                                cudaStream_t stream) {
   if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)
     return cudaErrorInvalidValue;
-  bool known = false;
-  with_variant(k, [&](auto) { known = true; });
-  if (!known) return cudaErrorInvalidValue;
+  if (!with_variant(k, [](auto) {})) return cudaErrorInvalidValue;  // before any launch
   row_destination_kernel<<<dim3(unsigned(grid / launch.ranks), unsigned(launch.ranks)), 256, 0,
                            stream>>>(launch);
   with_variant(k, [&](auto v) { decltype(v)::launch(launch, grid, stream); });
