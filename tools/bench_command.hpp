@@ -17,7 +17,6 @@ struct BenchOptions {
   int dispatch_lookahead = -1;            // -1: the megakernel's default
   int64_t overlap_rows = 0;               // routed rows per tile group; 0: the megakernel's default
   bool pingpong = false;                  // ping-pong consumer warpgroups (128-wide tiles)
-  bool pair_short_blocks = true;          // short row blocks' n-tiles in pairs (the default)
   bool combine_on_dispatch_ctas = false;  // only the dispatch CTAs combine (they need some)
 };
 

@@ -154,7 +154,6 @@ ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dis
   f.combine_waits = ms(kern::kTimeCombineWaits, combine_warps);
   f.combine_total = ms(kern::kTimeCombineTotal, combine_warps);
   f.dispatch_ctas_joined = int(ns[kern::kDispatchCtasJoined]);
-  f.paired_short_tiles = int64_t(ns[kern::kPairedShortTiles]);
   return f;
 }
 
@@ -333,7 +332,6 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.fault = w.fault;
   p.dispatch_ctas = o.dispatch_ctas;
   p.gather_rows = o.gather_rows ? 1 : 0;
-  p.pair_short_blocks = fo.pair_short_blocks && !fo.pingpong_consumers ? 1 : 0;
   p.group_blocks = tile_group_blocks(fo);
   p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;
   p.dispatch_lookahead = o.dispatch_lookahead;

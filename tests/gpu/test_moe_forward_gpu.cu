@@ -194,54 +194,6 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   EXPECT_THROW(plain.last_profile(nullptr), mok::Error);
 }
 
-// Width-2 tiles expected for batch b, counted from its routing: every row block with at most 64
-// rows (an expert's last, the tokens' last) runs floor(n / 2) pairs of its n gate/up and n down
-// tiles.
-int64_t expected_paired_tiles(const mok::Config& c, const mok::Batch& b, int block_n) {
-  const int64_t gate_up = 2 * c.intermediate / block_n, down = (c.hidden + block_n - 1) / block_n,
-                shared_gate_up = 2 * c.shared_width() / block_n;
-  auto short_tail = [](int64_t rows) { return rows > 0 && (rows - 1) % 128 < 64; };
-  std::vector<int64_t> rows(size_t(c.num_experts), 0);
-  for (int32_t e : b.topk_ids) ++rows[size_t(e)];
-  int64_t pairs = 0;
-  for (int64_t r : rows)
-    if (short_tail(r)) pairs += gate_up / 2 + down / 2;
-  if (c.shared_width() > 0 && short_tail(b.tokens)) pairs += shared_gate_up / 2 + down / 2;
-  return pairs;
-}
-
-// A short row block runs its n-tiles in pairs (both consumer warpgroups on its rows), on either
-// row path, with the same bits as one tile per n-tile; the profile counts the pairs.
-TEST(MoeForwardGpu, ShortBlocksRunTheirNTilesInPairs) {
-  MOK_REQUIRE_GPU();
-  const mok::Config c = mok::preset("tiny");  // 128-wide tiles: 2 gate/up and 2 down n-tiles
-  const mok::LayerParams p = mok::tools::random_params(c, 38);
-  const GpuLayer layer(p);
-  for (RowPath path : {RowPath::dispatch_copy, RowPath::producer_gather}) {
-    for (int64_t T : {int64_t(37), int64_t(300), int64_t(512)}) {
-      mok::Batch b = mok::tools::random_batch(c, T, uint64_t(T) + 50);
-      if (T == 512)  // expert 0: one row, expert 1: 64 (short), expert 2: 65 (not short)
-        for (int64_t i = 0; i < T * c.top_k; ++i)
-          b.topk_ids[size_t(i)] = int32_t(i < 1 ? 0 : i < 65 ? 1 : i < 130 ? 2 : 3 + i % 13);
-      SCOPED_TRACE(std::string(mok::gpu::row_path_name(path)) + ", T = " + std::to_string(T));
-      ForwardOptions o;
-      o.row_path = path;
-      o.block_n = 128;
-      o.profile_wait_times = true;
-      MoeForward paired(c, o);
-      const std::vector<double> got = gpu_forward(paired, c, layer, b);
-      expect_matches_reference(c, p, b, got);
-      const int64_t want = expected_paired_tiles(c, b, 128);
-      EXPECT_GT(want, 0);
-      EXPECT_EQ(paired.last_profile(nullptr).paired_short_tiles, want);
-      o.pair_short_blocks = false;
-      MoeForward single(c, o);
-      EXPECT_TRUE(same_bits(gpu_forward(single, c, layer, b), got));
-      EXPECT_EQ(single.last_profile(nullptr).paired_short_tiles, 0);
-    }
-  }
-}
-
 // automatic: the producers gather, unless an option needs the dispatch role or the experts
 // average two or more full row blocks (copy_rows_pays_off).
 TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {

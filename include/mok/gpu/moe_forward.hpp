@@ -71,10 +71,6 @@ struct ForwardOptions {
   // tiles, so one's epilogue overlaps the other's MMAs (block_n 128; 0 picks it). Default: both
   // warpgroups on every tile (64 rows each, 128 x 256 tiles where I allows).
   bool pingpong_consumers = false;
-  // A short row block (at most 64 rows: an expert's last block, the tokens' last) runs its
-  // n-tiles two at a time, both consumer warpgroups on its rows, instead of one warpgroup per tile
-  // while the other idles (cooperative consumers only; ping-pong ignores it).
-  bool pair_short_blocks = true;
   int block_n = 0;   // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128
   int max_ctas = 0;  // persistent grid; 0: one CTA per SM
   // Bound of every wait on another CTA or on the TMA; expiry is an error, not a hang. 0: the
@@ -114,7 +110,6 @@ struct ForwardProfile {
   double combine_waits = 0;           // per combine warp: waiting for a token's outputs
   double combine_total = 0;           //   ... first token to the empty queue
   int dispatch_ctas_joined = 0;       // dispatch CTAs that ran the GEMM roles after dispatch
-  int64_t paired_short_tiles = 0;     // tiles that ran two n-tiles of a short block (*)
   // (*): timed by the cooperative consumers only; 0 with pingpong_consumers.
 };
 

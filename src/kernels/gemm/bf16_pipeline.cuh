@@ -96,10 +96,6 @@ __device__ __forceinline__ bool wait_stage_full(
 // less ahead. Measured (docs/benchmarks.md, eleventh session): 0.6-2% faster where the rows come
 // by TMA (the dispatch copy; dsv3 at EP = 2 1-9%), up to 2.5% slower with the producer gather
 // (mok-default); the forward megakernel picks it with the dispatch copy.
-// wide (the forward's width-2 tiles): each k-block spans two stages, the A rows and n-tile 0's B,
-// then n-tile 1's B; both warpgroups multiply A's first 64 rows, warpgroup wg by n-tile wg's B.
-// Each waits for both stages before releasing both: a release counts toward a stage's use only
-// once the stage has landed, never toward its previous use.
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
 // timed / waited_ns / gathered: as for wait_stage_full; first_waited_ns also gets the first
 // stage's wait (starved at the tile boundary).
@@ -109,53 +105,41 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
                                          int k_blocks, int wg, uint64_t wait_cycles,
                                          bool timed = false, uint64_t* waited_ns = nullptr,
                                          bool gathered = false,
-                                         uint64_t* first_waited_ns = nullptr, bool wide = false) {
+                                         uint64_t* first_waited_ns = nullptr) {
   const bool arrives = threadIdx.x % 32 == 0;
-  // This warpgroup's 64 rows start 64 * 128 bytes into the A tile (wide: both take the first 64).
-  const uint32_t a_offset = wide ? 0u : uint32_t(wg) * 64u * 128u;
-  int in_flight[2] = {-1, -1};  // kInFlight: the stages the last issued wgmma group reads
-  auto release = [&](int first, int second) {
-    if (!arrives) return;
-    if (first >= 0) dev::mbar_arrive(&ring.empty[first]);
-    if (second >= 0) dev::mbar_arrive(&ring.empty[second]);
-  };
-  for (int kb = 0; kb < k_blocks; ++kb) {
-    dev::RingCursor<TileShape<kBlockN>::kStages> next = c;  // wide: the k-block's second stage
-    next.advance();
+  int in_flight = -1;  // kInFlight: the stage the last issued wgmma group reads
+  for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
     const uint64_t before = timed ? *waited_ns : 0;
-    if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered) ||
-        (wide && !wait_stage_full(ring, next, wait_cycles, timed, waited_ns, false))) {
+    if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered)) {
       if constexpr (kInFlight) dev::wgmma_wait<0>();  // nothing reads the ring after giving up
       return false;
     }
     if (timed && kb == 0 && first_waited_ns) *first_waited_ns += *waited_ns - before;
-    const uint32_t b_stage = wide && wg == 1 ? next.stage : c.stage;
-    const uint64_t da = dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage) + a_offset));
-    const uint64_t db = dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.b(b_stage)));
+    // This warpgroup's 64 rows start 64 * 128 bytes into the A tile.
+    const uint64_t da =
+        dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage) + wg * 64 * 128));
+    const uint64_t db = dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.b(c.stage)));
     dev::wgmma_fence();
 #pragma unroll
     for (int k = 0; k < kBlockK / 16; ++k)
       dev::wgmma_bf16<kBlockN>(d, dev::smem_desc_advance(da, 32 * k),
                                dev::smem_desc_advance(db, 32 * k), kb > 0 || k > 0);
     dev::wgmma_commit();
-    const int second = wide ? int(next.stage) : -1;
     if constexpr (kInFlight) {
       dev::wgmma_wait<1>();
       dev::fence_accumulators(d);
-      release(in_flight[0], in_flight[1]);
-      in_flight[0] = int(c.stage), in_flight[1] = second;
+      if (arrives && in_flight >= 0) dev::mbar_arrive(&ring.empty[in_flight]);
+      in_flight = int(c.stage);
     } else {
       dev::wgmma_wait<0>();
       dev::fence_accumulators(d);
-      release(int(c.stage), second);
+      if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
     }
-    c = wide ? next : c;
-    c.advance();
   }
   if constexpr (kInFlight) {
     dev::wgmma_wait<0>();
     dev::fence_accumulators(d);
-    release(in_flight[0], in_flight[1]);
+    if (arrives && in_flight >= 0) dev::mbar_arrive(&ring.empty[in_flight]);
   }
   return true;
 }

@@ -93,8 +93,7 @@ struct ForwardParams {
   int gather_rows;   // the gate/up producers gather routed rows (cp.async into the swizzled stage):
                      // this rank's from x, peers' from the ring (dispatch copies only those; at
                      // EP = 1 there are no dispatch CTAs)
-  int pair_short_blocks;  // 1: a short block's n-tiles run in pairs (tile_schedule.cuh, with_width)
-  int group_blocks;       // routed row blocks per tile group (ForwardOptions::overlap_rows)
+  int group_blocks;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
   uint64_t wait_cycles;
   // Tests only: every dispatched block is published after a pseudo-random delay below delay_ns,
@@ -125,8 +124,7 @@ enum ForwardTiming : int {
   kTimeConsumerCycles = 14,   // SM clock cycles (clock64), not ns, over kTimeConsumerTotal's span
   kForwardTimes = 15,         // the sums above (what a RoleTimer sums)
   kDispatchCtasJoined = 15,   // a count, not a time: dispatch CTAs that went on to the GEMMs
-  kPairedShortTiles = 16,     // a count: width-2 tiles (a short block's n-tile pairs) run
-  kForwardTimings = 17,       // the buffer: times and the counts
+  kForwardTimings = 16,       // the buffer: times and the count
 };
 
 // Stages a benchmark may drop (the output is then wrong): the dispatch copy (blocks are published

@@ -101,7 +101,6 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       return;
     }
     const TileWork w = tiles.at(t, p);
-    if (w.width == 0) continue;  // the width-2 tile before it covers it
     const bool gather = gathers_rows(p, w);
     const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
     const uint32_t* ready = nullptr;
@@ -162,12 +161,9 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                       sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden
                 : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
-    // A width-2 tile fills two stages per k-block: A and n-tile n's B, then n-tile n + 1's B.
-    const bool wide = w.width == 2;
-    const int stages = wide ? 2 * w.k_blocks : w.k_blocks;
-    for (int s = 0; s < stages; ++s, cursor.advance()) {
+    const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
+    for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       if (!leader && !p.gather_rows) continue;  // only the leader arrives
-      const int kb = wide ? s >> 1 : s, second = wide ? s & 1 : 0;
       const uint64_t since = timer.now();
       if (!dev::mbar_wait(&ring.empty[cursor.stage], cursor.phase ^ 1u, p.wait_cycles)) {
         record_fault(p, kRoleProducerRing, t);
@@ -176,8 +172,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       }
       timer.add(kTimeProducerWaitsRing, since);
       uint64_t* bar = &ring.full[cursor.stage];
-      const bool copies_a = gather && !second;
-      if (copies_a) {
+      if (gather) {
         rows.copy(ring.a(cursor.stage), kb);
         if (leader)
           dev::cp_async_arrive_extra(bar);
@@ -187,18 +182,16 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         dev::mbar_arrive(bar);
       }
       if (!leader) continue;
-      const bool loads_a = !gather && !second;
-      dev::mbar_arrive_expect_tx(bar, (loads_a ? kTileBytesA : 0u) + TileShape<kBlockN>::kBytesB);
+      dev::mbar_arrive_expect_tx(bar, bytes);
       uint8_t* tile_b = ring.b(cursor.stage);
-      if (loads_a) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
-      const int n_tile = w.n_tile + second;
+      if (!gather) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
       if (b_up_map) {  // block_n / 2 gate rows, then the up rows of the same outputs
-        const int32_t row = n_tile * (kBlockN / 2);
+        const int32_t row = w.n_tile * (kBlockN / 2);
         dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, row, w.expert);
         dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, b_up_map, bar, kb * kBlockK, row,
                          w.expert);
       } else {
-        dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, n_tile * kBlockN, w.expert);
+        dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, w.n_tile * kBlockN, w.expert);
       }
     }
     if (!__all_sync(0xFFFFFFFFu, ok)) return;
@@ -213,6 +206,13 @@ __device__ __forceinline__ void publish_warpgroup(uint32_t* counter, int wg, uin
     dev::fence_proxy_async_global();  // cheap; the reader's fence is the one that matters
     dev::add_release_gpu(counter, add);
   }
+}
+
+// True when rows [row0, row0 + 64) of the tile hold no token (routed: past the expert's count).
+__device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWork& w, int row0) {
+  if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
+    return row0 >= p.tokens;
+  return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
 }
 
 __device__ __forceinline__ bool is_gate_up(const TileWork& w) {
@@ -325,7 +325,6 @@ __device__ __forceinline__ bool next_consumer_tile(const ForwardParams& p, const
 struct ConsumerTimes {
   RoleTimer timer;
   uint64_t start = 0, start_cycles = 0, starved = 0, starved_first = 0;
-  uint64_t paired_tiles = 0;  // width-2 tiles (counted by warpgroup 0's reporter only)
   __device__ explicit ConsumerTimes(const ForwardParams& p) : timer(p) {
     timer.on = timer.on && threadIdx.x % 128 == 0;
     start = timer.now();
@@ -337,8 +336,6 @@ struct ConsumerTimes {
     if (timer.on) timer.sums[kTimeConsumerCycles] = uint64_t(clock64()) - start_cycles;
     timer.add(kTimeConsumerTotal, start);
     timer.flush(p);
-    if (timer.on && paired_tiles)
-      atomicAdd(p.timings + kPairedShortTiles, static_cast<unsigned long long>(paired_tiles));
   }
 };
 
@@ -369,13 +366,8 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       times.finish(p);
       return true;
     }
-    TileWork w = tiles.at(t, p);
-    if (w.width == 0) continue;  // the width-2 tile before it covers it
-    // Width 2: both warpgroups take the block's 64 rows, warpgroup wg n-tile n + wg.
-    const bool wide = w.width == 2;
-    int row0 = int(w.m_block * kBlockM + (wide ? 0 : wg * 64));
-    if (wide) w.n_tile += wg;
-    if (wide && wg == 0) ++times.paired_tiles;
+    const TileWork w = tiles.at(t, p);
+    int row0 = int(w.m_block * kBlockM + wg * 64);
     if (all_padding(p, w, row0)) {  // the last rows of an expert's segment, or past the tokens
       if (!skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles)) {
         record_fault(p, kRoleConsumer, t);
@@ -392,7 +384,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     const DownRows destinations = is_gate_up(w) ? DownRows{-1, -1} : down_rows(p, w, row0);
     if (!mma_tile<kBlockN, kMmaInFlight>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles,
                                          times.timer.on, &times.starved, gathered,
-                                         &times.starved_first, wide)) {
+                                         &times.starved_first)) {
       record_fault(p, kRoleConsumer, t);
       return false;
     }
@@ -402,7 +394,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     if (is_gate_up(w)) {
       store_gate_up<kBlockN>(p, w, d, row0);
       const uint64_t publish_since = times.timer.now();
-      publish_warpgroup(act_counter(p, w), wg, wide ? 2 : 1);  // both n-tiles' counts
+      publish_warpgroup(act_counter(p, w), wg);
       times.timer.add(kTimeConsumerPublish, publish_since);
     } else {
       owed = store_down<kBlockN>(p, w, d, destinations);

@@ -38,29 +38,7 @@ struct TileWork {
   int n_tile;
   int expert;  // 0 for the shared experts (one MLP of width S)
   int k_blocks;
-  int width = 1;  // n-tiles it covers: 2 and 0 for the paired n-tiles of a short block
 };
-
-// True when rows [row0, row0 + 64) of the tile hold no token (routed: past the expert's count).
-__device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWork& w, int64_t row0) {
-  if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
-    return row0 >= p.tokens;
-  return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
-}
-
-// A short block (at most 64 rows: an expert's last row block, or the tokens' last) leaves one
-// consumer warpgroup idle on each of its tiles while the producer still loads the whole weight
-// slice. With pair_short_blocks its n-tiles are taken two at a time: the even one becomes a tile
-// of width 2 (warpgroup g multiplies the block's 64 rows by n-tile n + g; each k-block fills two
-// ring stages, the rows and n-tile n's weights, then n-tile n + 1's), the odd one width 0
-// (claimed and passed over). The sequence, its counters and its deadlock argument are unchanged:
-// a width-2 tile publishes what its two n-tiles would have.
-__device__ __forceinline__ TileWork with_width(TileWork w, int n_tiles, const ForwardParams& p) {
-  const bool lone_last = w.n_tile % 2 == 0 && w.n_tile + 1 == n_tiles;  // no partner
-  if (p.pair_short_blocks && !lone_last && all_padding(p, w, w.m_block * kBlockM + 64))
-    w.width = w.n_tile % 2 == 0 ? 2 : 0;
-  return w;
-}
 
 // True when the producer warpgroup gathers this tile's A rows (cp.async) instead of TMA-loading
 // them: routed gate/up tiles under RowPath::producer_gather.
@@ -124,25 +102,19 @@ struct ForwardTiles {
   __device__ TileWork at(int64_t t, const ForwardParams& p) const {
     if (t < routed_gate_up_begin) {
       const sched::TileCoord c = sched::grouped_tile(t, shared_blocks, shared_gate_up_tiles);
-      return with_width({TileKind::shared_gate_up, c.block, c.n_tile, 0, p.hidden / kBlockK},
-                        shared_gate_up_tiles, p);
+      return {TileKind::shared_gate_up, c.block, c.n_tile, 0, p.hidden / kBlockK};
     }
     if (t < shared_down_begin) {
       const TileWork w = routed(t - routed_gate_up_begin, gate_up_tiles, p);
-      return with_width(
-          {TileKind::routed_gate_up, w.m_block, w.n_tile, w.expert, p.hidden / kBlockK},
-          gate_up_tiles, p);
+      return {TileKind::routed_gate_up, w.m_block, w.n_tile, w.expert, p.hidden / kBlockK};
     }
     if (t < routed_down_begin) {
       const sched::TileCoord c =
           sched::grouped_tile(t - shared_down_begin, shared_blocks, down_tiles);
-      return with_width({TileKind::shared_down, c.block, c.n_tile, 0, p.shared_width / kBlockK},
-                        down_tiles, p);
+      return {TileKind::shared_down, c.block, c.n_tile, 0, p.shared_width / kBlockK};
     }
     const TileWork w = routed(t - routed_down_begin, down_tiles, p);
-    return with_width(
-        {TileKind::routed_down, w.m_block, w.n_tile, w.expert, p.intermediate / kBlockK},
-        down_tiles, p);
+    return {TileKind::routed_down, w.m_block, w.n_tile, w.expert, p.intermediate / kBlockK};
   }
 
   // Routed tile i of a phase with n_tiles per row block: experts in order, each expert's row
