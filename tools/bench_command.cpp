@@ -51,8 +51,6 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.overlap_rows = std::atoll(v.c_str());
     else if (a == "--pingpong")
       o.pingpong = v == "1" || v == "yes";
-    else if (a == "--stage-k")
-      o.stage_k = std::atoi(v.c_str());
     else if (a == "--combine-on-dispatch-ctas")
       o.combine_on_dispatch_ctas = v == "1" || v == "yes";
     else if (a == "--ep")

@@ -17,7 +17,6 @@ struct BenchOptions {
   int dispatch_lookahead = -1;            // -1: the megakernel's default
   int64_t overlap_rows = 0;               // routed rows per tile group; 0: the megakernel's default
   bool pingpong = false;                  // ping-pong consumer warpgroups (128-wide tiles)
-  int stage_k = 0;                        // K columns per ring stage (copy path); 0: default
   bool combine_on_dispatch_ctas = false;  // only the dispatch CTAs combine (they need some)
 };
 

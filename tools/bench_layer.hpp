@@ -24,7 +24,6 @@ inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
   fo.dispatch_ctas = o.dispatch_ctas;
   fo.overlap_rows = o.overlap_rows;
   fo.pingpong_consumers = o.pingpong;
-  fo.stage_k = o.stage_k;
   fo.combine_on_dispatch_ctas = o.combine_on_dispatch_ctas;
   return fo;
 }

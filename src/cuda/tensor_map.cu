@@ -27,16 +27,11 @@ PFN_cuTensorMapEncodeTiled_v12000 encoder() {
 
 CUtensorMap encode(const void* base, cuuint32_t rank, const cuuint64_t* dims,
                    const cuuint64_t* strides, const cuuint32_t* box) {
-  if (box[0] != 64 && box[0] != 32)
-    throw Error(ErrorCode::invalid_argument,
-                "tensor map boxes are 64 or 32 BF16 columns wide (one 128B or 64B swizzle span), "
-                "not " + std::to_string(box[0]));
   CUtensorMap map{};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult r = encoder()(
       &map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<void*>(base), dims, strides, box,
-      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-      box[0] == 64 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B,
+      element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     throw Error(ErrorCode::invalid_argument,
@@ -49,18 +44,18 @@ CUtensorMap encode(const void* base, cuuint32_t rank, const cuuint64_t* dims,
 }  // namespace
 
 CUtensorMap make_bf16_map_2d(const void* base, uint64_t rows, uint64_t cols,
-                             uint64_t row_stride_elems, uint32_t box_rows, uint32_t box_cols) {
+                             uint64_t row_stride_elems, uint32_t box_rows) {
   const cuuint64_t dims[2] = {cols, rows};
   const cuuint64_t strides[1] = {row_stride_elems * 2};
-  const cuuint32_t box[2] = {box_cols, box_rows};
+  const cuuint32_t box[2] = {64, box_rows};
   return encode(base, 2, dims, strides, box);
 }
 
 CUtensorMap make_bf16_map_3d(const void* base, uint64_t batches, uint64_t rows, uint64_t cols,
-                             uint32_t box_rows, uint32_t box_cols) {
+                             uint32_t box_rows) {
   const cuuint64_t dims[3] = {cols, rows, batches};
   const cuuint64_t strides[2] = {cols * 2, rows * cols * 2};
-  const cuuint32_t box[3] = {box_cols, box_rows, 1};
+  const cuuint32_t box[3] = {64, box_rows, 1};
   return encode(base, 3, dims, strides, box);
 }
 

@@ -127,7 +127,6 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
   for (const auto& w : ranks) w.reset(stream);
   check_cuda(cudaMemsetAsync(ws_->aborted, 0, sizeof(int), stream), "cudaMemsetAsync");
 
-  const kern::ForwardKernel kernel = detail::forward_kernel(block_n_, options_, row_path_);
   kern::ForwardLaunch launch{};
   launch.ranks = n;
   for (int r = 0; r < n; ++r) {
@@ -141,7 +140,7 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
     if (r != stuck_rank_) rank_options.never_publish_block = -1;
     o.options = &rank_options;
     launch.maps[r] =
-        detail::rank_maps(ranks[size_t(r)], c, batches[size_t(r)], weights[size_t(r)], kernel);
+        detail::rank_maps(ranks[size_t(r)], c, batches[size_t(r)], weights[size_t(r)], block_n_);
     launch.params[r] =
         detail::rank_params(ranks[size_t(r)], c, batches[size_t(r)], outs[size_t(r)], o);
   }
@@ -155,7 +154,7 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
       p.peer_y_slots[q] = other.peer_y_slots[q];
       p.peer_token_done[q] = other.peer_token_done[q];
     }
-  check_cuda(kern::launch_moe_forward(launch, kernel,
+  check_cuda(kern::launch_moe_forward(launch, detail::forward_kernel(block_n_, options_, row_path_),
                                       grid_, stream),
              "the forward megakernel (emulated EP)");
 }

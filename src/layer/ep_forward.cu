@@ -271,10 +271,9 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
   o.wait_cycles = wait_cycles_;
   o.aborted = w.aborted;
   o.options = &options_;
-  const kern::ForwardKernel kernel = detail::forward_kernel(block_n_, options_, row_path_);
   kern::ForwardLaunch launch{};
   launch.ranks = 1;
-  launch.maps[0] = detail::rank_maps(w.rank, c, b, wt, kernel);
+  launch.maps[0] = detail::rank_maps(w.rank, c, b, wt, block_n_);
   kern::ForwardParams& p = launch.params[0];
   p = detail::rank_params(w.rank, c, b, out, o);
   p.y_slots = reinterpret_cast<__nv_bfloat16*>(win + L.y_slots);
@@ -287,7 +286,7 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
     p.peer_y_slots[q] = reinterpret_cast<__nv_bfloat16*>(base + L.y_slots);
     p.peer_token_done[q] = reinterpret_cast<uint32_t*>(base + L.token_done);
   }
-  check_cuda(kern::launch_moe_forward(launch, kernel,
+  check_cuda(kern::launch_moe_forward(launch, detail::forward_kernel(block_n_, options_, row_path_),
                                       grid_, stream),
              "the forward megakernel (EP over NCCL)");
 }

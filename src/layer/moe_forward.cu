@@ -104,12 +104,11 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   o.wait_cycles = wait_cycles_;
   o.aborted = w.aborted;
   o.options = &options_;
-  const kern::ForwardKernel kernel = detail::forward_kernel(block_n_, options_, row_path_);
   kern::ForwardLaunch launch{};
   launch.ranks = 1;
-  launch.maps[0] = detail::rank_maps(w.rank, c, b, wt, kernel);
+  launch.maps[0] = detail::rank_maps(w.rank, c, b, wt, block_n_);
   launch.params[0] = detail::rank_params(w.rank, c, b, out, o);
-  check_cuda(kern::launch_moe_forward(launch, kernel,
+  check_cuda(kern::launch_moe_forward(launch, detail::forward_kernel(block_n_, options_, row_path_),
                                       grid_, stream),
              "the forward megakernel");
 }

@@ -28,8 +28,8 @@ RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_p
 }
 
 kern::ForwardKernel forward_kernel(int block_n, const ForwardOptions& o, RowPath row_path) {
-  const bool in_flight = !o.pingpong_consumers && row_path == RowPath::dispatch_copy;
-  return {block_n, o.pingpong_consumers, in_flight, in_flight && o.stage_k == 32 ? 32 : 64};
+  return {block_n, o.pingpong_consumers,
+          !o.pingpong_consumers && row_path == RowPath::dispatch_copy};
 }
 
 int tile_group_blocks(const ForwardOptions& o) {
@@ -61,14 +61,6 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
           std::string(who) +
               ": pingpong_consumers needs block_n = 128 or 0 (one warpgroup holds a whole "
               "128-row tile: two 64 x 128 accumulators)");
-  require(o.stage_k == 0 || o.stage_k == 64 || o.stage_k == 32, ErrorCode::invalid_argument,
-          std::string(who) + ": stage_k = " + std::to_string(o.stage_k) +
-              ": allowed 0 (automatic), 64 or 32");
-  require(o.stage_k != 32 || forward_kernel(plan.block_n, o, row_path).stage_k == 32,
-          ErrorCode::invalid_argument,
-          std::string(who) + ": stage_k = 32 needs the dispatch-copy row path (rows loaded by "
-                             "TMA, not gathered) and cooperative consumers; the row path is " +
-              row_path_name(row_path) + (o.pingpong_consumers ? " with ping-pong consumers" : ""));
   plan.wait_seconds = o.wait_seconds;
   if (plan.wait_seconds == 0) {
     const char* env = std::getenv("MOK_WAIT_SECONDS");
@@ -216,6 +208,13 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   counters = device_alloc<uint32_t>(counter_words, what);
   fault = device_alloc<kern::ForwardFault>(1, what);
   timings = parts.timings ? device_alloc<unsigned long long>(kern::kForwardTimings, what) : nullptr;
+  routed_x_map = dev::make_bf16_map_2d(routed_x, uint64_t(ring_blocks * kTileRows), uint64_t(H),
+                                       uint64_t(H), kTileRows);
+  act_map =
+      dev::make_bf16_map_2d(act, uint64_t(sched.capacity), uint64_t(I), uint64_t(I), kTileRows);
+  act_shared_map = S ? dev::make_bf16_map_2d(act_shared, uint64_t(sched.token_rows), uint64_t(S),
+                                             uint64_t(S), kTileRows)
+                     : act_map;
 }
 
 void RankBuffers::release() {
@@ -239,29 +238,23 @@ void RankBuffers::reset(cudaStream_t stream) const {
 }
 
 kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceBatch& b,
-                            const DeviceLayerWeights& wt, const kern::ForwardKernel& k) {
+                            const DeviceLayerWeights& wt, int block_n) {
   const uint64_t H = uint64_t(c.hidden), I = uint64_t(c.intermediate),
                  S = uint64_t(c.shared_width()), El = uint64_t(c.experts_per_rank());
-  const uint32_t bn = uint32_t(k.block_n), bk = uint32_t(k.stage_k);  // boxes: one ring stage
-  auto map_2d = [&](const void* base, uint64_t rows, uint64_t cols) {
-    return dev::make_bf16_map_2d(base, rows, cols, cols, kTileRows, bk);
-  };
-  auto map_3d = [&](const void* base, uint64_t batches, uint64_t rows, uint64_t cols,
-                    uint32_t box_rows) {
-    return dev::make_bf16_map_3d(base, batches, rows, cols, box_rows, bk);
-  };
+  const uint32_t bn = uint32_t(block_n);
   kern::ForwardMaps maps;
-  maps.routed_x = map_2d(w.routed_x, uint64_t(w.ring_blocks * kTileRows), H);
-  maps.act = map_2d(w.act, uint64_t(w.sched.capacity), I);
-  maps.act_shared = S ? map_2d(w.act_shared, uint64_t(w.sched.token_rows), S) : maps.act;
-  maps.x = b.tokens > 0 ? map_2d(b.x, uint64_t(b.tokens), H) : maps.routed_x;
-  maps.gate = map_3d(wt.gate, El, I, H, bn / 2);
-  maps.up = map_3d(wt.up, El, I, H, bn / 2);
-  maps.down = map_3d(wt.down, El, H, I, bn);
+  maps.routed_x = w.routed_x_map;
+  maps.act = w.act_map;
+  maps.act_shared = w.act_shared_map;
+  maps.x = b.tokens > 0 ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H, kTileRows)
+                        : w.routed_x_map;
+  maps.gate = dev::make_bf16_map_3d(wt.gate, El, I, H, bn / 2);
+  maps.up = dev::make_bf16_map_3d(wt.up, El, I, H, bn / 2);
+  maps.down = dev::make_bf16_map_3d(wt.down, El, H, I, bn);
   if (S > 0) {
-    maps.shared_gate = map_3d(wt.shared_gate, 1, S, H, bn / 2);
-    maps.shared_up = map_3d(wt.shared_up, 1, S, H, bn / 2);
-    maps.shared_down = map_3d(wt.shared_down, 1, H, S, bn);
+    maps.shared_gate = dev::make_bf16_map_3d(wt.shared_gate, 1, S, H, bn / 2);
+    maps.shared_up = dev::make_bf16_map_3d(wt.shared_up, 1, S, H, bn / 2);
+    maps.shared_down = dev::make_bf16_map_3d(wt.shared_down, 1, H, S, bn);
   } else {
     maps.shared_gate = maps.shared_up = maps.gate;
     maps.shared_down = maps.down;

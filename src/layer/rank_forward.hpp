@@ -26,6 +26,7 @@ struct RankBuffers {
   kern::ForwardFault* fault = nullptr;
   unsigned long long* timings = nullptr;
   int64_t capacity_blocks = 0, ring_blocks = 0, token_blocks = 0;
+  CUtensorMap routed_x_map{}, act_map{}, act_shared_map{};
 
   // Owner tables: built from every source's counts (EP groups, and EpForward even at ep_size 1).
   // Without y_slots the caller provides them (EpForward: in its symmetric window).
@@ -42,10 +43,9 @@ struct RankBuffers {
   void reset(cudaStream_t stream) const;
 };
 
-// Tensor maps of rank `w` for this batch and its local experts' weights, in the boxes of the
-// instantiation `k` (tile width, stage depth).
+// Tensor maps of rank `w` for this batch and its local experts' weights.
 kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceBatch& b,
-                            const DeviceLayerWeights& wt, const kern::ForwardKernel& k);
+                            const DeviceLayerWeights& wt, int block_n);
 
 struct RankLaunchOptions {
   int ep_rank = 0, dispatch_ctas = 1, dispatch_lookahead = 0;

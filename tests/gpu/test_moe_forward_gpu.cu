@@ -49,9 +49,9 @@ mok::Config widest_routing_config() {
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
-  // 0-7, 11, 12, 14-17: dispatch CTAs copy rows first; 8-10, 13: the producers gather them (the
-  // default). 12-14: ping-pong consumers. 15-17: half-depth ring stages (32 columns of K).
-  std::vector<ForwardOptions> options(18);
+  // 0-7, 11, 12, 14: dispatch CTAs copy rows first; 8-10, 13: the producers gather them (the
+  // default). 12-14: ping-pong consumers.
+  std::vector<ForwardOptions> options(15);
   for (ForwardOptions& o : options) o.row_path = RowPath::dispatch_copy;
   for (size_t i : {8, 9, 10, 13}) options[i].row_path = RowPath::producer_gather;
   for (size_t i : {12, 13, 14}) options[i].pingpong_consumers = true;
@@ -72,10 +72,6 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[2].overlap_rows = 128;                // tile groups of one row block ...
   options[5].overlap_rows = 2 * 128;            // ... two
   options[9].overlap_rows = 3 * 128;            // ... three, gathering
-  for (size_t i : {15, 16, 17}) options[i].stage_k = 32;
-  options[16].block_n = 128;
-  options[17].max_ctas = 3, options[17].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
-  options[17].profile_wait_times = true;
   for (const mok::Config& c :
        {mok::preset("tiny"), odd_config(1), odd_config(0), widest_routing_config()}) {
     const mok::LayerParams p = mok::tools::random_params(c, 31);
@@ -122,7 +118,6 @@ TEST(MoeForwardGpu, BitwiseIdenticalAcross20RunsWithInjectedDispatchDelays) {
     o.dispatch_ctas = 1 + int(run % 4);
     o.max_ctas = run % 2 ? 8 : 0;
     o.dispatch_lookahead = run % 3 == 0 ? 8 : 0;
-    o.stage_k = run % 5 < 2 ? 32 : 0;  // half-depth stages in 8 of the 20 runs
     MoeForward delayed(c, o);
     EXPECT_TRUE(same_bits(want, gpu_forward(delayed, c, layer, b))) << "run " << run;
   }
@@ -263,19 +258,6 @@ TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
   combine_without_dispatch.row_path = RowPath::producer_gather;
   combine_without_dispatch.combine_on_dispatch_ctas = true;
   EXPECT_THROW(MoeForward(mok::preset("tiny"), combine_without_dispatch), mok::Error);
-  ForwardOptions half_stages_gathered;
-  half_stages_gathered.row_path = RowPath::producer_gather;
-  half_stages_gathered.stage_k = 32;  // gathered rows fill 64-column stages only
-  EXPECT_THROW(MoeForward(mok::preset("tiny"), half_stages_gathered), mok::Error);
-  ForwardOptions half_stages_pingpong;
-  half_stages_pingpong.row_path = RowPath::dispatch_copy;
-  half_stages_pingpong.pingpong_consumers = true;
-  half_stages_pingpong.stage_k = 32;
-  EXPECT_THROW(MoeForward(mok::preset("tiny"), half_stages_pingpong), mok::Error);
-  ForwardOptions odd_stages;
-  odd_stages.row_path = RowPath::dispatch_copy;
-  odd_stages.stage_k = 48;  // not a swizzle span
-  EXPECT_THROW(MoeForward(mok::preset("tiny"), odd_stages), mok::Error);
 }
 
 // Every standard shape, full size, random weights on the device. Three opinions: the staged

@@ -1,4 +1,4 @@
-// TMA (the bulk tensor copy engine): device-side copies between global memory and swizzled
+// TMA (the bulk tensor copy engine): device-side copies between global memory and 128B-swizzled
 // shared tiles, completing on an mbarrier (loads) or a bulk group (stores).
 #pragma once
 #include <cuda.h>

@@ -1,6 +1,6 @@
 // wgmma (warpgroup MMA, sm_90a): fences, groups, shared-memory descriptors, and the BF16
 // m64n128k16 instruction with FP32 accumulators. A warpgroup (4 consecutive warps from a warp index
-// divisible by 4) issues each one; operands are K-major tiles, 128B- or 64B-swizzled (hopper-gemm.md, 6).
+// divisible by 4) issues each one; operands are K-major 128B-swizzled tiles (hopper-gemm.md, 6).
 #pragma once
 #include <cstdint>
 
@@ -30,16 +30,6 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
 // start >> 4, leading offset 1 (unused for this layout), stride 1024 B between 8-row groups.
 __device__ __forceinline__ uint64_t smem_desc_kmajor_sw128(uint32_t smem_address) {
   return uint64_t((smem_address & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
-}
-// The same with the 64B swizzle (rows of 32 BF16 columns, 512-byte aligned): stride 512 B.
-__device__ __forceinline__ uint64_t smem_desc_kmajor_sw64(uint32_t smem_address) {
-  return uint64_t((smem_address & 0x3FFFFu) >> 4) | (1ull << 16) | (32ull << 32) | (2ull << 62);
-}
-// A tile whose rows are kCols BF16 columns (one swizzle span: 64 or 32).
-template <int kCols>
-__device__ __forceinline__ uint64_t smem_desc_kmajor(uint32_t smem_address) {
-  static_assert(kCols == 64 || kCols == 32, "128B or 64B swizzle spans");
-  return kCols == 64 ? smem_desc_kmajor_sw128(smem_address) : smem_desc_kmajor_sw64(smem_address);
 }
 // Moving a descriptor by `bytes` (a multiple of 16, staying below 256 KB): along K inside a row
 // (32 B per k16 step) or to another 1024-aligned tile.

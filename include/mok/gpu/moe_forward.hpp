@@ -72,10 +72,6 @@ struct ForwardOptions {
   // warpgroups on every tile (64 rows each, 128 x 256 tiles where I allows).
   bool pingpong_consumers = false;
   int block_n = 0;   // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128
-  // K columns per ring stage with the dispatch copy (whose mainloop keeps a wgmma group in
-  // flight): 64, one 128B swizzle span, or 32: twice the stages at half the depth, so the
-  // consumers hold a smaller share of the ring and more bytes stay in flight. 0: automatic (64).
-  int stage_k = 0;
   int max_ctas = 0;  // persistent grid; 0: one CTA per SM
   // Bound of every wait on another CTA or on the TMA; expiry is an error, not a hang. 0: the
   // environment's MOK_WAIT_SECONDS if set (sanitizer runs are ~100x slower), else 2 s.

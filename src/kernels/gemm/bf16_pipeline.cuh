@@ -22,38 +22,28 @@ constexpr uint32_t kTileBytesA = kBlockM * kBlockK * 2;
 static_assert(128 * kProducerRegs + kConsumers * 128 * kConsumerRegs <= kThreads * 168,
               "setmaxnreg budget: the pool of 384 threads x 168 registers (pitfall 4)");
 
-// Per tile width and stage depth (kStageK columns of K per ring stage: 64, one 128B swizzle span,
-// or 32, one 64B span): as many ring stages as ~220 KB of shared memory hold. Half-depth stages
-// keep more bytes in flight (the consumers hold one stage at a time, and with a wgmma group in
-// flight two: a smaller share of the ring).
-template <int kBlockN, int kStageK = kBlockK>
+// Per tile width: as many ring stages as the shared memory holds.
+template <int kBlockN>
 struct TileShape {
   static_assert(kBlockN == 128 || kBlockN == 256, "wgmma m64n128 or m64n256");
-  static_assert(kStageK == 64 || kStageK == 32, "a 128B or 64B swizzle span of K per stage");
-  static constexpr uint32_t kBytesA = kBlockM * kStageK * 2;
-  static constexpr uint32_t kBytesB = kBlockN * kStageK * 2;
-  static constexpr int kStages = int(220 * 1024 / (kBytesA + kBytesB));
-  static constexpr int kSmemBytes = kStages * int(kBytesA + kBytesB) + 1024;  // + alignment
-  static_assert(kStages >= 4 && kStages <= 16, "a ring of 4 to 16 stages");
-  static_assert(kSmemBytes <= 232448 - 4096, "dynamic shared memory of one CTA, static beside it");
-  static_assert(kBytesA % 1024 == 0 && kBytesB % 1024 == 0, "tiles stay 1024-byte aligned");
+  static constexpr uint32_t kBytesB = kBlockN * kBlockK * 2;
+  static constexpr int kStages = kBlockN == 128 ? 6 : 4;
+  static constexpr int kSmemBytes = kStages * int(kTileBytesA + kBytesB) + 1024;  // + alignment
+  static_assert(kSmemBytes <= 232448, "dynamic shared memory of one CTA");
+  static_assert(kTileBytesA % 1024 == 0 && kBytesB % 1024 == 0, "tiles stay 1024-byte aligned");
 };
-static_assert(TileShape<256>::kStages == 4 && TileShape<128>::kStages == 6 &&
-              TileShape<256, 32>::kStages == 9 && TileShape<128, 32>::kStages == 13);
-static_assert(TileShape<256>::kBytesA == kTileBytesA);
 
 // The ring in shared memory: kStages (A, B) tile pairs and their full / empty barriers.
-template <int kBlockN, int kStageK = kBlockK>
+template <int kBlockN>
 struct SmemRing {
-  using Shape = TileShape<kBlockN, kStageK>;
-  static constexpr int kStages = Shape::kStages;
+  static constexpr int kStages = TileShape<kBlockN>::kStages;
   uint8_t* tiles_a;
   uint8_t* tiles_b;
   uint64_t* full;   // the producer's arrive_expect_tx + TMA bytes (+ gathering threads' copies)
   uint64_t* empty;  // one arrival per consumer warp
 
-  __device__ uint8_t* a(int stage) const { return tiles_a + stage * Shape::kBytesA; }
-  __device__ uint8_t* b(int stage) const { return tiles_b + stage * Shape::kBytesB; }
+  __device__ uint8_t* a(int stage) const { return tiles_a + stage * kTileBytesA; }
+  __device__ uint8_t* b(int stage) const { return tiles_b + stage * TileShape<kBlockN>::kBytesB; }
 
   // By the whole CTA, before any role starts. full_arrivals: 1 for one producer thread, more when
   // producer threads gather A rows themselves (each then arrives on every stage). empty_arrivals:
@@ -70,7 +60,7 @@ struct SmemRing {
       }
       dev::mbar_fence_init();
     }
-    return {smem, smem + kStages * Shape::kBytesA, full, empty};
+    return {smem, smem + kStages * kTileBytesA, full, empty};
   }
 };
 
@@ -88,10 +78,9 @@ __device__ __forceinline__ bool acquire_stage(const SmemRing<kBlockN>& ring,
 // A consumer's wait for stage c to land (false: the bounded wait expired). With `timed`
 // (profiling) the wait adds to waited_ns; with `gathered`, A was written by cp.async (generic
 // proxy), so the async proxy is fenced before wgmma reads it.
-template <int kBlockN, int kStageK>
+template <int kBlockN>
 __device__ __forceinline__ bool wait_stage_full(
-    const SmemRing<kBlockN, kStageK>& ring,
-    const dev::RingCursor<TileShape<kBlockN, kStageK>::kStages>& c,
+    const SmemRing<kBlockN>& ring, const dev::RingCursor<TileShape<kBlockN>::kStages>& c,
     uint64_t wait_cycles, bool timed, uint64_t* waited_ns, bool gathered) {
   const uint64_t start = timed ? dev::global_ns() : 0;
   if (!dev::mbar_wait(&ring.full[c.stage], c.phase, wait_cycles)) return false;
@@ -110,11 +99,9 @@ __device__ __forceinline__ bool wait_stage_full(
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
 // timed / waited_ns / gathered: as for wait_stage_full; first_waited_ns also gets the first
 // stage's wait (starved at the tile boundary).
-// kStageK: the ring's stage depth (TileShape).
-template <int kBlockN, bool kInFlight = false, int kStageK = kBlockK>
-__device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2],
-                                         const SmemRing<kBlockN, kStageK>& ring,
-                                         dev::RingCursor<TileShape<kBlockN, kStageK>::kStages>& c,
+template <int kBlockN, bool kInFlight = false>
+__device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
+                                         dev::RingCursor<TileShape<kBlockN>::kStages>& c,
                                          int k_blocks, int wg, uint64_t wait_cycles,
                                          bool timed = false, uint64_t* waited_ns = nullptr,
                                          bool gathered = false,
@@ -128,13 +115,13 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2],
       return false;
     }
     if (timed && kb == 0 && first_waited_ns) *first_waited_ns += *waited_ns - before;
-    // This warpgroup's 64 rows start 64 rows of 2 * kStageK bytes into the A tile.
+    // This warpgroup's 64 rows start 64 * 128 bytes into the A tile.
     const uint64_t da =
-        dev::smem_desc_kmajor<kStageK>(dev::smem_addr(ring.a(c.stage) + wg * 64 * 2 * kStageK));
-    const uint64_t db = dev::smem_desc_kmajor<kStageK>(dev::smem_addr(ring.b(c.stage)));
+        dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage) + wg * 64 * 128));
+    const uint64_t db = dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.b(c.stage)));
     dev::wgmma_fence();
 #pragma unroll
-    for (int k = 0; k < kStageK / 16; ++k)
+    for (int k = 0; k < kBlockK / 16; ++k)
       dev::wgmma_bf16<kBlockN>(d, dev::smem_desc_advance(da, 32 * k),
                                dev::smem_desc_advance(db, 32 * k), kb > 0 || k > 0);
     dev::wgmma_commit();
@@ -196,9 +183,9 @@ __device__ __forceinline__ bool mma_tile_128(float (&top)[kBlockN / 2],
 // A warpgroup whose 64 rows are all padding passes the tile's stages on without multiplying: the
 // other warpgroup then has the SM's tensor cores to itself. It still waits for each stage to land,
 // so the producer never refills a stage the TMA is writing.
-template <int kBlockN, int kStageK = kBlockK>
-__device__ __forceinline__ bool skip_tile(const SmemRing<kBlockN, kStageK>& ring,
-                                          dev::RingCursor<TileShape<kBlockN, kStageK>::kStages>& c,
+template <int kBlockN>
+__device__ __forceinline__ bool skip_tile(const SmemRing<kBlockN>& ring,
+                                          dev::RingCursor<TileShape<kBlockN>::kStages>& c,
                                           int k_blocks, uint64_t wait_cycles) {
   for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
     if (!dev::mbar_wait(&ring.full[c.stage], c.phase, wait_cycles)) return false;

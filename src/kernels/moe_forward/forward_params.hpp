@@ -138,7 +138,6 @@ struct ForwardKernel {
   int block_n = 256;
   bool pingpong = false;
   bool mma_in_flight = false;
-  int stage_k = 64;  // K columns per ring stage: 64, or 32 (in-flight mainloop, TMA-loaded rows)
 };
 
 // Once per device, before launches: the shared-memory opt-in, and how many CTAs fit on one SM

@@ -83,16 +83,12 @@ __device__ __forceinline__ int64_t next_producer_tile(const ForwardParams& p,
 // arrive. A gathering thread's arrival is counted by cp.async (noinc) when its copies land; the
 // leader's copies get an extra (uncounted) arrival before its arrive_expect_tx for B, so the phase
 // cannot complete before they land either.
-// kStageK: the ring's stage depth; only 64-column stages are gathered into (GatherRows), so
-// with 32 the host never sets gather_rows (rank_forward.cu) and this role never gathers.
-template <int kBlockN, int kStageK>
+template <int kBlockN>
 __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const ForwardParams& p,
-                                              const SmemRing<kBlockN, kStageK>& ring,
+                                              const SmemRing<kBlockN>& ring,
                                               const TileQueue& queue) {
-  using Shape = TileShape<kBlockN, kStageK>;
-  const ForwardTiles<kBlockN, kStageK> tiles = ForwardTiles<kBlockN, kStageK>::make(p);
-  dev::RingCursor<Shape::kStages> cursor;
-  const bool gathering = kStageK == kBlockK && p.gather_rows;
+  const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
+  dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
   const int warp = int(threadIdx.x % 128) / 32, lane = int(threadIdx.x % 32);
   const bool leader = warp == 0 && lane == 0;
   RoleTimer timer(p);
@@ -105,7 +101,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       return;
     }
     const TileWork w = tiles.at(t, p);
-    const bool gather = gathering && gathers_rows(p, w);
+    const bool gather = gathers_rows(p, w);
     const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
     const uint32_t* ready = nullptr;
     uint32_t needed = 0;
@@ -165,9 +161,9 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                       sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden
                 : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
-    const uint32_t bytes = (gather ? 0u : Shape::kBytesA) + Shape::kBytesB;
+    const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
-      if (!leader && !gathering) continue;  // only the leader arrives
+      if (!leader && !p.gather_rows) continue;  // only the leader arrives
       const uint64_t since = timer.now();
       if (!dev::mbar_wait(&ring.empty[cursor.stage], cursor.phase ^ 1u, p.wait_cycles)) {
         record_fault(p, kRoleProducerRing, t);
@@ -188,14 +184,14 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       if (!leader) continue;
       dev::mbar_arrive_expect_tx(bar, bytes);
       uint8_t* tile_b = ring.b(cursor.stage);
-      const int32_t k = kb * kStageK;
-      if (!gather) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, k, a_row);
+      if (!gather) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
       if (b_up_map) {  // block_n / 2 gate rows, then the up rows of the same outputs
         const int32_t row = w.n_tile * (kBlockN / 2);
-        dev::tma_load_3d(tile_b, b_map, bar, k, row, w.expert);
-        dev::tma_load_3d(tile_b + Shape::kBytesB / 2, b_up_map, bar, k, row, w.expert);
+        dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, row, w.expert);
+        dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, b_up_map, bar, kb * kBlockK, row,
+                         w.expert);
       } else {
-        dev::tma_load_3d(tile_b, b_map, bar, k, w.n_tile * kBlockN, w.expert);
+        dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, w.n_tile * kBlockN, w.expert);
       }
     }
     if (!__all_sync(0xFFFFFFFFu, ok)) return;
@@ -345,12 +341,11 @@ struct ConsumerTimes {
 
 // Cooperative consumers: both warpgroups work on every tile, 64 rows each (kMmaInFlight: see
 // mma_tile).
-template <int kBlockN, bool kMmaInFlight, int kStageK>
-__device__ __forceinline__ bool consumer_role(const ForwardParams& p,
-                                              const SmemRing<kBlockN, kStageK>& ring,
+template <int kBlockN, bool kMmaInFlight>
+__device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
                                               const TileQueue& queue) {
-  const ForwardTiles<kBlockN, kStageK> tiles = ForwardTiles<kBlockN, kStageK>::make(p);
-  dev::RingCursor<TileShape<kBlockN, kStageK>::kStages> cursor;
+  const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
+  dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
   const int wg = threadIdx.x / 128;
   float d[kBlockN / 2];
   ConsumerTimes times(p);
@@ -374,7 +369,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p,
     const TileWork w = tiles.at(t, p);
     int row0 = int(w.m_block * kBlockM + wg * 64);
     if (all_padding(p, w, row0)) {  // the last rows of an expert's segment, or past the tokens
-      if (!skip_tile(ring, cursor, w.k_blocks, p.wait_cycles)) {
+      if (!skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles)) {
         record_fault(p, kRoleConsumer, t);
         return false;
       }
@@ -383,11 +378,11 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p,
         publish_warpgroup(act_counter(p, w), wg);
       continue;
     }
-    const bool gathered = kStageK == kBlockK && gathers_rows(p, w);
+    const bool gathered = gathers_rows(p, w);
     // A down tile's row destinations are loaded before its mainloop: with the L2 saturated their
     // latency would otherwise open the epilogue while the tensor cores idle.
     const DownRows destinations = is_gate_up(w) ? DownRows{-1, -1} : down_rows(p, w, row0);
-    if (!mma_tile<kBlockN, kMmaInFlight, kStageK>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles,
+    if (!mma_tile<kBlockN, kMmaInFlight>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles,
                                          times.timer.on, &times.starved, gathered,
                                          &times.starved_first)) {
       record_fault(p, kRoleConsumer, t);

@@ -21,12 +21,9 @@ static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRe
 // The grid is split into launch.ranks contiguous shares, one per logical rank (one share for a
 // real EP rank); inside a share the first dispatch_ctas CTAs dispatch, then join the others in the
 // GEMMs. kMmaInFlight: the cooperative consumers keep one wgmma group in flight (mma_tile).
-// kStageK: K columns per ring stage (TileShape; 32 only without the producer gather).
-template <int kBlockN, bool kPingPong, bool kMmaInFlight, int kStageK>
+template <int kBlockN, bool kPingPong, bool kMmaInFlight>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
-  using Shape = TileShape<kBlockN, kStageK>;
-  static_assert(!kPingPong || kStageK == kBlockK, "ping-pong consumers read 64-column stages");
   const int per_rank = int(gridDim.x) / launch.ranks;
   const int rank = min(int(blockIdx.x) / per_rank, launch.ranks - 1);
   const int cta = int(blockIdx.x) - rank * per_rank;  // the last rank also takes the remainder
@@ -45,15 +42,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (p.timings && threadIdx.x == 0) atomicAdd(p.timings + kDispatchCtasJoined, 1ull);
   }
   extern __shared__ uint8_t smem_raw[];
-  __shared__ uint64_t full[Shape::kStages], empty[Shape::kStages];
+  __shared__ uint64_t full[TileShape<kBlockN>::kStages], empty[TileShape<kBlockN>::kStages];
   __shared__ int64_t queue_index[kTileQueueDepth];
   __shared__ uint64_t queue_full[kTileQueueDepth], queue_empty[kTileQueueDepth];
   __shared__ uint64_t mainloop_done[kConsumers];  // ping-pong only
   // Producer: one warp (its lane 0 arrives), or with gather_rows the whole warpgroup (every thread
   // arrives on every stage; warps 1-3 read the tile queue too).
-  const bool gather = kStageK == kBlockK && p.gather_rows != 0;
-  const auto ring = SmemRing<kBlockN, kStageK>::make(
-      smem_raw, full, empty, gather ? kGatherFullArrivals : 1, kPingPong ? 4 : kConsumers * 4);
+  const bool gather = p.gather_rows != 0;
+  const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty, gather ? kGatherFullArrivals : 1,
+                                            kPingPong ? 4 : kConsumers * 4);
   const TileQueue queue{queue_index, queue_full, queue_empty};
   if (threadIdx.x == 0) {
     queue.init(gather ? kGatherWarps - 1 : 0);
@@ -63,7 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x / 128 == kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kForwardProducerRegs));
-    if (gather || threadIdx.x % 128 < 32) producer_role(maps, p, ring, queue);
+    if (gather || threadIdx.x % 128 < 32) producer_role<kBlockN>(maps, p, ring, queue);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));
@@ -87,12 +84,11 @@ __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch lau
   }
 }
 
-// The instantiations: ping-pong (block_n 128 only), cooperative with either mainloop, and the
-// in-flight mainloop over half-depth stages.
-template <int kBlockN, bool kPingPong, bool kMmaInFlight, int kStageK = kBlockK>
+// The instantiations: ping-pong (block_n 128 only), and cooperative with either mainloop.
+template <int kBlockN, bool kPingPong, bool kMmaInFlight>
 struct Variant {
-  static constexpr auto kernel = moe_forward_kernel<kBlockN, kPingPong, kMmaInFlight, kStageK>;
-  static constexpr int smem = TileShape<kBlockN, kStageK>::kSmemBytes;
+  static constexpr auto kernel = moe_forward_kernel<kBlockN, kPingPong, kMmaInFlight>;
+  static constexpr int smem = TileShape<kBlockN>::kSmemBytes;
   static cudaError_t prepare(int* ctas_per_sm) {
     if (cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -108,15 +104,7 @@ struct Variant {
 // Calls f with the Variant of k (false: no such instantiation).
 template <class F>
 bool with_variant(const ForwardKernel& k, F&& f) {
-  if (k.stage_k != kBlockK) {
-    if (k.stage_k != 32 || k.pingpong || !k.mma_in_flight) return false;
-    if (k.block_n == 256)
-      f(Variant<256, false, true, 32>{});
-    else if (k.block_n == 128)
-      f(Variant<128, false, true, 32>{});
-    else
-      return false;
-  } else if (k.pingpong) {
+  if (k.pingpong) {
     if (k.block_n != 128 || k.mma_in_flight) return false;
     f(Variant<128, true, false>{});
   } else if (k.block_n == 256) {
@@ -142,8 +130,6 @@ cudaError_t launch_moe_forward(const ForwardLaunch& launch, const ForwardKernel&
   if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)
     return cudaErrorInvalidValue;
   if (!with_variant(k, [](auto) {})) return cudaErrorInvalidValue;  // before any launch
-  for (int r = 0; r < launch.ranks; ++r)  // only 64-column stages take gathered rows
-    if (k.stage_k != kBlockK && launch.params[r].gather_rows) return cudaErrorInvalidValue;
   row_destination_kernel<<<dim3(unsigned(grid / launch.ranks), unsigned(launch.ranks)), 256, 0,
                            stream>>>(launch);
   with_variant(k, [&](auto v) { decltype(v)::launch(launch, grid, stream); });

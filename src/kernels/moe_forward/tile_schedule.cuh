@@ -77,8 +77,7 @@ __device__ __forceinline__ int64_t routed_row_destination(const ForwardParams& p
   return sched::RowDestination::pack(src, slot);
 }
 
-// kStageK: K columns per ring stage (TileShape), so each tile's k_blocks are stages.
-template <int kBlockN, int kStageK = kBlockK>
+template <int kBlockN>
 struct ForwardTiles {
   int64_t shared_blocks;
   int gate_up_tiles, shared_gate_up_tiles, down_tiles;                      // n-tiles per row block
@@ -103,19 +102,19 @@ struct ForwardTiles {
   __device__ TileWork at(int64_t t, const ForwardParams& p) const {
     if (t < routed_gate_up_begin) {
       const sched::TileCoord c = sched::grouped_tile(t, shared_blocks, shared_gate_up_tiles);
-      return {TileKind::shared_gate_up, c.block, c.n_tile, 0, p.hidden / kStageK};
+      return {TileKind::shared_gate_up, c.block, c.n_tile, 0, p.hidden / kBlockK};
     }
     if (t < shared_down_begin) {
       const TileWork w = routed(t - routed_gate_up_begin, gate_up_tiles, p);
-      return {TileKind::routed_gate_up, w.m_block, w.n_tile, w.expert, p.hidden / kStageK};
+      return {TileKind::routed_gate_up, w.m_block, w.n_tile, w.expert, p.hidden / kBlockK};
     }
     if (t < routed_down_begin) {
       const sched::TileCoord c =
           sched::grouped_tile(t - shared_down_begin, shared_blocks, down_tiles);
-      return {TileKind::shared_down, c.block, c.n_tile, 0, p.shared_width / kStageK};
+      return {TileKind::shared_down, c.block, c.n_tile, 0, p.shared_width / kBlockK};
     }
     const TileWork w = routed(t - routed_down_begin, down_tiles, p);
-    return {TileKind::routed_down, w.m_block, w.n_tile, w.expert, p.intermediate / kStageK};
+    return {TileKind::routed_down, w.m_block, w.n_tile, w.expert, p.intermediate / kBlockK};
   }
 
   // Routed tile i of a phase with n_tiles per row block: experts in order, each expert's row
