@@ -230,8 +230,8 @@ void dispatch_role(Group& g, int rank, TokenRing& ring, bool backward) {
       if (loc.source_rank < 0) continue;
       const Window& peer = *g.windows[size_t(loc.source_rank)];
       const int e = sched::global_expert(rank, loc.local_expert, L);
-      r.slot = peer.schedule
-                   ->sorted[size_t(peer.schedule->offsets[size_t(e)] + loc.index_in_source_group)];
+      r.slot = sched::source_slot(peer.schedule->offsets.data(), peer.schedule->sorted.data(), e,
+                                  loc.index_in_source_group);
       const int64_t t = sched::slot_token(r.slot, c.top_k);
       std::copy_n(&peer.batch->x[size_t(t * H)], H, ring.x(row));
       if (backward) {

@@ -138,6 +138,13 @@ MOK_HD SourceIndex source_of_segment_row(int64_t row, int l, const int64_t* segm
   return {src, offset - sb[src]};
 }
 
+// The (token, k) slot of a routed row on its source rank: entry index_in_source_group of that
+// source's sorted slots for the row's (global) expert. offsets / sorted: the source's schedule.
+MOK_HD int32_t source_slot(const int32_t* offsets, const int32_t* sorted, int global_expert,
+                           int64_t index_in_source_group) {
+  return sorted[offsets[global_expert] + index_in_source_group];
+}
+
 MOK_HD RoutedRow locate_routed_row(int64_t row, const int64_t* segment_begin,
                                    const int64_t* segment_rows, const int64_t* source_begin,
                                    int experts_per_rank, int ep_size) {

@@ -72,7 +72,8 @@ __device__ __forceinline__ int64_t routed_row_destination(const ForwardParams& p
   if (r.source_rank >= 0) {
     src = r.source_rank;
     const int global_expert = sched::global_expert(p.ep_rank, expert, p.experts);
-    slot = p.peer_sorted[src][p.peer_offsets[src][global_expert] + r.index_in_source_group];
+    slot = sched::source_slot(p.peer_offsets[src], p.peer_sorted[src], global_expert,
+                              r.index_in_source_group);
   }
   return sched::RowDestination::pack(src, slot);
 }
