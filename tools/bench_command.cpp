@@ -51,6 +51,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.overlap_rows = std::atoll(v.c_str());
     else if (a == "--pingpong")
       o.pingpong = v == "1" || v == "yes";
+    else if (a == "--sustain")
+      o.sustain_seconds = std::max(0.0, std::atof(v.c_str()));
     else if (a == "--combine-on-dispatch-ctas")
       o.combine_on_dispatch_ctas = v == "1" || v == "yes";
     else if (a == "--ep")
@@ -70,8 +72,9 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
 #if defined(MOK_WITH_CUDA_KERNELS)
 namespace {
 
-// Dense BF16 GEMM 8192^3 (cuBLAS) and a device-to-device copy of 2 GiB, measured now.
-Ceilings measure_ceilings(cublasHandle_t h) {
+// Dense BF16 GEMM 8192^3 (cuBLAS) and a device-to-device copy of 2 GiB, measured now (with
+// sustain_seconds > 0 the GEMM also runs back to back that long, for power and clock sampling).
+Ceilings measure_ceilings(cublasHandle_t h, double sustain_seconds) {
   const int n = 8192;
   DeviceArray<__nv_bfloat16> a(size_t(n) * n), b(size_t(n) * n), c(size_t(n) * n);
   cuda_ok(gpu::fill_uniform_bf16(a.ptr, int64_t(n) * n, 1, 1.0f, nullptr), "fill");
@@ -83,6 +86,7 @@ Ceilings measure_ceilings(cublasHandle_t h) {
                  CUBLAS_GEMM_DEFAULT);
   };
   median_ms(gemm, 3);
+  if (sustain_seconds > 0) sustain("cuBLAS dense 8192^3", sustain_seconds, gemm);
   Ceilings r;
   r.bf16_tflops = 2.0 * n * double(n) * n / (median_ms(gemm, 10) * 1e-3) * 1e-12;
   const size_t bytes = size_t(1) << 31;
@@ -160,6 +164,11 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
     std::sort(v.begin(), v.end());
     return v.empty() ? 0.0 : v[v.size() / 2];
   };
+  if (o.sustain_seconds > 0) {  // after the rounds: the same state as the timed runs
+    const std::string shape = name + " T = " + std::to_string(tokens);
+    sustain(shape + " mok forward", o.sustain_seconds, run);
+    sustain(shape + " cuBLAS unfused", o.sustain_seconds, run_baseline);
+  }
   r.ms = middle(mine);
   r.baseline_ms = middle(theirs);
   r.other_path_ms = middle(others);
@@ -232,7 +241,7 @@ Ceilings measure_ceilings_now() {
   cublasHandle_t h;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
     throw Error(ErrorCode::unsupported, "cublasCreate failed");
-  const Ceilings c = measure_ceilings(h);
+  const Ceilings c = measure_ceilings(h, 0);
   cublasDestroy(h);
   return c;
 }
@@ -269,7 +278,7 @@ int bench_command(const BenchOptions& o) {
       "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<Row> rows;
   for (const auto& [name, tokens] : shapes) {
-    const Ceilings ceil = measure_ceilings(h);
+    const Ceilings ceil = measure_ceilings(h, o.sustain_seconds);
     const Row r = bench_shape(name, preset(name), tokens, o.iterations, ceil, o);
     rows.push_back(r);
     std::printf(

@@ -18,6 +18,8 @@ struct BenchOptions {
   int64_t overlap_rows = 0;               // routed rows per tile group; 0: the megakernel's default
   bool pingpong = false;                  // ping-pong consumer warpgroups (128-wide tiles)
   bool combine_on_dispatch_ctas = false;  // only the dispatch CTAs combine (they need some)
+  double sustain_seconds = 0;  // > 0: each shape's forward, its cuBLAS pipeline and the dense
+                               // GEMM also run back to back this long (EP = 1; for nvidia-smi)
 };
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args);

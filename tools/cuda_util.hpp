@@ -1,9 +1,11 @@
-// Small CUDA helpers of the CLI's GPU paths: error checks that throw, owned device buffers, and
-// median timing with events.
+// Small CUDA helpers of the CLI's GPU paths: error checks that throw, owned device buffers, median
+// timing with events, and sustained runs.
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -57,6 +59,30 @@ double median_ms(F&& f, int iterations) {
   cudaEventDestroy(b);
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
+}
+
+// f back to back for `seconds` (power and clock sampling: nvidia-smi beside it); prints one line,
+// "sustained <what>: <first> to <last> s since the epoch, <n> runs, <ms> ms each", and returns the
+// mean ms per run.
+template <class F>
+double sustain(const std::string& what, double seconds, F&& f) {
+  using clock = std::chrono::system_clock;
+  auto epoch_s = [](clock::time_point t) {
+    return std::chrono::duration<double>(t.time_since_epoch()).count();
+  };
+  cuda_ok(cudaDeviceSynchronize(), "before a sustained run");
+  const clock::time_point start = clock::now();
+  int runs = 0;
+  while (std::chrono::duration<double>(clock::now() - start).count() < seconds) {
+    for (int i = 0; i < 8; ++i, ++runs) f();  // a few queued at a time: no gaps between runs
+    cuda_ok(cudaDeviceSynchronize(), "sustained run");
+  }
+  const clock::time_point end = clock::now();
+  const double ms = std::chrono::duration<double, std::milli>(end - start).count() / runs;
+  std::printf("sustained %s: %.3f to %.3f s since the epoch, %d runs, %.3f ms each\n",
+              what.c_str(), epoch_s(start), epoch_s(end), runs, ms);
+  std::fflush(stdout);
+  return ms;
 }
 
 }  // namespace mok::tools
