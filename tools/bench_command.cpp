@@ -51,6 +51,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.overlap_rows = std::atoll(v.c_str());
     else if (a == "--pingpong")
       o.pingpong = v == "1" || v == "yes";
+    else if (a == "--ring-rows")
+      o.ring_rows = std::atoll(v.c_str());
     else if (a == "--sustain")
       o.sustain_seconds = std::max(0.0, std::atof(v.c_str()));
     else if (a == "--combine-on-dispatch-ctas")
@@ -117,6 +119,8 @@ struct Row {
 Row bench_shape(const std::string& name, Config c, int64_t tokens, int iterations,
                 const Ceilings& ceil, const BenchOptions& o) {
   c.max_tokens_per_rank = int(tokens);
+  c.ring_rows = o.ring_rows;
+  c.validate();
   const int64_t H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
                 K = c.top_k;
   const BenchLayer data(c, int(E), tokens, 0);

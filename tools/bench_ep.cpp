@@ -193,6 +193,8 @@ int bench_ep_command(const BenchOptions& o) {
     Config c = preset(name);
     c.max_tokens_per_rank = int(tokens);
     c.ep_size = n;
+    c.ring_rows = o.ring_rows;  // the EP ranks' rings (EP = 1 beside them keeps the capacity)
+    c.validate();
     const int El = c.num_experts / n;
     const int64_t H = c.hidden;
     // EP = 1 on GPU 0 first (it needs every expert's weights there), with its ceilings.
@@ -203,6 +205,7 @@ int bench_ep_command(const BenchOptions& o) {
       ceil = measure_ceilings_now();
       Config c1 = c;
       c1.ep_size = 1;
+      c1.ring_rows = 0;
       BenchLayer one(c1, c1.num_experts, tokens, 1000);
       gpu::MoeForward f(c1);
       auto run1 = [&] { f.forward(one.batch(), one.weights(), one.out.ptr, nullptr); };

@@ -35,6 +35,7 @@ const char* kUsage =
     "                               or gather (the GEMM producers gather the rank's rows from x;\n"
     "                               under EP dispatch CTAs bring the peers' rows)\n"
     "      [--overlap-rows N]       routed rows per tile group (a multiple of 128; default 1024)\n"
+    "      [--ring-rows N]          token ring rows (a multiple of 128; default: the capacity)\n"
     "      [--pingpong 1]           ping-pong consumer warpgroups (128 x 128 tiles)\n"
     "      [--combine-on-dispatch-ctas 1]  only the dispatch CTAs combine (needs dispatch CTAs)\n"
     "      [--sustain S]            also run the dense GEMM, each forward and its cuBLAS\n"
