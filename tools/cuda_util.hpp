@@ -79,8 +79,8 @@ double sustain(const std::string& what, double seconds, F&& f) {
   }
   const clock::time_point end = clock::now();
   const double ms = std::chrono::duration<double, std::milli>(end - start).count() / runs;
-  std::printf("sustained %s: %.3f to %.3f s since the epoch, %d runs, %.3f ms each\n",
-              what.c_str(), epoch_s(start), epoch_s(end), runs, ms);
+  std::printf("sustained %s: %.3f to %.3f s since the epoch, %d runs, %.3f ms each\n", what.c_str(),
+              epoch_s(start), epoch_s(end), runs, ms);
   std::fflush(stdout);
   return ms;
 }
