@@ -53,7 +53,11 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.pingpong = v == "1" || v == "yes";
     else if (a == "--ring-rows")
       o.ring_rows = std::atoll(v.c_str());
-    else if (a == "--sustain")
+    else if (a == "--routing") {
+      if (v != "random" && v != "balanced")
+        throw UsageError("--routing takes random or balanced, not '" + v + "'");
+      o.balanced_routing = v == "balanced";
+    } else if (a == "--sustain")
       o.sustain_seconds = std::max(0.0, std::atof(v.c_str()));
     else if (a == "--combine-on-dispatch-ctas")
       o.combine_on_dispatch_ctas = v == "1" || v == "yes";
@@ -123,7 +127,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   c.validate();
   const int64_t H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
                 K = c.top_k;
-  const BenchLayer data(c, int(E), tokens, 0);
+  const BenchLayer data(c, int(E), tokens, 0, o.balanced_routing);
   gpu::ForwardOptions fo = bench_forward_options(o);
   fo.dispatch_lookahead = o.dispatch_lookahead;
   gpu::MoeForward f(c, fo);
@@ -274,6 +278,10 @@ int bench_command(const BenchOptions& o) {
       "ceilings re-measured before each "
       "shape\n\n",
       prop.name, o.iterations);
+  if (o.balanced_routing)
+    std::printf(
+        "Routing: balanced (slot (t, k) to expert (t K + k) mod E: every expert T K / E "
+        "rows), not random.\n\n");
   std::printf(
       "| shape | T | rows/expert | forward ms | TFLOP/s | %% of BF16 peak | roofline ms (bound) | "
       "%% of roofline | cuBLAS unfused TFLOP/s | mok / cuBLAS | mok staged TFLOP/s | outputs "

@@ -17,6 +17,7 @@ struct BenchOptions {
   int dispatch_lookahead = -1;            // -1: the megakernel's default
   int64_t overlap_rows = 0;               // routed rows per tile group; 0: the megakernel's default
   int64_t ring_rows = 0;                  // token ring rows (Config::ring_rows); 0: the capacity
+  bool balanced_routing = false;          // every expert T K / E rows (BenchLayer), not random
   bool pingpong = false;                  // ping-pong consumer warpgroups (128-wide tiles)
   bool combine_on_dispatch_ctas = false;  // only the dispatch CTAs combine (they need some)
   double sustain_seconds = 0;  // > 0: each shape's forward, its cuBLAS pipeline and the dense

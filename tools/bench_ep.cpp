@@ -183,6 +183,10 @@ int bench_ep_command(const BenchOptions& o) {
                                  "table names it)",
       use_nccl ? (std::to_string(int(nvlink_gbps)) + " GB/s GPU0->GPU1 measured").c_str()
                : "not used");
+  if (o.balanced_routing)
+    std::printf(
+        "Routing: balanced (each rank's slot (t, k) to expert (t K + k) mod E: every "
+        "expert T K / E rows from each rank), not random.\n\n");
   std::printf(
       "| shape | T per rank | EP ms | EP ms, wall | TFLOP/s per GPU | EP=1 ms (same T, one GPU) | "
       "EP=1 "
@@ -206,7 +210,7 @@ int bench_ep_command(const BenchOptions& o) {
       Config c1 = c;
       c1.ep_size = 1;
       c1.ring_rows = 0;
-      BenchLayer one(c1, c1.num_experts, tokens, 1000);
+      BenchLayer one(c1, c1.num_experts, tokens, 1000, o.balanced_routing);
       gpu::MoeForward f(c1);
       auto run1 = [&] { f.forward(one.batch(), one.weights(), one.out.ptr, nullptr); };
       median_ms(run1, 3);
@@ -218,7 +222,8 @@ int bench_ep_command(const BenchOptions& o) {
     std::vector<std::vector<int32_t>> ids_host;
     for (int r = 0; r < n; ++r) {
       cuda_ok(cudaSetDevice(use_nccl ? r : 0), "cudaSetDevice");
-      ranks.push_back(std::make_unique<BenchLayer>(c, El, tokens, 100 * uint64_t(r + 1)));
+      ranks.push_back(
+          std::make_unique<BenchLayer>(c, El, tokens, 100 * uint64_t(r + 1), o.balanced_routing));
       ids_host.push_back(ranks.back()->ids.to_host());
     }
     cuda_ok(cudaSetDevice(0), "cudaSetDevice");

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "bench_command.hpp"
 #include "cuda_util.hpp"
@@ -31,12 +32,14 @@ inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
 // A layer share and a batch on the current device, random as every benchmark draws them: the
 // shared experts, `experts` routed experts, `t` tokens routed over all c.num_experts. `seed`
 // offsets the routed weights and the batch (ranks of an EP group differ; 0 for EP = 1).
+// balanced: slot (token, k) goes to expert (token K + k) mod E instead (distinct per token), so
+// every expert gets t K / E rows: with a multiple of 128, no padding and no imbalance.
 struct BenchLayer {
   int64_t tokens;
   DeviceArray<__nv_bfloat16> sg, su, sd, g, u, d, x, out;
   DeviceArray<int32_t> ids;
   DeviceArray<float> w;
-  BenchLayer(const Config& c, int experts, int64_t t, uint64_t seed)
+  BenchLayer(const Config& c, int experts, int64_t t, uint64_t seed, bool balanced = false)
       : tokens(t),
         sg(size_t(c.shared_width() * c.hidden)),
         su(sg.n),
@@ -61,6 +64,13 @@ struct BenchLayer {
     cuda_ok(gpu::fill_uniform_bf16(x.ptr, t * H, seed + 17, 1.0f, nullptr), "fill");
     cuda_ok(gpu::random_topk(ids.ptr, w.ptr, t, c.num_experts, c.top_k, seed + 18, nullptr),
             "random_topk");
+    if (balanced) {
+      std::vector<int32_t> host(ids.n);
+      for (size_t i = 0; i < host.size(); ++i) host[i] = int32_t(i % size_t(c.num_experts));
+      cuda_ok(
+          cudaMemcpy(ids.ptr, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
+          "cudaMemcpy");
+    }
   }
   gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
   gpu::DeviceLayerWeights weights() const { return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr}; }

@@ -36,6 +36,8 @@ const char* kUsage =
     "                               under EP dispatch CTAs bring the peers' rows)\n"
     "      [--overlap-rows N]       routed rows per tile group (a multiple of 128; default 1024)\n"
     "      [--ring-rows N]          token ring rows (a multiple of 128; default: the capacity)\n"
+    "      [--routing R]            random (default) or balanced: slot (t, k) to expert\n"
+    "                               (t K + k) mod E, every expert T K / E rows\n"
     "      [--pingpong 1]           ping-pong consumer warpgroups (128 x 128 tiles)\n"
     "      [--combine-on-dispatch-ctas 1]  only the dispatch CTAs combine (needs dispatch CTAs)\n"
     "      [--sustain S]            EP = 1: also run the dense GEMM, each forward and its\n"
