@@ -208,13 +208,12 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   counters = device_alloc<uint32_t>(counter_words, what);
   fault = device_alloc<kern::ForwardFault>(1, what);
   timings = parts.timings ? device_alloc<unsigned long long>(kern::kForwardTimings, what) : nullptr;
-  // A operands in boxes of 64 rows (kern::ForwardMaps).
   routed_x_map = dev::make_bf16_map_2d(routed_x, uint64_t(ring_blocks * kTileRows), uint64_t(H),
-                                       uint64_t(H), kTileRows / 2);
+                                       uint64_t(H), kTileRows);
   act_map =
-      dev::make_bf16_map_2d(act, uint64_t(sched.capacity), uint64_t(I), uint64_t(I), kTileRows / 2);
+      dev::make_bf16_map_2d(act, uint64_t(sched.capacity), uint64_t(I), uint64_t(I), kTileRows);
   act_shared_map = S ? dev::make_bf16_map_2d(act_shared, uint64_t(sched.token_rows), uint64_t(S),
-                                             uint64_t(S), kTileRows / 2)
+                                             uint64_t(S), kTileRows)
                      : act_map;
 }
 
@@ -247,7 +246,7 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
   maps.routed_x = w.routed_x_map;
   maps.act = w.act_map;
   maps.act_shared = w.act_shared_map;
-  maps.x = b.tokens > 0 ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H, kTileRows / 2)
+  maps.x = b.tokens > 0 ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H, kTileRows)
                         : w.routed_x_map;
   maps.gate = dev::make_bf16_map_3d(wt.gate, El, I, H, bn / 2);
   maps.up = dev::make_bf16_map_3d(wt.up, El, I, H, bn / 2);

@@ -30,8 +30,7 @@ struct ForwardFault {
   } records[kForwardRoles];  // the first wait of each role that gave up
 };
 
-// Every operand is a TMA tensor map: K-major, 128B swizzle, boxes of 64 columns; the A operands
-// (x, routed_x, act, act_shared) in boxes of 64 rows, so a tile loads only the rows it multiplies.
+// Every operand is a TMA tensor map: K-major, 128B swizzle, boxes of 64 columns.
 struct ForwardMaps {
   CUtensorMap x;                       // [T, H]: the shared experts' A (rows past T read as zeros)
   CUtensorMap routed_x;                // [capacity, H]: the routed experts' A, written by dispatch

@@ -161,13 +161,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                       sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden
                 : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
-    // A tile whose rows 64-127 are all padding (an expert's short last block, the tokens' last)
-    // loads only its first 64 A rows: its second consumer warpgroup skips it (consumer_role).
-    // `bytes` says which (one register: at 96 the producer has none to spare, ptxas -v).
-    const uint32_t bytes = (gather                                        ? 0u
-                            : all_padding(p, w, w.m_block * kBlockM + 64) ? kTileBytesA / 2
-                                                                          : kTileBytesA) +
-                           TileShape<kBlockN>::kBytesB;
+    const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       if (!leader && !p.gather_rows) continue;  // only the leader arrives
       const uint64_t since = timer.now();
@@ -190,12 +184,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       if (!leader) continue;
       dev::mbar_arrive_expect_tx(bar, bytes);
       uint8_t* tile_b = ring.b(cursor.stage);
-      if (!gather) {  // A in boxes of 64 rows (rank_forward.cu's maps)
-        dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
-        if (bytes == kTileBytesA + TileShape<kBlockN>::kBytesB)  // both halves
-          dev::tma_load_2d(ring.a(cursor.stage) + kTileBytesA / 2, a_map, bar, kb * kBlockK,
-                           a_row + kBlockM / 2);
-      }
+      if (!gather) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
       if (b_up_map) {  // block_n / 2 gate rows, then the up rows of the same outputs
         const int32_t row = w.n_tile * (kBlockN / 2);
         dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, row, w.expert);
@@ -217,6 +206,13 @@ __device__ __forceinline__ void publish_warpgroup(uint32_t* counter, int wg, uin
     dev::fence_proxy_async_global();  // cheap; the reader's fence is the one that matters
     dev::add_release_gpu(counter, add);
   }
+}
+
+// True when rows [row0, row0 + 64) of the tile hold no token (routed: past the expert's count).
+__device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWork& w, int row0) {
+  if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
+    return row0 >= p.tokens;
+  return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
 }
 
 __device__ __forceinline__ bool is_gate_up(const TileWork& w) {

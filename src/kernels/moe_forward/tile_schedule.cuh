@@ -40,14 +40,6 @@ struct TileWork {
   int k_blocks;
 };
 
-// True when rows [row0, row0 + 64) of the tile hold no token (routed: past the expert's count).
-__device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWork& w,
-                                            int64_t row0) {
-  if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
-    return row0 >= p.tokens;
-  return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
-}
-
 // True when the producer warpgroup gathers this tile's A rows (cp.async) instead of TMA-loading
 // them: routed gate/up tiles under RowPath::producer_gather.
 __device__ __forceinline__ bool gathers_rows(const ForwardParams& p, const TileWork& w) {
