@@ -278,10 +278,7 @@ int bench_command(const BenchOptions& o) {
       "ceilings re-measured before each "
       "shape\n\n",
       prop.name, o.iterations);
-  if (o.balanced_routing)
-    std::printf(
-        "Routing: balanced (slot (t, k) to expert (t K + k) mod E: every expert T K / E "
-        "rows), not random.\n\n");
+  print_routing_note(o);
   std::printf(
       "| shape | T | rows/expert | forward ms | TFLOP/s | %% of BF16 peak | roofline ms (bound) | "
       "%% of roofline | cuBLAS unfused TFLOP/s | mok / cuBLAS | mok staged TFLOP/s | outputs "

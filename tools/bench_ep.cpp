@@ -183,10 +183,7 @@ int bench_ep_command(const BenchOptions& o) {
                                  "table names it)",
       use_nccl ? (std::to_string(int(nvlink_gbps)) + " GB/s GPU0->GPU1 measured").c_str()
                : "not used");
-  if (o.balanced_routing)
-    std::printf(
-        "Routing: balanced (each rank's slot (t, k) to expert (t K + k) mod E: every "
-        "expert T K / E rows from each rank), not random.\n\n");
+  print_routing_note(o);
   std::printf(
       "| shape | T per rank | EP ms | EP ms, wall | TFLOP/s per GPU | EP=1 ms (same T, one GPU) | "
       "EP=1 "

@@ -3,6 +3,7 @@
 #include <cuda_bf16.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstdint>
 #include <vector>
 
@@ -75,5 +76,13 @@ struct BenchLayer {
   gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
   gpu::DeviceLayerWeights weights() const { return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr}; }
 };
+
+// What a benchmark prints above its tables when its batches are not random (BenchLayer).
+inline void print_routing_note(const BenchOptions& o) {
+  if (o.balanced_routing)
+    std::printf(
+        "Routing: balanced (each rank's slot (t, k) to expert (t K + k) mod E: every expert gets "
+        "T K / E rows from each rank), not random.\n\n");
+}
 
 }  // namespace mok::tools
