@@ -98,22 +98,16 @@ __device__ __forceinline__ bool wait_stage_full(
 // (mok-default); the forward megakernel picks it with the dispatch copy.
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
 // timed / waited_ns / gathered: as for wait_stage_full; first_waited_ns also gets the first
-// stage's wait (starved at the tile boundary). while_in_flight() runs once, as soon as the most
-// wgmma groups this mainloop keeps in flight are issued (the first, or with kInFlight the first
-// two): work that stalls the warps but not the tensor cores (a fence) goes there.
-struct NothingInFlight {
-  __device__ void operator()() const {}
-};
-template <int kBlockN, bool kInFlight = false, class WhileInFlight = NothingInFlight>
+// stage's wait (starved at the tile boundary).
+template <int kBlockN, bool kInFlight = false>
 __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
                                          dev::RingCursor<TileShape<kBlockN>::kStages>& c,
                                          int k_blocks, int wg, uint64_t wait_cycles,
                                          bool timed = false, uint64_t* waited_ns = nullptr,
-                                         bool gathered = false, uint64_t* first_waited_ns = nullptr,
-                                         WhileInFlight&& while_in_flight = {}) {
+                                         bool gathered = false,
+                                         uint64_t* first_waited_ns = nullptr) {
   const bool arrives = threadIdx.x % 32 == 0;
   int in_flight = -1;  // kInFlight: the stage the last issued wgmma group reads
-  const int in_flight_kb = kInFlight && k_blocks > 1 ? 1 : 0;
   for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
     const uint64_t before = timed ? *waited_ns : 0;
     if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered)) {
@@ -131,7 +125,6 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
       dev::wgmma_bf16<kBlockN>(d, dev::smem_desc_advance(da, 32 * k),
                                dev::smem_desc_advance(db, 32 * k), kb > 0 || k > 0);
     dev::wgmma_commit();
-    if (kb == in_flight_kb) while_in_flight();
     if constexpr (kInFlight) {
       dev::wgmma_wait<1>();
       dev::fence_accumulators(d);

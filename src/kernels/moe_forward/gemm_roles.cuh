@@ -4,9 +4,8 @@
 //    through the async proxy), then TMA-loads A and B k-block by k-block into the ring;
 //  - consumers (two warpgroups): wgmma over the ring, then the tile's epilogue:
 //      gate/up: SwiGLU into act, then +1 on the row block's act counter (per warpgroup);
-//      down:    each row into its (token, k) slot of y_slots (shared: y_shared), then, once the
-//               next tile's first wgmmas run, +1 on the counter of its token, which the combine
-//               waits for.
+//      down:    each row into its (token, k) slot of y_slots (shared: y_shared), then, after the
+//               next tile's mainloop, +1 on the counter of its token, which the combine waits for.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -267,10 +266,9 @@ __device__ __forceinline__ void count_down_row(const ForwardParams& p, bool rout
 
 // The token counts a thread owes for the rows of its last down tile (down_rows; its quad's first
 // lane counts them). The fence before them waits until the tile's stores have landed, under EP
-// across NVLink; nothing but the combine reads the counts, so the cooperative consumers release
-// them inside their next tile's mainloop, once its first wgmma groups are issued: the warps stall
-// on the fence while the tensor cores work. No deadlock: no tile waits on a token counter, and
-// the next tile's loads wait only on earlier tiles (tile_schedule.cuh).
+// across NVLink, while the tensor cores idle; nothing but the combine reads the counts, so the
+// cooperative consumers release them after their next tile's mainloop, by which time the stores
+// have drained. No deadlock: no tile waits on a token counter.
 struct DownRowCounts {
   DownRows rows{-1, -1};
   bool routed = false;
@@ -351,7 +349,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
   const int wg = threadIdx.x / 128;
   float d[kBlockN / 2];
   ConsumerTimes times(p);
-  DownRowCounts owed;  // the last down tile's, released in the next mainloop (or at the end)
+  DownRowCounts owed;  // the last down tile's, released after the next mainloop (or at the end)
   auto release_owed = [&] {
     const uint64_t since = times.timer.now();
     owed.release(p);
@@ -384,15 +382,14 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     // A down tile's row destinations are loaded before its mainloop: with the L2 saturated their
     // latency would otherwise open the epilogue while the tensor cores idle.
     const DownRows destinations = is_gate_up(w) ? DownRows{-1, -1} : down_rows(p, w, row0);
-    // The last down tile's counts are released while this tile's first wgmma groups run: the
-    // fence before them stalls the warps for microseconds, the tensor cores need not wait.
     if (!mma_tile<kBlockN, kMmaInFlight>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles,
                                          times.timer.on, &times.starved, gathered,
-                                         &times.starved_first, [&] { owed.release(p); })) {
+                                         &times.starved_first)) {
       record_fault(p, kRoleConsumer, t);
       return false;
     }
     asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
+    release_owed();
     const uint64_t epilogue_since = times.timer.now();
     if (is_gate_up(w)) {
       store_gate_up<kBlockN>(p, w, d, row0);
