@@ -14,7 +14,7 @@ constexpr int kWarp = 32;
 // A counting sort over chunks of slots: each chunk's counts per expert, then every (chunk, expert)
 // base by a prefix over experts and chunks, then each chunk's slots scattered in slot order.
 // Integer counts only: the table is the same whatever order the blocks run in.
-constexpr int kChunk = 1024;       // slots per chunk
+constexpr int kChunk = 512;        // slots per chunk: the scatter's warp walks it 32 at a time
 constexpr int kMaxExperts = 512;   // the largest E mok takes (Config::validate)
 constexpr int kScanThreads = 512;  // one per expert
 static_assert(kChunk % kWarp == 0 && kScanThreads >= kMaxExperts);
@@ -37,25 +37,43 @@ __global__ void chunk_count_kernel(const int32_t* ids, int64_t slots, int num_ex
 }
 
 // One block, thread e = expert e: its total, the exclusive prefix over experts (offsets), and
-// chunk_counts[c][e] replaced by where chunk c's first slot of expert e goes.
+// chunk_counts[c][e] replaced by where chunk c's first slot of expert e goes. The chunks are read
+// kBatch at a time, every load of a batch issued before its sums and stores (one chunk at a time,
+// each step waited for its load).
 __global__ void __launch_bounds__(kScanThreads)
     chunk_base_kernel(int32_t* chunk_counts, int chunks, int num_experts, int32_t* counts,
                       int32_t* offsets) {
+  constexpr int kBatch = 8;
   __shared__ int32_t warp_sums[dev::kMaxBlockWarps];
   const int e = int(threadIdx.x);
+  int32_t* column = chunk_counts + e;  // chunk c's count of expert e: column[c * num_experts]
+  auto load_batch = [&](int c0, int32_t (&n)[kBatch]) {
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      n[i] = c0 + i < chunks ? column[int64_t(c0 + i) * num_experts] : 0;
+  };
   int32_t total = 0;
   if (e < num_experts)
-    for (int c = 0; c < chunks; ++c) total += chunk_counts[int64_t(c) * num_experts + e];
+    for (int c0 = 0; c0 < chunks; c0 += kBatch) {
+      int32_t n[kBatch];
+      load_batch(c0, n);
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i) total += n[i];
+    }
   int32_t before = dev::block_exclusive_sum(total, warp_sums);
   if (e >= num_experts) return;
   counts[e] = total;
   offsets[e] = before;
   if (e == num_experts - 1) offsets[num_experts] = before + total;
-  for (int c = 0; c < chunks; ++c) {
-    int32_t& slot = chunk_counts[int64_t(c) * num_experts + e];
-    const int32_t n = slot;
-    slot = before;
-    before += n;
+  for (int c0 = 0; c0 < chunks; c0 += kBatch) {
+    int32_t n[kBatch];
+    load_batch(c0, n);
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i)
+      if (c0 + i < chunks) {
+        column[int64_t(c0 + i) * num_experts] = before;
+        before += n[i];
+      }
   }
 }
 

@@ -22,28 +22,24 @@ static_assert(kOwnerTableThreads % 32 == 0 && kOwnerTableThreads <= 32 * dev::kM
 
 // build_segments_block's shared memory.
 struct SegmentScratch {
-  int64_t seg_begin[kMaxEpExperts + 1];      // the owner's segments, for row lookups after the call
-  unsigned long long need[kern::kMaxRanks];  // every owner's padded rows
+  int64_t seg_begin[kMaxEpExperts + 1];  // the owner's segments, for row lookups after the call
+  int64_t need[kern::kMaxRanks];         // every owner's padded rows
+  int64_t owner_begin[kern::kMaxRanks + 1];
   int64_t warp_sums[dev::kMaxBlockWarps];
 };
 
 // The tables of sched::build_segments for `owner` (into global memory and s.seg_begin), and every
 // owner's padded rows in s.need (the capacity verdict), by a whole block of kOwnerTableThreads
-// threads, thread l for local expert l. A block-wide prefix sum replaces one thread's loop over
+// threads, thread l for local expert l. Block-wide prefix sums replace one thread's loop over
 // the experts, each step of which waited for the previous step's global stores (~0.5 us per
-// expert: 105 us for 256 local experts, measured inside the counts exchange).
+// expert: 105 us for 256 local experts, measured inside the counts exchange), and the owners'
+// totals come from a prefix over all experts (an owner's experts are consecutive), not from
+// shared-memory atomics on one address per owner, which queue one behind the other.
 __device__ __forceinline__ void build_segments_block(const int32_t* counts, int ranks, int experts,
                                                      int owner, SegmentScratch& s,
                                                      int64_t* seg_begin, int64_t* segment_rows,
                                                      int64_t* source_begin) {
   const int local = experts / ranks, l = int(threadIdx.x);
-  if (l < ranks) s.need[l] = 0;
-  __syncthreads();
-  for (int e = l; e < experts; e += int(blockDim.x)) {  // integer sums: any order gives the same
-    const int64_t rows = sched::expert_rows(counts, ranks, experts, e);
-    atomicAdd(&s.need[e / local],
-              static_cast<unsigned long long>(sched::pad_to_tile(rows, kTileRows)));
-  }
   int64_t rows = 0;
   if (l < local) {
     int64_t sb[kern::kMaxRanks + 1];  // loads first, then the stores
@@ -57,6 +53,21 @@ __device__ __forceinline__ void build_segments_block(const int32_t* counts, int 
       dev::block_exclusive_sum(sched::pad_to_tile(rows, kTileRows), s.warp_sums, &total);
   if (l < local) s.seg_begin[l] = seg_begin[l] = begin;
   if (l == 0) s.seg_begin[local] = seg_begin[local] = total;
+  if (ranks == 1) {
+    if (l == 0) s.need[0] = total;
+  } else {  // thread e: global expert e; the first expert of owner o notes where o's rows begin
+    static_assert(kOwnerTableThreads >= kMaxEpExperts, "one thread per global expert");
+    const int64_t padded =
+        l < experts
+            ? sched::pad_to_tile(sched::expert_rows(counts, ranks, experts, l), kTileRows)
+            : 0;
+    int64_t all = 0;
+    const int64_t before = dev::block_exclusive_sum(padded, s.warp_sums, &all);
+    if (l < experts && l % local == 0) s.owner_begin[l / local] = before;
+    if (l == 0) s.owner_begin[ranks] = all;
+    __syncthreads();
+    if (l < ranks) s.need[l] = s.owner_begin[l + 1] - s.owner_begin[l];
+  }
   __syncthreads();
 }
 

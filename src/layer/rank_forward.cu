@@ -204,10 +204,17 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   act_shared = S ? device_alloc<__nv_bfloat16>(size_t(sched.token_rows * S), what) : nullptr;
   y_slots = parts.y_slots ? device_alloc<__nv_bfloat16>(size_t(max_t * K * H), what) : nullptr;
   y_shared = S ? device_alloc<__nv_bfloat16>(size_t(max_t * H), what) : nullptr;
+  // What reset() zeroes before each forward, in one allocation: one memset, not three.
   counter_words = size_t(2 * capacity_blocks + token_blocks + max_t + 2);
-  counters = device_alloc<uint32_t>(counter_words, what);
-  fault = device_alloc<kern::ForwardFault>(1, what);
-  timings = parts.timings ? device_alloc<unsigned long long>(kern::kForwardTimings, what) : nullptr;
+  auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
+  const size_t fault_at = round_up(counter_words * sizeof(uint32_t));
+  const size_t timings_at = fault_at + round_up(sizeof(kern::ForwardFault));
+  zeroed_bytes =
+      timings_at + (parts.timings ? kern::kForwardTimings * sizeof(unsigned long long) : 0);
+  auto* zeroed = static_cast<uint8_t*>(device_alloc_bytes(zeroed_bytes, what));
+  counters = reinterpret_cast<uint32_t*>(zeroed);
+  fault = reinterpret_cast<kern::ForwardFault*>(zeroed + fault_at);
+  timings = parts.timings ? reinterpret_cast<unsigned long long*>(zeroed + timings_at) : nullptr;
   routed_x_map = dev::make_bf16_map_2d(routed_x, uint64_t(ring_blocks * kTileRows), uint64_t(H),
                                        uint64_t(H), kTileRows);
   act_map =
@@ -222,19 +229,13 @@ void RankBuffers::release() {
   for (void* p : {(void*)owner_seg_begin, (void*)owner_segment_rows, (void*)owner_source_begin,
                   (void*)owner_tile_expert, (void*)group_status, (void*)row_destination,
                   (void*)routed_x, (void*)act, (void*)act_shared, (void*)y_slots, (void*)y_shared,
-                  (void*)counters, (void*)fault, (void*)timings})
+                  (void*)counters /* with fault and timings */})
     cudaFree(p);
   *this = RankBuffers{};
 }
 
 void RankBuffers::reset(cudaStream_t stream) const {
-  check_cuda(cudaMemsetAsync(counters, 0, counter_words * sizeof(uint32_t), stream),
-             "cudaMemsetAsync");
-  check_cuda(cudaMemsetAsync(fault, 0, sizeof(kern::ForwardFault), stream), "cudaMemsetAsync");
-  if (timings)
-    check_cuda(
-        cudaMemsetAsync(timings, 0, kern::kForwardTimings * sizeof(unsigned long long), stream),
-        "cudaMemsetAsync");
+  check_cuda(cudaMemsetAsync(counters, 0, zeroed_bytes, stream), "cudaMemsetAsync");
 }
 
 kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceBatch& b,
