@@ -47,7 +47,7 @@ __global__ void __launch_bounds__(kScanThreads)
   __shared__ int32_t warp_sums[dev::kMaxBlockWarps];
   const int e = int(threadIdx.x);
   int32_t* column = chunk_counts + e;  // chunk c's count of expert e: column[c * num_experts]
-  auto load_batch = [&](int c0, int32_t(&n)[kBatch]) {
+  auto load_batch = [&](int c0, int32_t (&n)[kBatch]) {
 #pragma unroll
     for (int i = 0; i < kBatch; ++i)
       n[i] = c0 + i < chunks ? column[int64_t(c0 + i) * num_experts] : 0;

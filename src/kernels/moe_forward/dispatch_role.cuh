@@ -80,29 +80,12 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
   const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row
   const uint32_t block_vecs = kBlockM * row_vecs;
   const sched::VectorWalk walk = sched::VectorWalk::make(blockDim.x, row_vecs);
-  // Thread 0 publishes a block after the barrier that starts the next one: its fence waits until
-  // the block's stores have landed, and meanwhile the other warps copy the next block. When
-  // may_gather can wait at all (the ring is reused, or pacing is on) the block is published
-  // before that wait instead, since what it waits for may need the block: the deadlock argument
-  // above is then unchanged.
-  int64_t unpublished = -1;
-  auto publish = [&](int64_t block) {
-    injected_delay(p.delay_ns, p.delay_seed, block);
-    if (block != p.never_publish_block) {
-      dev::fence_proxy_async_global();  // the readers are TMA loads (hopper-gemm.md, 13)
-      dev::add_release_gpu(p.x_ready + block, 1);
-    }
-  };
   for (int64_t b = cta; b < blocks; b += ctas) {
-    const bool publish_first = unpublished >= 0 && (b >= p.ring_blocks || p.dispatch_lookahead > 0);
     if (threadIdx.x == 0) {
-      if (publish_first) publish(unpublished);
       paced_ok = may_gather(p, tiles, b);
       if (!paced_ok) record_fault(p, kRoleDispatchPacing, b);
     }
-    __syncthreads();  // also: every thread's stores of the last block precede its release
-    if (threadIdx.x == 0 && unpublished >= 0 && !publish_first) publish(unpublished);
-    unpublished = -1;
+    __syncthreads();
     if (!paced_ok) return false;
     const uint64_t copy_start = timer.now();
     bool copies = false;
@@ -144,11 +127,16 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
       }
       at = pos;
     }
+    __syncthreads();  // every thread's stores precede the release below (it is cumulative)
     timer.add(kTimeDispatchCopying, copy_start);
-    unpublished = b;
+    if (threadIdx.x == 0) {
+      injected_delay(p.delay_ns, p.delay_seed, b);
+      if (b != p.never_publish_block) {
+        dev::fence_proxy_async_global();  // the readers are TMA loads (hopper-gemm.md, 13)
+        dev::add_release_gpu(p.x_ready + b, 1);
+      }
+    }
   }
-  __syncthreads();  // every thread's stores precede the release (it is cumulative)
-  if (threadIdx.x == 0 && unpublished >= 0) publish(unpublished);
   timer.add(kTimeDispatchTotal, start);
   timer.flush(p);
   return true;
