@@ -43,7 +43,7 @@ __global__ void chunk_count_kernel(const int32_t* ids, int64_t slots, int num_ex
 __global__ void __launch_bounds__(kScanThreads)
     chunk_base_kernel(int32_t* chunk_counts, int chunks, int num_experts, int32_t* counts,
                       int32_t* offsets) {
-  constexpr int kBatch = 8;
+  constexpr int kBatch = 32;
   __shared__ int32_t warp_sums[dev::kMaxBlockWarps];
   const int e = int(threadIdx.x);
   int32_t* column = chunk_counts + e;  // chunk c's count of expert e: column[c * num_experts]
