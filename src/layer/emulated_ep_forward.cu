@@ -52,8 +52,7 @@ __global__ void __launch_bounds__(detail::kOwnerTableThreads)
 }  // namespace
 
 struct EmulatedEpForward::Workspace {
-  std::vector<detail::RankBuffers> ranks;
-  int* aborted = nullptr;
+  std::vector<detail::RankBuffers> ranks;  // the group's aborted flag: ranks[0].aborted
 };
 
 EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& options, int stuck_rank)
@@ -80,13 +79,11 @@ EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& opti
     r.allocate(c, {.timings = options.profile_wait_times,
                    .owner_tables = true,
                    .random_ring = options.profile_without_dispatch_copy});
-  w->aborted = detail::device_alloc<int>(1, "cudaMalloc (EmulatedEpForward)");
 }
 
 EmulatedEpForward::~EmulatedEpForward() {
   if (!ws_) return;
   for (auto& r : ws_->ranks) r.release();
-  cudaFree(ws_->aborted);
   delete ws_;
 }
 
@@ -125,7 +122,6 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
   owner_schedule_kernel<<<n, detail::kOwnerTableThreads, 0, stream>>>(a);
   check_cuda(cudaGetLastError(), "the owner schedule kernel");
   for (const auto& w : ranks) w.reset(stream);
-  check_cuda(cudaMemsetAsync(ws_->aborted, 0, sizeof(int), stream), "cudaMemsetAsync");
 
   kern::ForwardLaunch launch{};
   launch.ranks = n;
@@ -135,7 +131,7 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
     o.dispatch_ctas = dispatch_ctas_;
     o.gather_rows = row_path_ == RowPath::producer_gather;
     o.wait_cycles = wait_cycles_;
-    o.aborted = ws_->aborted;
+    o.aborted = ranks[0].aborted;
     ForwardOptions rank_options = options_;
     if (r != stuck_rank_) rank_options.never_publish_block = -1;
     o.options = &rank_options;

@@ -105,7 +105,6 @@ struct EpForward::Workspace {
   detail::RankBuffers rank;
   WindowLayout layout{};
   std::unique_ptr<transport::SymmetricWindow> window;
-  int* aborted = nullptr;
   uint32_t* epoch = nullptr;
   int* barrier = nullptr;  // one process per GPU: the teardown barrier's all-reduce operand
   // The copy of x into the window runs on a side stream forked from the caller's and joined back
@@ -140,7 +139,6 @@ EpForward::EpForward(const Config& c, const ForwardOptions& options, int rank, i
                                .owner_tables = true,
                                .y_slots = false,
                                .random_ring = options.profile_without_dispatch_copy});
-  ws_->aborted = detail::device_alloc<int>(1, "cudaMalloc (EpForward)");
   ws_->epoch = detail::device_alloc<uint32_t>(1, "cudaMalloc (EpForward)");
   check_cuda(cudaMemset(ws_->epoch, 0, sizeof(uint32_t)), "cudaMemset");
   check_cuda(cudaStreamCreateWithFlags(&ws_->side, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -203,7 +201,6 @@ EpForward::~EpForward() {
   cudaSetDevice(device_);
   ws_->window.reset();
   ws_->rank.release();
-  cudaFree(ws_->aborted);
   cudaFree(ws_->epoch);
   cudaFree(ws_->barrier);
   if (ws_->side) cudaStreamDestroy(ws_->side);
@@ -243,7 +240,6 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
   w.rank.reset(stream);
   check_cuda(cudaMemsetAsync(win + L.token_done, 0, size_t(c.max_tokens_per_rank) * 4, stream),
              "cudaMemsetAsync");
-  check_cuda(cudaMemsetAsync(w.aborted, 0, sizeof(int), stream), "cudaMemsetAsync");
 
   if (T > 0) check_cuda(cudaStreamWaitEvent(stream, w.join), "cudaStreamWaitEvent");
   ExchangeArgs a{};
@@ -269,7 +265,7 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
   o.dispatch_ctas = dispatch_ctas_;
   o.gather_rows = row_path_ == RowPath::producer_gather;
   o.wait_cycles = wait_cycles_;
-  o.aborted = w.aborted;
+  o.aborted = w.rank.aborted;
   o.options = &options_;
   kern::ForwardLaunch launch{};
   launch.ranks = 1;

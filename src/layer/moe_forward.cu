@@ -40,7 +40,6 @@ const char* row_path_name(RowPath p) {
 
 struct MoeForward::Workspace {
   detail::RankBuffers rank;
-  int* aborted;
 };
 
 MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
@@ -76,13 +75,11 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options)
   ws_ = w;
   w->rank.allocate(c, {.timings = options.profile_wait_times,
                        .random_ring = options.profile_without_dispatch_copy});
-  w->aborted = device_alloc<int>(1, "cudaMalloc (MoeForward workspace)");
 }
 
 MoeForward::~MoeForward() {
   if (!ws_) return;
   ws_->rank.release();
-  cudaFree(ws_->aborted);
   delete ws_;
 }
 
@@ -95,14 +92,13 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
 
   detail::build_forward_schedule(b, c.top_k, E, w.rank.sched, stream);
   w.rank.reset(stream);
-  check_cuda(cudaMemsetAsync(w.aborted, 0, sizeof(int), stream), "cudaMemsetAsync");
   if (options_.profile_schedule_only) return;
   detail::RankLaunchOptions o;
   o.dispatch_ctas = dispatch_ctas_;
   o.dispatch_lookahead = dispatch_lookahead_;
   o.gather_rows = row_path_ == RowPath::producer_gather;
   o.wait_cycles = wait_cycles_;
-  o.aborted = w.aborted;
+  o.aborted = w.rank.aborted;
   o.options = &options_;
   kern::ForwardLaunch launch{};
   launch.ranks = 1;

@@ -204,16 +204,18 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   act_shared = S ? device_alloc<__nv_bfloat16>(size_t(sched.token_rows * S), what) : nullptr;
   y_slots = parts.y_slots ? device_alloc<__nv_bfloat16>(size_t(max_t * K * H), what) : nullptr;
   y_shared = S ? device_alloc<__nv_bfloat16>(size_t(max_t * H), what) : nullptr;
-  // What reset() zeroes before each forward, in one allocation: one memset, not three.
+  // What reset() zeroes before each forward, in one allocation: one memset, not four.
   counter_words = size_t(2 * capacity_blocks + token_blocks + max_t + 2);
   auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
   const size_t fault_at = round_up(counter_words * sizeof(uint32_t));
-  const size_t timings_at = fault_at + round_up(sizeof(kern::ForwardFault));
+  const size_t aborted_at = fault_at + round_up(sizeof(kern::ForwardFault));
+  const size_t timings_at = aborted_at + round_up(sizeof(int));
   zeroed_bytes =
       timings_at + (parts.timings ? kern::kForwardTimings * sizeof(unsigned long long) : 0);
   auto* zeroed = static_cast<uint8_t*>(device_alloc_bytes(zeroed_bytes, what));
   counters = reinterpret_cast<uint32_t*>(zeroed);
   fault = reinterpret_cast<kern::ForwardFault*>(zeroed + fault_at);
+  aborted = reinterpret_cast<int*>(zeroed + aborted_at);
   timings = parts.timings ? reinterpret_cast<unsigned long long*>(zeroed + timings_at) : nullptr;
   routed_x_map = dev::make_bf16_map_2d(routed_x, uint64_t(ring_blocks * kTileRows), uint64_t(H),
                                        uint64_t(H), kTileRows);
@@ -229,7 +231,7 @@ void RankBuffers::release() {
   for (void* p : {(void*)owner_seg_begin, (void*)owner_segment_rows, (void*)owner_source_begin,
                   (void*)owner_tile_expert, (void*)group_status, (void*)row_destination,
                   (void*)routed_x, (void*)act, (void*)act_shared, (void*)y_slots, (void*)y_shared,
-                  (void*)counters /* with fault and timings */})
+                  (void*)counters /* with fault, aborted and timings */})
     cudaFree(p);
   *this = RankBuffers{};
 }

@@ -21,11 +21,13 @@ struct RankBuffers {
   int64_t* row_destination = nullptr;  // [capacity]: kern::ForwardParams::row_destination
   __nv_bfloat16 *routed_x = nullptr, *act = nullptr, *act_shared = nullptr, *y_slots = nullptr,
                 *y_shared = nullptr;
-  uint32_t* counters = nullptr;  // x_ready | act_ready | act_shared_ready | token_done |
-  size_t counter_words = 0;      // combine_next | tile_next
-  kern::ForwardFault* fault = nullptr;      // in the counters' allocation, after them
-  unsigned long long* timings = nullptr;    // after the fault record
-  size_t zeroed_bytes = 0;                  // counters, fault record and timings together
+  uint32_t* counters = nullptr;         // x_ready | act_ready | act_shared_ready | token_done |
+  size_t counter_words = 0;             // combine_next | tile_next
+  kern::ForwardFault* fault = nullptr;  // in the counters' allocation, after them
+  int* aborted =
+      nullptr;  // then kern::ForwardParams::aborted (an emulated group: its first rank's)
+  unsigned long long* timings = nullptr;  // then the timings
+  size_t zeroed_bytes = 0;                // counters, fault record, aborted and timings together
   int64_t capacity_blocks = 0, ring_blocks = 0, token_blocks = 0;
   CUtensorMap routed_x_map{}, act_map{}, act_shared_map{};
 
@@ -40,7 +42,7 @@ struct RankBuffers {
   };
   void allocate(const Config& c, const Parts& parts);
   void release();
-  // Zeroes the counters, the fault record and the timings (asynchronous).
+  // Zeroes the counters, the fault record, aborted and the timings (asynchronous, one memset).
   void reset(cudaStream_t stream) const;
 };
 

@@ -130,7 +130,8 @@ cudaError_t launch_moe_forward(const ForwardLaunch& launch, const ForwardKernel&
   if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)
     return cudaErrorInvalidValue;
   if (!with_variant(k, [](auto) {})) return cudaErrorInvalidValue;  // before any launch
-  row_destination_kernel<<<dim3(unsigned(grid / launch.ranks), unsigned(launch.ranks)), 256, 0,
+  // Four blocks per SM: each row is a chain of dependent loads, so rows run side by side.
+  row_destination_kernel<<<dim3(unsigned(4 * grid / launch.ranks), unsigned(launch.ranks)), 256, 0,
                            stream>>>(launch);
   with_variant(k, [&](auto v) { decltype(v)::launch(launch, grid, stream); });
   return cudaGetLastError();
