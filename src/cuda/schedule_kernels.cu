@@ -14,7 +14,7 @@ constexpr int kWarp = 32;
 // base by a prefix over chunks (per expert) and over experts, then each chunk's slots scattered
 // in slot order.
 // Integer counts only: the table is the same whatever order the blocks run in.
-constexpr int kChunk = 512;       // slots per chunk: the scatter's warp walks it 32 at a time
+constexpr int kChunk = 256;       // slots per chunk: the scatter's warp walks it 32 at a time
 constexpr int kMaxExperts = 512;  // the largest E mok takes (Config::validate)
 static_assert(kChunk % kWarp == 0 && kMaxExperts % kWarp == 0);
 

@@ -12,7 +12,7 @@ TEST(ScheduleGpu, SourceScheduleMatchesHost) {
   for (int trial = 0; trial < 44; ++trial) {
     int E = 1 + int(rng() % 512), K = 1 + int(rng() % 16);
     int64_t T = trial == 0 ? 0 : int64_t(rng() % 3000);
-    if (trial >= 40) {  // the standard shapes' sizes: many 1024-slot chunks, E up to 512
+    if (trial >= 40) {  // the standard shapes' sizes: many chunks, E up to 512
       const int shapes[4][3] = {{8192, 8, 256}, {8192, 8, 128}, {4096, 8, 512}, {8191, 16, 512}};
       T = shapes[trial - 40][0], K = shapes[trial - 40][1], E = shapes[trial - 40][2];
     }
