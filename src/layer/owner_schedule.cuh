@@ -58,9 +58,8 @@ __device__ __forceinline__ void build_segments_block(const int32_t* counts, int 
   } else {  // thread e: global expert e; the first expert of owner o notes where o's rows begin
     static_assert(kOwnerTableThreads >= kMaxEpExperts, "one thread per global expert");
     const int64_t padded =
-        l < experts
-            ? sched::pad_to_tile(sched::expert_rows(counts, ranks, experts, l), kTileRows)
-            : 0;
+        l < experts ? sched::pad_to_tile(sched::expert_rows(counts, ranks, experts, l), kTileRows)
+                    : 0;
     int64_t all = 0;
     const int64_t before = dev::block_exclusive_sum(padded, s.warp_sums, &all);
     if (l < experts && l % local == 0) s.owner_begin[l / local] = before;
