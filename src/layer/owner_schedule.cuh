@@ -22,14 +22,14 @@ static_assert(kOwnerTableThreads % 32 == 0 && kOwnerTableThreads <= 32 * dev::kM
 
 // build_segments_block's shared memory.
 struct SegmentScratch {
-  int64_t seg_begin[kMaxEpExperts + 1];  // the owner's segments, for row lookups after the call
-  int64_t need[kern::kMaxRanks];         // every owner's padded rows
-  int64_t owner_begin[kern::kMaxRanks + 1];
+  int64_t seg_begin[kMaxEpExperts + 1];      // the owner's segments, for row lookups after the call
+  int64_t owner_begin[kern::kMaxRanks + 1];  // every owner's padded rows: [o, o + 1)
   int64_t warp_sums[dev::kMaxBlockWarps];
+  __device__ int64_t need(int owner) const { return owner_begin[owner + 1] - owner_begin[owner]; }
 };
 
 // The tables of sched::build_segments for `owner` (into global memory and s.seg_begin), and every
-// owner's padded rows in s.need (the capacity verdict), by a whole block of kOwnerTableThreads
+// owner's padded rows in s.need(o) (the capacity verdict), by a whole block of kOwnerTableThreads
 // threads, thread l for local expert l. Block-wide prefix sums replace one thread's loop over
 // the experts, each step of which waited for the previous step's global stores (~0.5 us per
 // expert: 105 us for 256 local experts, measured inside the counts exchange), and the owners'
@@ -53,8 +53,8 @@ __device__ __forceinline__ void build_segments_block(const int32_t* counts, int 
       dev::block_exclusive_sum(sched::pad_to_tile(rows, kTileRows), s.warp_sums, &total);
   if (l < local) s.seg_begin[l] = seg_begin[l] = begin;
   if (l == 0) s.seg_begin[local] = seg_begin[local] = total;
-  if (ranks == 1) {
-    if (l == 0) s.need[0] = total;
+  if (ranks == 1) {  // the prefix above is the only owner's
+    if (l == 0) s.owner_begin[0] = 0, s.owner_begin[1] = total;
   } else {  // thread e: global expert e; the first expert of owner o notes where o's rows begin
     static_assert(kOwnerTableThreads >= kMaxEpExperts, "one thread per global expert");
     const int64_t padded =
@@ -64,8 +64,6 @@ __device__ __forceinline__ void build_segments_block(const int32_t* counts, int 
     const int64_t before = dev::block_exclusive_sum(padded, s.warp_sums, &all);
     if (l < experts && l % local == 0) s.owner_begin[l / local] = before;
     if (l == 0) s.owner_begin[ranks] = all;
-    __syncthreads();
-    if (l < ranks) s.need[l] = s.owner_begin[l + 1] - s.owner_begin[l];
   }
   __syncthreads();
 }
@@ -105,9 +103,9 @@ __device__ void build_owner_tables(const int32_t* counts, int ranks, int experts
         st.rank = src;
       }
     for (int o = 0; o < ranks && st.code == kOk; ++o)
-      if (int64_t(s.need[o]) > capacity) {
+      if (s.need(o) > capacity) {
         st.code = kCapacityExceeded;
-        st.needed_rows = int64_t(s.need[o]);
+        st.needed_rows = s.need(o);
         st.rank = o;
       }
     *out.group_status = st;
