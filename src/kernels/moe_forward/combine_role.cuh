@@ -37,7 +37,55 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
   return v;
 }
 
-template <int kBlockN>
+// One token's reduction, kVecs 16-byte column groups per lane per step: all (K + 1) * kVecs loads
+// of a step are issued before the first FMA, so a step costs one memory latency, not K + 1. The
+// sum's order (shared, then k = 0..K-1, per column) does not depend on kVecs.
+template <int kMaxK, int kVecs>
+__device__ __forceinline__ void reduce_token(const ForwardParams& p, int64_t t, int lane) {
+  float w[kMaxK];
+#pragma unroll
+  for (int k = 0; k < kMaxK; ++k) w[k] = k < p.top_k ? p.topk_weights[t * p.top_k + k] : 0.0f;
+  const int vecs = p.hidden / 8;  // H is a multiple of 64: a multiple of 8 vectors
+  const uint4* y = reinterpret_cast<const uint4*>(p.y_slots + t * p.top_k * p.hidden);
+  const uint4* shared = reinterpret_cast<const uint4*>(p.y_shared + t * p.hidden);
+  uint4* out = reinterpret_cast<uint4*>(p.out + t * p.hidden);
+  for (int v0 = lane; v0 < vecs; v0 += 32 * kVecs) {
+    // Read once: streaming loads (evict first) keep the rest of L2 for the tiles still running.
+    uint4 rows[kVecs][kMaxK], shared_row[kVecs];
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int v = v0 + 32 * j;
+      if (v >= vecs) break;
+#pragma unroll
+      for (int k = 0; k < kMaxK; ++k)
+        if (k < p.top_k) rows[j][k] = __ldcs(y + int64_t(k) * vecs + v);
+      if (p.shared_width > 0) shared_row[j] = __ldcs(shared + v);
+    }
+#pragma unroll
+    for (int j = 0; j < kVecs; ++j) {
+      const int v = v0 + 32 * j;
+      if (v >= vecs) break;
+      float acc[8];
+      if (p.shared_width > 0)
+        unpack8(shared_row[j], acc);
+      else
+        for (float& a : acc) a = 0.0f;
+#pragma unroll
+      for (int k = 0; k < kMaxK; ++k) {
+        if (k >= p.top_k) break;
+        float yk[8];
+        unpack8(rows[j][k], yk);
+#pragma unroll
+        for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w[k], yk[i], acc[i]);
+      }
+      out[v] = pack8(acc);
+    }
+  }
+}
+
+// kWide: two column groups per lane per step where K <= 8. The consumer warps (200 registers)
+// take it; inlined into the dispatch CTAs' branch (the kernel's 168) it made ptxas spill.
+template <int kBlockN, bool kWide>
 __device__ __forceinline__ void combine_role(const ForwardParams& p) {
   if (p.profile_flags & kProfileNoCombine) return;
   const int lane = threadIdx.x % 32;
@@ -47,15 +95,20 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
   RoleTimer timer(p);  // lane 0 reports
   timer.on = timer.on && lane == 0;
   const uint64_t start = timer.now();
+  int64_t t = 0;
+  if (lane == 0) t = atomicAdd(p.combine_next, 1u);
+  t = __shfl_sync(0xFFFFFFFFu, t, 0);
   for (;;) {
-    int64_t t = 0;
-    if (lane == 0) t = atomicAdd(p.combine_next, 1u);
-    t = __shfl_sync(0xFFFFFFFFu, t, 0);
     if (t >= p.tokens) {
       timer.add(kTimeCombineTotal, start);
       timer.flush(p);
       return;
     }
+    // The next token is claimed now and read after this one: the atomic's round trip overlaps
+    // this token's loads. A claimed token is always reduced unless a wait has failed (then the
+    // host raises the error and out is not valid anyway).
+    int64_t next = 0;
+    if (lane == 0) next = atomicAdd(p.combine_next, 1u);
     bool ready = true;
     if (ok && lane == 0) {
       const uint64_t since = timer.now();
@@ -64,42 +117,18 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
       timer.add(kTimeCombineWaits, since);
     }
     if (!__shfl_sync(0xFFFFFFFFu, ready, 0)) return;
-    if (ok) (void)token_done(p, t);  // each lane orders its own reads
-    if (!ok) {
+    if (ok) {
+      (void)token_done(p, t);  // each lane orders its own reads
+      if (kWide && p.top_k <= 8)
+        reduce_token<8, 2>(p, t, lane);
+      else
+        reduce_token<kMaxTopK, 1>(p, t, lane);
+    } else {
       const float nans[8] = {nan, nan, nan, nan, nan, nan, nan, nan};
       for (int v = lane; v < p.hidden / 8; v += 32)
         reinterpret_cast<uint4*>(p.out + t * p.hidden)[v] = pack8(nans);
-      continue;
     }
-    float w[kMaxTopK];
-#pragma unroll
-    for (int k = 0; k < kMaxTopK; ++k) w[k] = k < p.top_k ? p.topk_weights[t * p.top_k + k] : 0.0f;
-    // 8 columns (16 bytes) per lane per step (H is a multiple of 64); all K + 1 rows' loads are
-    // issued before the first FMA, so a step costs one memory latency, not K + 1.
-    const uint4* y = reinterpret_cast<const uint4*>(p.y_slots + t * p.top_k * p.hidden);
-    const uint4* shared = reinterpret_cast<const uint4*>(p.y_shared + t * p.hidden);
-    uint4* out = reinterpret_cast<uint4*>(p.out + t * p.hidden);
-    const int vecs = p.hidden / 8;
-    for (int v = lane; v < vecs; v += 32) {
-      uint4 rows[kMaxTopK];
-#pragma unroll
-      for (int k = 0; k < kMaxTopK; ++k)
-        if (k < p.top_k) rows[k] = y[int64_t(k) * vecs + v];
-      float acc[8];
-      if (p.shared_width > 0)
-        unpack8(shared[v], acc);
-      else
-        for (float& a : acc) a = 0.0f;
-#pragma unroll
-      for (int k = 0; k < kMaxTopK; ++k) {
-        if (k >= p.top_k) break;
-        float yk[8];
-        unpack8(rows[k], yk);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) acc[i] = __fmaf_rn(w[k], yk[i], acc[i]);
-      }
-      out[v] = pack8(acc);
-    }
+    t = __shfl_sync(0xFFFFFFFFu, next, 0);
   }
 }
 

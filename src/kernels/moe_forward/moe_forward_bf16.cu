@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // this CTA. With combine_on_dispatch_ctas (or a failed wait) it combines instead.
     const bool dispatched = !batch_ok(p) || dispatch_role<kBlockN>(p, cta, p.dispatch_ctas);
     if (!dispatched || p.combine_on_dispatch_ctas) {
-      combine_role<kBlockN>(p);
+      combine_role<kBlockN, false>(p);
       return;
     }
     if (p.timings && threadIdx.x == 0) atomicAdd(p.timings + kDispatchCtasJoined, 1ull);
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     finished = pingpong_consumer_role<kBlockN>(p, ring, queue, mainloop_done);
   else
     finished = consumer_role<kBlockN, kMmaInFlight>(p, ring, queue);
-  if (finished && !p.combine_on_dispatch_ctas) combine_role<kBlockN>(p);
+  if (finished && !p.combine_on_dispatch_ctas) combine_role<kBlockN, true>(p);
 }
 
 // Before the megakernel: each routed row's destination (source rank, slot) from the owner and
