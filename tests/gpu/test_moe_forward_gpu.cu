@@ -194,8 +194,8 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   EXPECT_THROW(plain.last_profile(nullptr), mok::Error);
 }
 
-// automatic: the producers gather, unless an option needs the dispatch role or the experts
-// average two or more full row blocks (copy_rows_pays_off).
+// automatic: the producers gather, unless an option needs the dispatch role or rows per expert
+// x I reach 128 x 2048 (copy_rows_pays_off).
 TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {
   MOK_REQUIRE_GPU();
   const mok::Config c = mok::preset("tiny");
@@ -215,8 +215,9 @@ TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {
   o = {};
   o.row_path = RowPath::dispatch_copy;
   EXPECT_GT(MoeForward(c, o).dispatch_ctas(), 0);
-  mok::Config big = c;  // 256 routed rows per expert at the largest batch
-  big.max_tokens_per_rank = 2 * 128 * c.num_experts / c.top_k;
+  mok::Config big = c;  // rows per expert x I = 128 x 2048 at the largest batch
+  big.max_tokens_per_rank = 128 * 2048 / c.intermediate * c.num_experts / c.top_k;
+  ASSERT_EQ(big.max_tokens_per_rank * c.top_k % c.num_experts, 0);
   const MoeForward copying(big);
   EXPECT_EQ(copying.row_path(), RowPath::dispatch_copy);
   EXPECT_GT(copying.dispatch_ctas(), 0);

@@ -25,28 +25,35 @@ enum class RowPath {
 };
 const char* row_path_name(RowPath p);
 
-// Whether the dispatch copy beats the producer gather for batches of max_tokens_per_rank tokens:
-// when the local experts average two or more full 128-row blocks, and under EP (where dispatch
-// CTAs run anyway and the copy only adds the rank's own rows, H bytes for ~6HI FLOPs each) when
-// I >= 2048 too. Rows loaded by TMA starve the consumers less than gathered ones (dsv3 8k: 1.4
-// against 2.0 ms per warpgroup); below that the copy costs more than it saves. Measured on H200s
-// (docs/benchmarks.md, eleventh session), EP = 1, rounds of four calls: the copy 3-5% faster on
-// dsv3 8k (256 rows per expert), on qwen3-30b (512) from 2% slower to 11% faster (mostly 2-8%
-// faster); the gather 2-4% faster on mok-default (32), ~10% on fine (80), and on dsv3 4k (128)
-// from 3% slower to 12% faster. EP = 2: the copy 3-11% faster on dsv3 4k (256 rows per local
-// expert) and 5-6% on dsv3 8k (512); the gather 1-2% faster on qwen3-30b (1024, I = 768) and
-// mok-default (64), 6% on fine (160).
+// Whether the dispatch copy beats the producer gather for batches of max_tokens_per_rank tokens.
+// TMA-loaded rows starve the consumers less than gathered ones (dsv3 8k: 1.4 against 2.0 ms per
+// warpgroup), which pays where an expert has much GEMM work for its rows; below that the copy
+// costs more than it saves. EP = 1: when rows per expert x I reach one full 128-row block at
+// I = 2048. Under EP (dispatch CTAs run anyway; the copy only adds the rank's own rows): two or
+// more full row blocks per local expert and I >= 2048. Measured on H200s (docs/benchmarks.md),
+// EP = 1, the fourteenth session, three alternating rounds, the copy's time against the
+// gather's: dsv3 (I = 2048) 1-2% slower at 96 rows per expert, 1.5-2.2% faster at 128, 2.3-2.8%
+// at 192, 3% at 256; qwen3-30b (I = 768) 9% slower at 128, 3.5-4% slower at 256, 2-8% faster at
+// 512 (eleventh session); fine (I = 512) 9-10% slower at 80 and 160; mok-default (I = 3072, 32
+// rows) 2-4% slower. EP = 2 (eleventh session): the copy 3-11% faster on dsv3 4k (256 rows per
+// local expert) and 5-6% on dsv3 8k (512); the gather 1-2% faster on qwen3-30b (1024, I = 768)
+// and mok-default (64), 6% on fine (160).
 constexpr bool copy_rows_pays_off(int64_t max_tokens_per_rank, int top_k, int experts, int ep_size,
                                   int intermediate) {
   const int64_t rows_per_local_expert = max_tokens_per_rank * ep_size * top_k / experts;
-  return rows_per_local_expert >= 2 * 128 && (ep_size == 1 || intermediate >= 2048);
+  if (ep_size == 1) return rows_per_local_expert * intermediate >= int64_t(128) * 2048;
+  return rows_per_local_expert >= 2 * 128 && intermediate >= 2048;
 }
 static_assert(copy_rows_pays_off(8192, 8, 256, 1, 2048) &&
+              copy_rows_pays_off(4096, 8, 256, 1, 2048) &&
               copy_rows_pays_off(8192, 8, 128, 1, 768));
-static_assert(!copy_rows_pays_off(4096, 8, 256, 1, 2048) &&
+static_assert(!copy_rows_pays_off(3072, 8, 256, 1, 2048) &&
+              !copy_rows_pays_off(4096, 8, 128, 1, 768) &&
+              !copy_rows_pays_off(8192, 10, 512, 1, 512) &&
               !copy_rows_pays_off(4096, 10, 512, 1, 512) &&
               !copy_rows_pays_off(2048, 6, 384, 1, 3072));
 static_assert(copy_rows_pays_off(4096, 8, 256, 2, 2048) &&
+              !copy_rows_pays_off(2048, 8, 256, 2, 2048) &&
               !copy_rows_pays_off(8192, 8, 128, 2, 768) &&
               !copy_rows_pays_off(2048, 6, 384, 2, 3072) &&
               !copy_rows_pays_off(4096, 10, 512, 2, 512));
