@@ -50,7 +50,7 @@ __device__ __forceinline__ void reduce_token(const ForwardParams& p, int64_t t, 
   const uint4* shared = reinterpret_cast<const uint4*>(p.y_shared + t * p.hidden);
   uint4* out = reinterpret_cast<uint4*>(p.out + t * p.hidden);
   for (int v0 = lane; v0 < vecs; v0 += 32 * kVecs) {
-    // Read once: streaming loads (evict first) keep the rest of L2 for the tiles still running.
+    // Each slot is read once: streaming (evict-first) loads.
     uint4 rows[kVecs][kMaxK], shared_row[kVecs];
 #pragma unroll
     for (int j = 0; j < kVecs; ++j) {
