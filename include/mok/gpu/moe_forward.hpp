@@ -34,10 +34,10 @@ const char* row_path_name(RowPath p);
 // EP = 1, the fourteenth session, three alternating rounds, the copy's time against the
 // gather's: dsv3 (I = 2048) 1-2% slower at 96 rows per expert, 1.5-2.2% faster at 128, 2.3-2.8%
 // at 192, 3% at 256; qwen3-30b (I = 768) 9% slower at 128, 3.5-4% slower at 256, 2-8% faster at
-// 512 (eleventh session); fine (I = 512) 9-10% slower at 80 and 160; mok-default (I = 3072, 32
-// rows) 2-4% slower. EP = 2 (eleventh session): the copy 3-11% faster on dsv3 4k (256 rows per
-// local expert) and 5-6% on dsv3 8k (512); the gather 1-2% faster on qwen3-30b (1024, I = 768)
-// and mok-default (64), 6% on fine (160).
+// 512 (eleventh session); fine (I = 512) 9-10% slower at 160, ~10% at 80 (eleventh session);
+// mok-default (I = 3072, 32 rows) 2-4% slower (eleventh session). EP = 2 (eleventh session): the
+// copy 3-11% faster on dsv3 4k (256 rows per local expert) and 5-6% on dsv3 8k (512); the gather
+// 1-2% faster on qwen3-30b (1024, I = 768) and mok-default (64), 6% on fine (160).
 constexpr bool copy_rows_pays_off(int64_t max_tokens_per_rank, int top_k, int experts, int ep_size,
                                   int intermediate) {
   const int64_t rows_per_local_expert = max_tokens_per_rank * ep_size * top_k / experts;
