@@ -105,13 +105,11 @@ void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
   for (int role = 0; role < kern::kForwardRoles; ++role) {
     const auto& r = fault.records[role];
     if (!r.seen) continue;
-    const std::string cta = " (CTA " + std::to_string(r.cta) + ")";
     const std::string what =
         role == kern::kRoleConsumer && r.what < 0
-            ? "a GEMM consumer waiting for its next tile index" + cta
-        : role == kern::kRoleDownCounts && r.what < 0
-            ? "a GEMM consumer waiting for the down-count warp, at the end of its tiles" + cta
-            : std::string(fault_role_name(role)) + " " + std::to_string(r.what) + cta;
+            ? "a GEMM consumer waiting for its next tile index (CTA " + std::to_string(r.cta) + ")"
+            : std::string(fault_role_name(role)) + " " + std::to_string(r.what) + " (CTA " +
+                  std::to_string(r.cta) + ")";
     if (cause.empty())
       cause = what;
     else
@@ -175,9 +173,6 @@ const char* fault_role_name(int role) {
       return "dispatch waiting for the GEMMs to reach the tiles before row block";
     case kern::kRoleProducerRing:
       return "a producer waiting for a free ring stage, at tile";
-    case kern::kRoleDownCounts:
-      return "a GEMM consumer waiting for the down-count warp to take an earlier down tile's "
-             "counts, at row block";
     default:
       return "an unknown role";
   }

@@ -20,9 +20,7 @@ enum ForwardRole : int {
   kRoleDispatchPacing = 4,      // waited for the GEMMs to claim tiles ("what" = the block)
   kRoleConsumer = 5,            // waited for its producer's TMA loads ("what" = the tile)
   kRoleCombine = 6,             // waited for a token's expert outputs ("what" = the token)
-  kRoleDownCounts = 7,          // a consumer waited for the count warp to take a down tile's counts
-                                // ("what" = the row block; -1: the end of the consumer's tiles)
-  kForwardRoles = 8,
+  kForwardRoles = 7,
 };
 
 struct ForwardFault {

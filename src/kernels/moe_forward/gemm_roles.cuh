@@ -12,7 +12,6 @@
 #include <cstdint>
 
 #include "kernels/gemm/bf16_pipeline.cuh"
-#include "kernels/moe_forward/down_count_role.cuh"
 #include "kernels/moe_forward/tile_schedule.cuh"
 #include "mok/device/cp_async.cuh"
 #include "mok/schedule/routing_layout.hpp"
@@ -84,21 +83,13 @@ __device__ __forceinline__ int64_t next_producer_tile(const ForwardParams& p,
 // arrive. A gathering thread's arrival is counted by cp.async (noinc) when its copies land; the
 // leader's copies get an extra (uncounted) arrival before its arrive_expect_tx for B, so the phase
 // cannot complete before they land either.
-// kMayGather false: the dispatch-copy instantiations, which compile the gather out (it needs the
-// registers), and where warp 1 is the count warp (down_count_role.cuh).
-template <int kBlockN, bool kMayGather>
+template <int kBlockN>
 __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const ForwardParams& p,
-                                              const SmemRing<kBlockN>& ring, const TileQueue& queue,
-                                              DownCountQueue& counts) {
-  const int warp = int(threadIdx.x % 128) / 32, lane = int(threadIdx.x % 32);
-  if constexpr (!kMayGather) {
-    if (warp == 1) {
-      down_count_role(p, counts);
-      return;
-    }
-  }
+                                              const SmemRing<kBlockN>& ring,
+                                              const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
+  const int warp = int(threadIdx.x % 128) / 32, lane = int(threadIdx.x % 32);
   const bool leader = warp == 0 && lane == 0;
   RoleTimer timer(p);
   timer.on = timer.on && leader;
@@ -110,7 +101,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       return;
     }
     const TileWork w = tiles.at(t, p);
-    const bool gather = kMayGather && gathers_rows(p, w);
+    const bool gather = gathers_rows(p, w);
     const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
     const uint32_t* ready = nullptr;
     uint32_t needed = 0;
@@ -172,7 +163,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       }
     const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
-      if (!leader && !(kMayGather && p.gather_rows)) continue;  // only the leader arrives
+      if (!leader && !p.gather_rows) continue;  // only the leader arrives
       const uint64_t since = timer.now();
       if (!dev::mbar_wait(&ring.empty[cursor.stage], cursor.phase ^ 1u, p.wait_cycles)) {
         record_fault(p, kRoleProducerRing, t);
@@ -259,6 +250,20 @@ __device__ __forceinline__ DownRows down_rows(const ForwardParams& p, const Tile
   return {at(row), at(row + 8)};
 }
 
+// +1 on the token counter of a stored down row on its source rank (padding: nothing), which the
+// combine waits for. Relaxed: DownRowCounts::release fences once before both of a thread's rows.
+__device__ __forceinline__ void count_down_row(const ForwardParams& p, bool routed,
+                                               int64_t destination) {
+  const int src = sched::RowDestination::rank(destination);
+  if (src < 0) return;
+  const int64_t slot = sched::RowDestination::slot(destination);
+  uint32_t* done = p.peer_token_done[src] + (routed ? slot / p.top_k : slot);
+  if (p.ep_size > 1)
+    dev::add_relaxed_sys(done, 1);  // the source may be another GPU
+  else
+    dev::add_relaxed_gpu(done, 1);
+}
+
 // The token counts a thread owes for the rows of its last down tile (down_rows; its quad's first
 // lane counts them). The fence before them waits until the tile's stores have landed, under EP
 // across NVLink, while the tensor cores idle; nothing but the combine reads the counts, so the
@@ -336,19 +341,15 @@ struct ConsumerTimes {
 
 // Cooperative consumers: both warpgroups work on every tile, 64 rows each (kMmaInFlight: see
 // mma_tile).
-// The token counts of down tiles: with hand_counts (the dispatch-copy row path) the count warp
-// releases them (down_count_role.cuh); else each thread releases its rows' counts itself.
 template <int kBlockN, bool kMmaInFlight>
 __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
-                                              const TileQueue& queue, DownCountQueue& counts,
-                                              bool hand_counts) {
+                                              const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
   const int wg = threadIdx.x / 128;
   float d[kBlockN / 2];
   ConsumerTimes times(p);
   DownRowCounts owed;  // the last down tile's, released after the next mainloop (or at the end)
-  DownCountCursor handed;
   auto release_owed = [&] {
     const uint64_t since = times.timer.now();
     owed.release(p);
@@ -362,7 +363,6 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     times.timer.add(kTimeConsumerWaitsTile, queue_since);
     if (t < 0) {
       release_owed();
-      if (hand_counts) handed.push(p, counts, nullptr);
       times.finish(p);
       return true;
     }
@@ -376,8 +376,6 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       release_owed();
       if (is_gate_up(w))  // its act rows stay unwritten: only skipped down rows read them
         publish_warpgroup(act_counter(p, w), wg);
-      else if (hand_counts)
-        handed.push(p, counts, &w);
       continue;
     }
     const bool gathered = gathers_rows(p, w);
@@ -399,11 +397,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
       publish_warpgroup(act_counter(p, w), wg);
       times.timer.add(kTimeConsumerPublish, publish_since);
     } else {
-      const DownRowCounts stored = store_down<kBlockN>(p, w, d, destinations);
-      if (hand_counts)
-        handed.push(p, counts, &w);
-      else
-        owed = stored;
+      owed = store_down<kBlockN>(p, w, d, destinations);
       times.timer.add(kTimeConsumerEpilogueDown, epilogue_since);
     }
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);

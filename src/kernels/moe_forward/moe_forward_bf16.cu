@@ -46,28 +46,21 @@ __global__ void __launch_bounds__(kThreads, 1)
   __shared__ int64_t queue_index[kTileQueueDepth];
   __shared__ uint64_t queue_full[kTileQueueDepth], queue_empty[kTileQueueDepth];
   __shared__ uint64_t mainloop_done[kConsumers];  // ping-pong only
-  __shared__ DownCountQueue counts;
   // Producer: one warp (its lane 0 arrives), or with gather_rows the whole warpgroup (every thread
-  // arrives on every stage; warps 1-3 read the tile queue too). The instantiations with one wgmma
-  // group in flight run only the dispatch copy (forward_kernel): they compile the gather out, and
-  // there warp 1 of the producer warpgroup, idle otherwise, releases the down tiles' token counts.
-  constexpr bool kMayGather = !kMmaInFlight, kCountWarp = kMmaInFlight;
-  const bool gather = kMayGather && p.gather_rows != 0;
+  // arrives on every stage; warps 1-3 read the tile queue too).
+  const bool gather = p.gather_rows != 0;
   const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty, gather ? kGatherFullArrivals : 1,
                                             kPingPong ? 4 : kConsumers * 4);
   const TileQueue queue{queue_index, queue_full, queue_empty};
   if (threadIdx.x == 0) {
     queue.init(gather ? kGatherWarps - 1 : 0);
-    if (kCountWarp) counts.init();
     for (uint64_t& bar : mainloop_done) dev::mbar_init(&bar, kMainloopDoneArrivals);
     dev::mbar_fence_init();
   }
   __syncthreads();
   if (threadIdx.x / 128 == kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kForwardProducerRegs));
-    const int warp = int(threadIdx.x % 128) / 32;
-    if (gather || warp == 0 || (kCountWarp && warp == 1))
-      producer_role<kBlockN, kMayGather>(maps, p, ring, queue, counts);
+    if (gather || threadIdx.x % 128 < 32) producer_role<kBlockN>(maps, p, ring, queue);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));
@@ -75,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kPingPong)
     finished = pingpong_consumer_role<kBlockN>(p, ring, queue, mainloop_done);
   else
-    finished = consumer_role<kBlockN, kMmaInFlight>(p, ring, queue, counts, kCountWarp);
+    finished = consumer_role<kBlockN, kMmaInFlight>(p, ring, queue);
   if (finished && !p.combine_on_dispatch_ctas) combine_role<kBlockN, true>(p);
 }
 
@@ -137,9 +130,6 @@ cudaError_t launch_moe_forward(const ForwardLaunch& launch, const ForwardKernel&
   if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)
     return cudaErrorInvalidValue;
   if (!with_variant(k, [](auto) {})) return cudaErrorInvalidValue;  // before any launch
-  // The in-flight instantiations compile the producer gather out (the dispatch copy only).
-  for (int r = 0; r < launch.ranks; ++r)
-    if (k.mma_in_flight && launch.params[r].gather_rows) return cudaErrorInvalidValue;
   // Four blocks per SM: each row is a chain of dependent loads, so rows run side by side.
   row_destination_kernel<<<dim3(unsigned(4 * grid / launch.ranks), unsigned(launch.ranks)), 256, 0,
                            stream>>>(launch);
