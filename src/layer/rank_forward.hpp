@@ -21,13 +21,14 @@ struct RankBuffers {
   int64_t* row_destination = nullptr;  // [capacity]: kern::ForwardParams::row_destination
   __nv_bfloat16 *routed_x = nullptr, *act = nullptr, *act_shared = nullptr, *y_slots = nullptr,
                 *y_shared = nullptr;
-  uint32_t* counters = nullptr;         // x_ready | act_ready | act_shared_ready | token_done |
-  size_t counter_words = 0;             // combine_next | tile_next
-  kern::ForwardFault* fault = nullptr;  // in the counters' allocation, after them
-  int* aborted =
-      nullptr;  // then kern::ForwardParams::aborted (an emulated group: its first rank's)
-  unsigned long long* timings = nullptr;  // then the timings
-  size_t zeroed_bytes = 0;                // counters, fault record, aborted and timings together
+  uint32_t* counters = nullptr;  // x_ready | act_ready | act_shared_ready | token_done |
+  size_t counter_words = 0;      // combine_next | tile_next
+  // In the counters' allocation, after them: the fault record, kern::ForwardParams::aborted (an
+  // emulated group uses its first rank's) and the timings.
+  kern::ForwardFault* fault = nullptr;
+  int* aborted = nullptr;
+  unsigned long long* timings = nullptr;
+  size_t zeroed_bytes = 0;  // counters, fault record, aborted and timings together
   int64_t capacity_blocks = 0, ring_blocks = 0, token_blocks = 0;
   CUtensorMap routed_x_map{}, act_map{}, act_shared_map{};
 
