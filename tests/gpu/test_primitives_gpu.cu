@@ -1,10 +1,9 @@
 // Each device primitive on the GPU: TMA loads through an mbarrier ring (swizzle layout and phase
-// bookkeeping), TMA stores, bulk row stores, wgmma against a CPU product, release/acquire handoffs
-// between CTAs, a bounded wait that times out, named barriers and elect_one, and cp.async row
-// gathers tracked by an mbarrier (counted and extra arrivals, zero fill, the 128B swizzle).
+// bookkeeping), TMA stores, wgmma against a CPU product, release/acquire handoffs between CTAs,
+// a bounded wait that times out, named barriers and elect_one, and cp.async row gathers tracked by
+// an mbarrier (counted and extra arrivals, zero fill, the 128B swizzle).
 #include <cuda_bf16.h>
 
-#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -89,30 +88,6 @@ __global__ void store_kernel(const __grid_constant__ CUtensorMap map, int x, int
     tma_store_commit();
     tma_store_wait_all();
   }
-}
-
-// ---- Bulk row stores: smem rows of 256 bytes to scattered global rows, in two laps that reuse the
-// smem after wait_group.read (the forward's staged down epilogue)
-constexpr int kBulkRows = 32, kBulkRowBytes = 256;
-
-__global__ void bulk_rows_kernel(uint8_t* out, const int* dst_rows, const int* bytes, int laps) {
-  __shared__ __align__(128) uint8_t rows[kBulkRows * kBulkRowBytes];
-  for (int lap = 0; lap < laps; ++lap) {
-    if (threadIdx.x < kBulkRows) tma_store_wait_read();  // the last lap's copies have read it
-    __syncthreads();
-    for (int i = threadIdx.x; i < kBulkRows * kBulkRowBytes; i += blockDim.x)
-      rows[i] = uint8_t(i * 7 + lap * 31 + 1);
-    fence_proxy_async_shared();
-    __syncthreads();
-    if (threadIdx.x < kBulkRows) {  // one thread per row, as the quads' first lanes do
-      const int r = lap * kBulkRows + int(threadIdx.x);
-      if (bytes[r] > 0)
-        bulk_store_1d(out + size_t(dst_rows[r]) * kBulkRowBytes,
-                      smem_addr(rows + threadIdx.x * kBulkRowBytes), uint32_t(bytes[r]));
-      tma_store_commit();
-    }
-  }
-  if (threadIdx.x < kBulkRows) tma_store_wait_all();  // smem outlives the copies
 }
 
 // ---- wgmma: D[64x128] = A[64x64] B[128x64]^T from TMA-loaded tiles -----------------------------
@@ -309,36 +284,6 @@ TEST(PrimitivesGpu, TmaStoreWritesTheBoxAndNothingElse) {
       const uint16_t want = inside ? uint16_t((r - kBoxRows) * 64 + (c - 64)) : uint16_t(0xABAB);
       ASSERT_EQ(got[size_t(r * cols + c)], want) << r << " " << c;
     }
-}
-
-TEST(PrimitivesGpu, BulkRowStoresWriteTheirBytesAndNothingElse) {
-  MOK_REQUIRE_GPU();
-  const int laps = 2, out_rows = 3 * kBulkRows;
-  std::vector<int> dst(size_t(laps) * kBulkRows), bytes(dst.size());
-  std::mt19937 rng(11);
-  std::vector<int> order(out_rows);
-  for (int i = 0; i < out_rows; ++i) order[size_t(i)] = i;
-  std::shuffle(order.begin(), order.end(), rng);  // distinct destinations, scattered
-  for (size_t i = 0; i < dst.size(); ++i) {
-    dst[i] = order[i];
-    bytes[i] = 16 * int(rng() % (kBulkRowBytes / 16 + 1));  // 0 (no copy) to the whole row
-  }
-  DeviceBuffer<uint8_t> out(size_t(out_rows) * kBulkRowBytes, 0xEE);  // poisoned
-  DeviceBuffer<int> d(dst), b(bytes);
-  bulk_rows_kernel<<<1, 128>>>(out.ptr, d.ptr, b.ptr, laps);
-  MOK_CUDA_OK(cudaDeviceSynchronize());
-  std::vector<uint8_t> want(size_t(out_rows) * kBulkRowBytes, 0xEE);
-  for (int lap = 0; lap < laps; ++lap)
-    for (int r = 0; r < kBulkRows; ++r) {
-      const size_t i = size_t(lap * kBulkRows + r);
-      for (int c = 0; c < bytes[i]; ++c)
-        want[size_t(dst[i]) * kBulkRowBytes + size_t(c)] =
-            uint8_t((r * kBulkRowBytes + c) * 7 + lap * 31 + 1);
-    }
-  const std::vector<uint8_t> got = out.to_host();
-  for (size_t i = 0; i < got.size(); ++i)
-    ASSERT_EQ(int(got[i]), int(want[i]))
-        << "row " << i / kBulkRowBytes << " byte " << i % kBulkRowBytes;
 }
 
 TEST(PrimitivesGpu, WgmmaBf16MatchesTheCpuProduct) {

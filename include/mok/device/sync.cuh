@@ -10,21 +10,6 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
-// 16 bytes to a shared-memory address (32-bit: a generic pointer would take two registers).
-__device__ __forceinline__ void st_shared_16(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z),
-               "r"(v.w)
-               : "memory");
-}
-
-// threadIdx.x, read where it is used: ptxas cannot hoist this read (volatile), so values derived
-// from it are recomputed there instead of held in registers through a loop.
-__device__ __forceinline__ uint32_t thread_index_here() {
-  uint32_t tid;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  return tid;
-}
-
 // One lane of the warp (the same one for every caller of the warp) returns true.
 __device__ __forceinline__ bool elect_one() {
   uint32_t pred = 0;

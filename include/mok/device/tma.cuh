@@ -40,15 +40,6 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap* map, const void*
       "r"(smem_addr(src)), "r"(x), "r"(y)
       : "memory");
 }
-// `bytes` (a multiple of 16, both addresses 16-byte aligned) from smem to global memory, in the
-// same bulk groups as tma_store_2d; the caller fenced the generic writes
-// (fence_proxy_async_shared).
-// src_smem: a shared-memory address (smem_addr).
-__device__ __forceinline__ void bulk_store_1d(void* dst, uint32_t src_smem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;" ::"l"(dst),
-               "r"(src_smem), "r"(bytes)
-               : "memory");
-}
 __device__ __forceinline__ void tma_store_commit() {
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");
 }

@@ -44,7 +44,6 @@ struct SmemRing {
 
   __device__ uint8_t* a(int stage) const { return tiles_a + stage * kTileBytesA; }
   __device__ uint8_t* b(int stage) const { return tiles_b + stage * TileShape<kBlockN>::kBytesB; }
-  __device__ uint8_t* end() const { return b(kStages); }  // the first byte after the ring
 
   // By the whole CTA, before any role starts. full_arrivals: 1 for one producer thread, more when
   // producer threads gather A rows themselves (each then arrives on every stage). empty_arrivals:
@@ -232,14 +231,16 @@ __device__ __forceinline__ void store_tile(const float (&d)[kBlockN / 2], int ro
   }
 }
 
-// The 16-byte vectors of this thread's two rows (Fragment::row_lo and + 8): the 4 lanes of a quad
-// hold 8 consecutive columns of a row between them, 2 each; an exchange over 4 column groups (3
-// xor-shuffles per row) gives each lane all 8 columns of one group. put(c, lo, hi) gets the vectors
-// that start at tile column c, for the 32-column groups [kFirst, kFirst + kGroups) below `valid`.
-template <int kBlockN, int kFirst, int kGroups, class Put>
-__device__ __forceinline__ void rows_vec16(const float (&d)[kBlockN / 2], int valid, Put put) {
-  static_assert(kBlockN % 32 == 0 && kFirst >= 0 && kFirst + kGroups <= kBlockN / 32,
-                "whole 32-column groups inside the tile");
+// Store epilogue with 16-byte stores (a 4-byte store per 8 rows x 16 bytes costs 4x the store
+// instructions, and wastes NVLink for rows on another GPU): the 4 lanes of a quad hold 8
+// consecutive columns of a row between them, 2 each; an exchange over 4 column groups (3
+// xor-shuffles per row) gives each lane all 8 columns of one group. Same bits as store_tile.
+// lo / hi: this thread's rows (Fragment::row_lo and + 8) at the tile's first column, or nullptr
+// (not stored); `valid` must be a multiple of 32.
+template <int kBlockN>
+__device__ __forceinline__ void store_rows_vec16(const float (&d)[kBlockN / 2], __nv_bfloat16* lo,
+                                                 __nv_bfloat16* hi, int valid) {
+  static_assert(kBlockN % 32 == 0, "whole 32-column groups");
   const int q = int(threadIdx.x % 4);
   auto pack = [](float a, float b) {
     const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
@@ -249,7 +250,7 @@ __device__ __forceinline__ void rows_vec16(const float (&d)[kBlockN / 2], int va
     return i == 0 ? v[0] : i == 1 ? v[1] : i == 2 ? v[2] : v[3];
   };
 #pragma unroll
-  for (int g = kFirst; g < kFirst + kGroups; ++g) {  // fragments j = 4g .. 4g + 3
+  for (int g = 0; g < kBlockN / 32; ++g) {  // 32 columns: fragments j = 4g .. 4g + 3
     if (32 * g >= valid) break;
     uint32_t in_lo[4], in_hi[4], got_lo[4], got_hi[4];
 #pragma unroll
@@ -265,24 +266,14 @@ __device__ __forceinline__ void rows_vec16(const float (&d)[kBlockN / 2], int va
       got_lo[m] = m == 0 ? send_lo : __shfl_xor_sync(0xFFFFFFFFu, send_lo, m);
       got_hi[m] = m == 0 ? send_hi : __shfl_xor_sync(0xFFFFFFFFu, send_hi, m);
     }
-    // word s of the 16 bytes: lane s's columns = got[s ^ q]
-    put(32 * g + 8 * q,
-        make_uint4(pick(got_lo, q), pick(got_lo, 1 ^ q), pick(got_lo, 2 ^ q), pick(got_lo, 3 ^ q)),
-        make_uint4(pick(got_hi, q), pick(got_hi, 1 ^ q), pick(got_hi, 2 ^ q), pick(got_hi, 3 ^ q)));
+    const int c = 32 * g + 8 * q;  // word s of the 16 bytes: lane s's columns = got[s ^ q]
+    if (lo)
+      *reinterpret_cast<uint4*>(lo + c) = make_uint4(pick(got_lo, q), pick(got_lo, 1 ^ q),
+                                                     pick(got_lo, 2 ^ q), pick(got_lo, 3 ^ q));
+    if (hi)
+      *reinterpret_cast<uint4*>(hi + c) = make_uint4(pick(got_hi, q), pick(got_hi, 1 ^ q),
+                                                     pick(got_hi, 2 ^ q), pick(got_hi, 3 ^ q));
   }
-}
-
-// Store epilogue with 16-byte stores (a 4-byte store per 8 rows x 16 bytes costs 4x the store
-// instructions, and wastes NVLink for rows on another GPU). Same bits as store_tile.
-// lo / hi: this thread's rows (Fragment::row_lo and + 8) at the tile's first column, or nullptr
-// (not stored); `valid` must be a multiple of 32.
-template <int kBlockN>
-__device__ __forceinline__ void store_rows_vec16(const float (&d)[kBlockN / 2], __nv_bfloat16* lo,
-                                                 __nv_bfloat16* hi, int valid) {
-  rows_vec16<kBlockN, 0, kBlockN / 32>(d, valid, [&](int c, uint4 v_lo, uint4 v_hi) {
-    if (lo) *reinterpret_cast<uint4*>(lo + c) = v_lo;
-    if (hi) *reinterpret_cast<uint4*>(hi + c) = v_hi;
-  });
 }
 
 // SwiGLU epilogue: the tile's first kBlockN/2 columns are gate rows, the second half the up rows of

@@ -219,10 +219,8 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
 
 // After a warpgroup's epilogue stores: its 128 threads meet, then one releases the counter (by
 // `add`: a tile counts kConsumers, whether two warpgroups or one finished it).
-__device__ __forceinline__ void publish_warpgroup(uint32_t* counter, uint32_t add = 1) {
-  // The barrier id from a fresh thread index: as a value kept from before the tile loop ptxas
-  // spilled it (the consumers' 200 registers).
-  dev::named_barrier_sync(1 + dev::thread_index_here() / 128, 128);
+__device__ __forceinline__ void publish_warpgroup(uint32_t* counter, int wg, uint32_t add = 1) {
+  dev::named_barrier_sync(1 + wg, 128);
   if (threadIdx.x % 128 == 0) {
     dev::fence_proxy_async_global();  // cheap; the reader's fence is the one that matters
     dev::add_release_gpu(counter, add);
@@ -286,15 +284,10 @@ __device__ __forceinline__ void count_down_row(const ForwardParams& p, bool rout
 struct DownRowCounts {
   DownRows rows{-1, -1};
   bool routed = false;
-  // By the whole warp, converged. staged: the rows went out as bulk copies issued by this lane
-  // (store_down_staged).
-  __device__ __forceinline__ void release(const ForwardParams& p, bool staged) {
+  // By the whole warp, converged.
+  __device__ __forceinline__ void release(const ForwardParams& p) {
     __syncwarp();  // memory order: a row's stores (its quad's) before the quad's first lane's fence
     if (threadIdx.x % 4 == 0 && (rows.lo >= 0 || rows.hi >= 0)) {
-      if (staged) {  // the copies' global writes are done, then ordered before the counts
-        dev::tma_store_wait_all();
-        dev::fence_proxy_async_global();
-      }
       if (p.ep_size > 1)
         dev::fence_acq_rel_sys();
       else
@@ -309,88 +302,18 @@ struct DownRowCounts {
 // Down epilogue of this thread's rows (down_rows): each row into its (token, k) slot on its
 // source rank (shared rows: y_shared). Returns the token counts the rows then owe (a row lives in
 // one quad of lanes: all its stores, and its count by the quad's first lane).
-__device__ __forceinline__ __nv_bfloat16* down_row_ptr(const ForwardParams& p, const TileWork& w,
-                                                       int64_t destination, int64_t col0) {
-  const int src = sched::RowDestination::rank(destination);
-  if (src < 0) return nullptr;
-  __nv_bfloat16* base = w.kind == TileKind::routed_down ? p.peer_y_slots[src] : p.y_shared;
-  return base + sched::RowDestination::slot(destination) * p.hidden + col0;
-}
 template <int kBlockN>
 __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, const TileWork& w,
                                                     const float (&d)[kBlockN / 2], DownRows rows) {
   const int64_t col0 = int64_t(w.n_tile) * kBlockN;
+  auto row_ptr = [&](int64_t destination) -> __nv_bfloat16* {
+    const int src = sched::RowDestination::rank(destination);
+    if (src < 0) return nullptr;
+    __nv_bfloat16* base = w.kind == TileKind::routed_down ? p.peer_y_slots[src] : p.y_shared;
+    return base + sched::RowDestination::slot(destination) * p.hidden + col0;
+  };
   static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
-  store_rows_vec16<kBlockN>(d, down_row_ptr(p, w, rows.lo, col0), down_row_ptr(p, w, rows.hi, col0),
-                            p.hidden - int(col0));
-  return {rows, w.kind == TileKind::routed_down};
-}
-
-// Whether the cooperative consumers stage their down tiles (EP = 1; bulk copies to peers over
-// NVLink are not verified yet).
-__device__ __forceinline__ bool staged(const ForwardParams& p) { return p.ep_size == 1; }
-
-// Shared memory of the staged down epilogue: per consumer warpgroup 64 rows of half a tile
-// (kBlockN / 2 BF16 columns, kBlockN bytes), after the ring.
-template <int kBlockN>
-struct DownStaging {
-  static constexpr int kRowBytes = kBlockN;
-  static constexpr int kWarpgroupBytes = 64 * kRowBytes;
-  static constexpr int kBytes = kConsumers * kWarpgroupBytes;
-};
-
-// One half (kHalf columns from kFirst) of a staged down tile: this thread's two rows into its
-// warp's staging rows, then the quad's first lane sends both rows with one bulk copy each. The
-// rows of a warp are its own (16 of them), so the warp alone synchronises: its lanes wait until the
-// first lanes' earlier copies have read the staging, write, fence the generic writes for the copy
-// engine's (async proxy) reads, and meet again before the copies are issued.
-template <int kBlockN, int kFirst>
-__device__ __forceinline__ void stage_down_half(const float (&d)[kBlockN / 2], int valid,
-                                                uint32_t s_lo, uint32_t s_hi, __nv_bfloat16* lo,
-                                                __nv_bfloat16* hi) {
-  constexpr int kHalf = kBlockN / 2;
-  static_assert(kFirst % 32 == 0 && kHalf % 32 == 0);
-  if (kFirst >= valid) return;  // the same for the whole warpgroup
-  const bool sends = threadIdx.x % 4 == 0;
-  if (sends) dev::tma_store_wait_read();
-  __syncwarp();
-  rows_vec16<kBlockN, kFirst / 32, kHalf / 32>(d, valid, [&](int c, uint4 v_lo, uint4 v_hi) {
-    dev::st_shared_16(s_lo + uint32_t(c - kFirst) * 2u, v_lo);
-    dev::st_shared_16(s_hi + uint32_t(c - kFirst) * 2u, v_hi);
-  });
-  dev::fence_proxy_async_shared();
-  __syncwarp();
-  if (sends) {
-    const uint32_t bytes = uint32_t(min(kHalf, valid - kFirst)) * 2u;
-    if (lo) dev::bulk_store_1d(lo + kFirst, s_lo, bytes);
-    if (hi) dev::bulk_store_1d(hi + kFirst, s_hi, bytes);
-    dev::tma_store_commit();
-  }
-}
-
-// Down epilogue through shared memory (EP = 1): each half of the tile is staged and then written
-// by the bulk-copy engine, one copy per row into its (token, k) slot, while the consumers go on to
-// their next mainloop. The direct 16-byte stores (store_down) held both warpgroups in the epilogue,
-// with the tensor cores idle, until the saturated L2 took them. The rows' token counts
-// (DownRowCounts, after the next mainloop) first wait for the copies to complete. Same bits.
-template <int kBlockN>
-__device__ __forceinline__ DownRowCounts store_down_staged(const ForwardParams& p,
-                                                           const TileWork& w,
-                                                           const float (&d)[kBlockN / 2],
-                                                           DownRows rows, uint8_t* staging,
-                                                           int wg) {
-  const int64_t col0 = int64_t(w.n_tile) * kBlockN;
-  const int valid = min(p.hidden - int(col0), kBlockN);  // a multiple of 64
-  constexpr int kRowBytes = DownStaging<kBlockN>::kRowBytes;
-  // This thread's staging rows (its Fragment rows in its warpgroup's 64). The thread index is read
-  // here: ptxas otherwise kept the row offset through the whole tile loop and spilled (200 regs).
-  const uint32_t tid = dev::thread_index_here();
-  const uint32_t row = tid / 128 * 64 + tid % 128 / 32 * 16 + tid % 32 / 4;
-  const uint32_t s_lo = dev::smem_addr(staging) + row * kRowBytes;
-  const uint32_t s_hi = s_lo + 8 * kRowBytes;
-  __nv_bfloat16 *lo = down_row_ptr(p, w, rows.lo, col0), *hi = down_row_ptr(p, w, rows.hi, col0);
-  stage_down_half<kBlockN, 0>(d, valid, s_lo, s_hi, lo, hi);
-  stage_down_half<kBlockN, kBlockN / 2>(d, valid, s_lo, s_hi, lo, hi);
+  store_rows_vec16<kBlockN>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0));
   return {rows, w.kind == TileKind::routed_down};
 }
 
@@ -413,31 +336,23 @@ __device__ __forceinline__ bool next_consumer_tile(const ForwardParams& p, const
 // Its SM clock cycles over the same span give the clock the SM ran at (the GPU is power-capped).
 struct ConsumerTimes {
   RoleTimer timer;
-  uint64_t starved = 0, starved_first = 0;
-  // The span's start goes into the totals at once, negated (finish adds the end): a register
-  // holding it through the whole sequence made ptxas spill.
+  uint64_t start = 0, start_cycles = 0, starved = 0, starved_first = 0;
   __device__ explicit ConsumerTimes(const ForwardParams& p) : timer(p) {
     timer.on = timer.on && threadIdx.x % 128 == 0;
-    if (timer.on) {
-      atomicAdd(p.timings + kTimeConsumerTotal, 0ull - dev::global_ns());
-      atomicAdd(p.timings + kTimeConsumerCycles, 0ull - static_cast<unsigned long long>(clock64()));
-    }
+    start = timer.now();
+    start_cycles = timer.on ? clock64() : 0;
   }
   __device__ void finish(const ForwardParams& p) {
     timer.sums[kTimeConsumerWaitsLoads] = starved;
     timer.sums[kTimeConsumerStarvedFirst] = starved_first;
-    if (timer.on) {
-      timer.sums[kTimeConsumerCycles] = uint64_t(clock64());
-      timer.sums[kTimeConsumerTotal] = dev::global_ns();
-    }
+    if (timer.on) timer.sums[kTimeConsumerCycles] = uint64_t(clock64()) - start_cycles;
+    timer.add(kTimeConsumerTotal, start);
     timer.flush(p);
   }
 };
 
 // Cooperative consumers: both warpgroups work on every tile, 64 rows each (kMmaInFlight: see
 // mma_tile).
-// With EP = 1 the down tiles leave through the DownStaging<kBlockN>::kBytes after the ring
-// (store_down_staged).
 template <int kBlockN, bool kMmaInFlight>
 __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
                                               const TileQueue& queue) {
@@ -449,18 +364,14 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
   DownRowCounts owed;  // the last down tile's, released after the next mainloop (or at the end)
   auto release_owed = [&] {
     const uint64_t since = times.timer.now();
-    owed.release(p, staged(p));
+    owed.release(p);
     times.timer.add(kTimeConsumerEpilogueDown, since);
     times.timer.add(kTimeConsumerEpilogue, since);
-  };
-  auto give_up = [&] {  // the staging must outlive the copies that read it
-    if (threadIdx.x % 4 == 0) dev::tma_store_wait_all();
-    return false;
   };
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
     int64_t t = 0;
     const uint64_t queue_since = times.timer.now();
-    if (!next_consumer_tile(p, queue, q, &t)) return give_up();
+    if (!next_consumer_tile(p, queue, q, &t)) return false;
     times.timer.add(kTimeConsumerWaitsTile, queue_since);
     if (t < 0) {
       release_owed();
@@ -472,11 +383,11 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     if (all_padding(p, w, row0)) {  // the last rows of an expert's segment, or past the tokens
       if (!skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles)) {
         record_fault(p, kRoleConsumer, t);
-        return give_up();
+        return false;
       }
       release_owed();
       if (is_gate_up(w))  // its act rows stay unwritten: only skipped down rows read them
-        publish_warpgroup(act_counter(p, w));
+        publish_warpgroup(act_counter(p, w), wg);
       continue;
     }
     const bool gathered = gathers_rows(p, w);
@@ -487,7 +398,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
                                          times.timer.on, &times.starved, gathered,
                                          &times.starved_first)) {
       record_fault(p, kRoleConsumer, t);
-      return give_up();
+      return false;
     }
     asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
     release_owed();
@@ -495,11 +406,10 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     if (is_gate_up(w)) {
       store_gate_up<kBlockN>(p, w, d, row0);
       const uint64_t publish_since = times.timer.now();
-      publish_warpgroup(act_counter(p, w));
+      publish_warpgroup(act_counter(p, w), wg);
       times.timer.add(kTimeConsumerPublish, publish_since);
     } else {
-      owed = staged(p) ? store_down_staged<kBlockN>(p, w, d, destinations, ring.end(), wg)
-                       : store_down<kBlockN>(p, w, d, destinations);
+      owed = store_down<kBlockN>(p, w, d, destinations);
       times.timer.add(kTimeConsumerEpilogueDown, epilogue_since);
     }
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);

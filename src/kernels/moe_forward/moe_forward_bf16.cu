@@ -88,10 +88,7 @@ __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch lau
 template <int kBlockN, bool kPingPong, bool kMmaInFlight>
 struct Variant {
   static constexpr auto kernel = moe_forward_kernel<kBlockN, kPingPong, kMmaInFlight>;
-  // The cooperative consumers' staged down epilogue takes the shared memory after the ring.
-  static constexpr int smem =
-      TileShape<kBlockN>::kSmemBytes + (kPingPong ? 0 : DownStaging<kBlockN>::kBytes);
-  static_assert(smem + 2048 <= 232448, "dynamic shared memory, and ~1.5 KB of static");
+  static constexpr int smem = TileShape<kBlockN>::kSmemBytes;
   static cudaError_t prepare(int* ctas_per_sm) {
     if (cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);

@@ -72,12 +72,11 @@ __device__ __forceinline__ bool pingpong_consumer_role(const ForwardParams& p,
     if (is_gate_up(w)) {  // padding rows' act stays unwritten: only skipped down rows read it
       if (top_live) store_gate_up<kBlockN>(p, w, top, row0);
       if (bottom_live) store_gate_up<kBlockN>(p, w, bottom, row0 + 64);
-      publish_warpgroup(act_counter(p, w), kConsumers);
+      publish_warpgroup(act_counter(p, w), wg, kConsumers);
     } else if (top_live) {
       // Released at once: the other warpgroup's mainloop keeps the tensor cores busy meanwhile.
-      store_down<kBlockN>(p, w, top, down_rows(p, w, row0)).release(p, false);
-      if (bottom_live)
-        store_down<kBlockN>(p, w, bottom, down_rows(p, w, row0 + 64)).release(p, false);
+      store_down<kBlockN>(p, w, top, down_rows(p, w, row0)).release(p);
+      if (bottom_live) store_down<kBlockN>(p, w, bottom, down_rows(p, w, row0 + 64)).release(p);
     }
   }
 }
