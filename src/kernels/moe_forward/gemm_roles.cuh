@@ -168,8 +168,9 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                       sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden
                 : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
-    // The consumer warpgroup of rows 64-127 skips a tile that holds no token there, so its A box
-    // is not loaded (those smem rows keep stale data that nothing reads).
+    // Nothing multiplies rows 64-127 of a tile that holds no token there (the cooperative
+    // consumers' second warpgroup skips the tile, a ping-pong warpgroup its bottom half), so their
+    // A box is not loaded: those shared-memory rows keep stale data that nothing reads.
     static_assert(kBlockM == 2 * kRowsPerBoxA && kTileBytesA % 2 == 0);
     const bool a_top_only = !gather && all_padding(p, w, int(w.m_block * kBlockM) + kRowsPerBoxA);
     const uint32_t bytes = (gather       ? 0u
