@@ -109,6 +109,13 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
     }
     const TileWork w = tiles.at(t, p);
     const bool gather = gathers_rows(p, w);
+    // Nothing multiplies rows 64-127 of a tile that holds no token there (the cooperative
+    // consumers' second warpgroup skips the tile, a ping-pong warpgroup its bottom half), so their
+    // A box is not loaded: those shared-memory rows keep stale data that nothing reads. Decided
+    // before the wait for the tile's inputs: the schedule it reads was written before the launch,
+    // and read after the acquire its latency delayed the tile's first load.
+    static_assert(kBlockM == 2 * kRowsPerBoxA && kTileBytesA % 2 == 0);
+    const bool a_top_only = !gather && all_padding(p, w, int(w.m_block * kBlockM) + kRowsPerBoxA);
     const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
     const uint32_t* ready = nullptr;
     uint32_t needed = 0;
@@ -168,11 +175,6 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                       sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden
                 : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
-    // Nothing multiplies rows 64-127 of a tile that holds no token there (the cooperative
-    // consumers' second warpgroup skips the tile, a ping-pong warpgroup its bottom half), so their
-    // A box is not loaded: those shared-memory rows keep stale data that nothing reads.
-    static_assert(kBlockM == 2 * kRowsPerBoxA && kTileBytesA % 2 == 0);
-    const bool a_top_only = !gather && all_padding(p, w, int(w.m_block * kBlockM) + kRowsPerBoxA);
     const uint32_t bytes = (gather       ? 0u
                             : a_top_only ? kTileBytesA / 2
                                          : kTileBytesA) +
