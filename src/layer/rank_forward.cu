@@ -218,11 +218,11 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   aborted = reinterpret_cast<int*>(zeroed + aborted_at);
   timings = parts.timings ? reinterpret_cast<unsigned long long*>(zeroed + timings_at) : nullptr;
   routed_x_map = dev::make_bf16_map_2d(routed_x, uint64_t(ring_blocks * kTileRows), uint64_t(H),
-                                       uint64_t(H), kern::kRowsPerBoxA);
-  act_map = dev::make_bf16_map_2d(act, uint64_t(sched.capacity), uint64_t(I), uint64_t(I),
-                                  kern::kRowsPerBoxA);
+                                       uint64_t(H), kTileRows);
+  act_map =
+      dev::make_bf16_map_2d(act, uint64_t(sched.capacity), uint64_t(I), uint64_t(I), kTileRows);
   act_shared_map = S ? dev::make_bf16_map_2d(act_shared, uint64_t(sched.token_rows), uint64_t(S),
-                                             uint64_t(S), kern::kRowsPerBoxA)
+                                             uint64_t(S), kTileRows)
                      : act_map;
 }
 
@@ -249,7 +249,7 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
   maps.routed_x = w.routed_x_map;
   maps.act = w.act_map;
   maps.act_shared = w.act_shared_map;
-  maps.x = b.tokens > 0 ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H, kern::kRowsPerBoxA)
+  maps.x = b.tokens > 0 ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H, kTileRows)
                         : w.routed_x_map;
   maps.gate = dev::make_bf16_map_3d(wt.gate, El, I, H, bn / 2);
   maps.up = dev::make_bf16_map_3d(wt.up, El, I, H, bn / 2);

@@ -31,10 +31,6 @@ struct ForwardFault {
 };
 
 // Every operand is a TMA tensor map: K-major, 128B swizzle, boxes of 64 columns.
-// A operands (x, routed_x, act, act_shared) come in boxes of 64 rows, one consumer warpgroup's: a
-// tile whose last 64 rows hold no token (an expert's short last row block) loads only its first
-// box. Less L2 -> SM traffic, which limits dsv3: 0-1.6% faster there (docs/benchmarks.md).
-constexpr int kRowsPerBoxA = 64;
 struct ForwardMaps {
   CUtensorMap x;                       // [T, H]: the shared experts' A (rows past T read as zeros)
   CUtensorMap routed_x;                // [capacity, H]: the routed experts' A, written by dispatch

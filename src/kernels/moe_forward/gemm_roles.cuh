@@ -77,13 +77,6 @@ __device__ __forceinline__ int64_t next_producer_tile(const ForwardParams& p,
   return __shfl_sync(0xFFFFFFFFu, t, 0);
 }
 
-// True when rows [row0, row0 + 64) of the tile hold no token (routed: past the expert's count).
-__device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWork& w, int row0) {
-  if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
-    return row0 >= p.tokens;
-  return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
-}
-
 // Warp 0's lane 0 (the leader) claims tiles, hands them on, waits for their inputs and issues the
 // TMA loads. With gather_rows every producer thread also copies its A row of routed gate/up tiles
 // and arrives on every stage (kGatherFullArrivals): on the stages of other tiles they simply
@@ -109,13 +102,6 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
     }
     const TileWork w = tiles.at(t, p);
     const bool gather = gathers_rows(p, w);
-    // Nothing multiplies rows 64-127 of a tile that holds no token there (the cooperative
-    // consumers' second warpgroup skips the tile, a ping-pong warpgroup its bottom half), so their
-    // A box is not loaded: those shared-memory rows keep stale data that nothing reads. Decided
-    // before the wait for the tile's inputs: the schedule it reads was written before the launch,
-    // and read after the acquire its latency delayed the tile's first load.
-    static_assert(kBlockM == 2 * kRowsPerBoxA && kTileBytesA % 2 == 0);
-    const bool a_top_only = !gather && all_padding(p, w, int(w.m_block * kBlockM) + kRowsPerBoxA);
     const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
     const uint32_t* ready = nullptr;
     uint32_t needed = 0;
@@ -175,10 +161,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                       sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden
                 : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
-    const uint32_t bytes = (gather       ? 0u
-                            : a_top_only ? kTileBytesA / 2
-                                         : kTileBytesA) +
-                           TileShape<kBlockN>::kBytesB;
+    const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       if (!leader && !p.gather_rows) continue;  // only the leader arrives
       const uint64_t since = timer.now();
@@ -201,12 +184,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       if (!leader) continue;
       dev::mbar_arrive_expect_tx(bar, bytes);
       uint8_t* tile_b = ring.b(cursor.stage);
-      if (!gather) {
-        dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
-        if (!a_top_only)
-          dev::tma_load_2d(ring.a(cursor.stage) + kTileBytesA / 2, a_map, bar, kb * kBlockK,
-                           a_row + kRowsPerBoxA);
-      }
+      if (!gather) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
       if (b_up_map) {  // block_n / 2 gate rows, then the up rows of the same outputs
         const int32_t row = w.n_tile * (kBlockN / 2);
         dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, row, w.expert);
@@ -228,6 +206,13 @@ __device__ __forceinline__ void publish_warpgroup(uint32_t* counter, int wg, uin
     dev::fence_proxy_async_global();  // cheap; the reader's fence is the one that matters
     dev::add_release_gpu(counter, add);
   }
+}
+
+// True when rows [row0, row0 + 64) of the tile hold no token (routed: past the expert's count).
+__device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWork& w, int row0) {
+  if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
+    return row0 >= p.tokens;
+  return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
 }
 
 __device__ __forceinline__ bool is_gate_up(const TileWork& w) {
