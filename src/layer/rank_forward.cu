@@ -217,13 +217,16 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   fault = reinterpret_cast<kern::ForwardFault*>(zeroed + fault_at);
   aborted = reinterpret_cast<int*>(zeroed + aborted_at);
   timings = parts.timings ? reinterpret_cast<unsigned long long*>(zeroed + timings_at) : nullptr;
-  routed_x_map = dev::make_bf16_map_2d(routed_x, uint64_t(ring_blocks * kTileRows), uint64_t(H),
-                                       uint64_t(H), kTileRows);
-  act_map =
-      dev::make_bf16_map_2d(act, uint64_t(sched.capacity), uint64_t(I), uint64_t(I), kTileRows);
-  act_shared_map = S ? dev::make_bf16_map_2d(act_shared, uint64_t(sched.token_rows), uint64_t(S),
-                                             uint64_t(S), kTileRows)
-                     : act_map;
+  for (const uint32_t box : {uint32_t(kTileRows), uint32_t(kern::kRowsPerBoxA)}) {
+    const int i = box == uint32_t(kTileRows) ? 0 : 1;  // [1]: the 64-row boxes
+    routed_x_map[i] = dev::make_bf16_map_2d(routed_x, uint64_t(ring_blocks * kTileRows),
+                                            uint64_t(H), uint64_t(H), box);
+    act_map[i] =
+        dev::make_bf16_map_2d(act, uint64_t(sched.capacity), uint64_t(I), uint64_t(I), box);
+    act_shared_map[i] = S ? dev::make_bf16_map_2d(act_shared, uint64_t(sched.token_rows),
+                                                  uint64_t(S), uint64_t(S), box)
+                          : act_map[i];
+  }
 }
 
 void RankBuffers::release() {
@@ -246,11 +249,14 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
                  S = uint64_t(c.shared_width()), El = uint64_t(c.experts_per_rank());
   const uint32_t bn = uint32_t(block_n);
   kern::ForwardMaps maps;
-  maps.routed_x = w.routed_x_map;
-  maps.act = w.act_map;
-  maps.act_shared = w.act_shared_map;
-  maps.x = b.tokens > 0 ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H, kTileRows)
-                        : w.routed_x_map;
+  for (int i = 0; i < 2; ++i) {  // boxes of 128 rows, then of 64
+    maps.routed_x[i] = w.routed_x_map[i];
+    maps.act[i] = w.act_map[i];
+    maps.act_shared[i] = w.act_shared_map[i];
+    maps.x[i] = b.tokens > 0 ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H,
+                                                     i == 0 ? kTileRows : kern::kRowsPerBoxA)
+                             : w.routed_x_map[i];
+  }
   maps.gate = dev::make_bf16_map_3d(wt.gate, El, I, H, bn / 2);
   maps.up = dev::make_bf16_map_3d(wt.up, El, I, H, bn / 2);
   maps.down = dev::make_bf16_map_3d(wt.down, El, H, I, bn);

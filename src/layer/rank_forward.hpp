@@ -30,7 +30,7 @@ struct RankBuffers {
   unsigned long long* timings = nullptr;
   size_t zeroed_bytes = 0;  // counters, fault record, aborted and timings together
   int64_t capacity_blocks = 0, ring_blocks = 0, token_blocks = 0;
-  CUtensorMap routed_x_map{}, act_map{}, act_shared_map{};
+  CUtensorMap routed_x_map[2]{}, act_map[2]{}, act_shared_map[2]{};  // boxes of 128, 64 rows
 
   // Owner tables: built from every source's counts (EP groups, and EpForward even at ep_size 1).
   // Without y_slots the caller provides them (EpForward: in its symmetric window).

@@ -10,6 +10,14 @@ __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
+// threadIdx.x, read where it is used: ptxas cannot hoist this read (volatile), so values derived
+// from it are recomputed there instead of held, or spilled, through a loop.
+__device__ __forceinline__ uint32_t thread_index_here() {
+  uint32_t tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return tid;
+}
+
 // One lane of the warp (the same one for every caller of the warp) returns true.
 __device__ __forceinline__ bool elect_one() {
   uint32_t pred = 0;

@@ -31,11 +31,16 @@ struct ForwardFault {
 };
 
 // Every operand is a TMA tensor map: K-major, 128B swizzle, boxes of 64 columns.
+// A operands come as two maps each, [0] with boxes of 128 rows, [1] with boxes of 64 (one consumer
+// warpgroup's rows): a tile whose last 64 rows hold no token (an expert's short last row block)
+// loads only its first 64 rows. One map with 64-row boxes for every tile (two loads per full stage)
+// made the EP = 2 gather shapes ~2% slower (docs/benchmarks.md, fifteenth session).
+constexpr int kRowsPerBoxA = 64;
 struct ForwardMaps {
-  CUtensorMap x;                       // [T, H]: the shared experts' A (rows past T read as zeros)
-  CUtensorMap routed_x;                // [capacity, H]: the routed experts' A, written by dispatch
-  CUtensorMap act;                     // [capacity, I]
-  CUtensorMap act_shared;              // [token_rows, S]
+  CUtensorMap x[2];                    // [T, H]: the shared experts' A (rows past T read as zeros)
+  CUtensorMap routed_x[2];             // [capacity, H]: the routed experts' A, written by dispatch
+  CUtensorMap act[2];                  // [capacity, I]
+  CUtensorMap act_shared[2];           // [token_rows, S]
   CUtensorMap gate, up;                // [E, I, H], boxes of block_n / 2 rows
   CUtensorMap down;                    // [E, H, I], boxes of block_n rows
   CUtensorMap shared_gate, shared_up;  // [1, S, H]

@@ -77,6 +77,13 @@ __device__ __forceinline__ int64_t next_producer_tile(const ForwardParams& p,
   return __shfl_sync(0xFFFFFFFFu, t, 0);
 }
 
+// True when rows [row0, row0 + 64) of the tile hold no token (routed: past the expert's count).
+__device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWork& w, int row0) {
+  if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
+    return row0 >= p.tokens;
+  return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
+}
+
 // Warp 0's lane 0 (the leader) claims tiles, hands them on, waits for their inputs and issues the
 // TMA loads. With gather_rows every producer thread also copies its A row of routed gate/up tiles
 // and arrives on every stage (kGatherFullArrivals): on the stages of other tiles they simply
@@ -89,12 +96,14 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                                               const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
-  const int warp = int(threadIdx.x % 128) / 32, lane = int(threadIdx.x % 32);
-  const bool leader = warp == 0 && lane == 0;
+  const int lane = int(threadIdx.x % 32);
+  const bool leader = threadIdx.x % 128 == 0;
   RoleTimer timer(p);
   timer.on = timer.on && leader;
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
-    const int64_t t = next_producer_tile(p, queue, q, tiles.count(), warp);
+    // The warp index read afresh: kept through the loop, ptxas spilled it (96 registers).
+    const int64_t t =
+        next_producer_tile(p, queue, q, tiles.count(), int(dev::thread_index_here() % 128 / 32));
     if (t == -2) return;
     if (t < 0) {
       timer.flush(p);
@@ -102,27 +111,31 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
     }
     const TileWork w = tiles.at(t, p);
     const bool gather = gathers_rows(p, w);
-    const CUtensorMap *a_map = nullptr, *b_map = nullptr, *b_up_map = nullptr;
+    const CUtensorMap *a_maps = nullptr, *b_map = nullptr, *b_up_map = nullptr;  // a_maps: [2]
     const uint32_t* ready = nullptr;
     uint32_t needed = 0;
     ForwardRole role = kRoleGateUpProducer;
     switch (w.kind) {
       case TileKind::shared_gate_up:
-        a_map = &maps.x, b_map = &maps.shared_gate, b_up_map = &maps.shared_up;
+        a_maps = maps.x;
+        b_map = &maps.shared_gate, b_up_map = &maps.shared_up;
         break;
       case TileKind::routed_gate_up:
-        a_map = &maps.routed_x, b_map = &maps.gate, b_up_map = &maps.up;
+        a_maps = maps.routed_x;
+        b_map = &maps.gate, b_up_map = &maps.up;
         // Gathering at EP = 1 needs no dispatch; under EP the peers' rows come through the ring.
         if (!gather || p.ep_size > 1)
           ready = p.x_ready + w.m_block, needed = 1, role = kRoleGateUpProducer;
         break;
       case TileKind::shared_down:
-        a_map = &maps.act_shared, b_map = &maps.shared_down;
+        a_maps = maps.act_shared;
+        b_map = &maps.shared_down;
         ready = p.act_shared_ready + w.m_block;
         needed = uint32_t(kConsumers * tiles.shared_gate_up_tiles), role = kRoleSharedDownProducer;
         break;
       case TileKind::routed_down:
-        a_map = &maps.act, b_map = &maps.down;
+        a_maps = maps.act;
+        b_map = &maps.down;
         ready = p.act_ready + w.m_block;
         needed = uint32_t(kConsumers * tiles.gate_up_tiles), role = kRoleDownProducer;
         break;
@@ -161,7 +174,17 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
                       sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden
                 : p.routed_x + (int64_t(a_row) + r) * p.hidden;
       }
-    const uint32_t bytes = (gather ? 0u : kTileBytesA) + TileShape<kBlockN>::kBytesB;
+    // Nothing multiplies rows 64-127 of a tile that holds no token there (the cooperative
+    // consumers' second warpgroup skips the tile, a ping-pong warpgroup its bottom half), so their
+    // A rows are not loaded (the 64-row map): those shared-memory rows keep stale data that
+    // nothing reads.
+    static_assert(kBlockM == 2 * kRowsPerBoxA && kTileBytesA % 2 == 0);
+    const bool a_top_only = !gather && all_padding(p, w, int(w.m_block * kBlockM) + kRowsPerBoxA);
+    const CUtensorMap* a_map = a_maps + (a_top_only ? 1 : 0);
+    const uint32_t bytes = (gather       ? 0u
+                            : a_top_only ? kTileBytesA / 2
+                                         : kTileBytesA) +
+                           TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       if (!leader && !p.gather_rows) continue;  // only the leader arrives
       const uint64_t since = timer.now();
@@ -206,13 +229,6 @@ __device__ __forceinline__ void publish_warpgroup(uint32_t* counter, int wg, uin
     dev::fence_proxy_async_global();  // cheap; the reader's fence is the one that matters
     dev::add_release_gpu(counter, add);
   }
-}
-
-// True when rows [row0, row0 + 64) of the tile hold no token (routed: past the expert's count).
-__device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWork& w, int row0) {
-  if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
-    return row0 >= p.tokens;
-  return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
 }
 
 __device__ __forceinline__ bool is_gate_up(const TileWork& w) {
