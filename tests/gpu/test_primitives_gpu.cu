@@ -414,9 +414,9 @@ TEST(PrimitivesGpu, DependentLaunchStartsEarlyAndSeesEveryWriteBeforeIt) {
     const unsigned long long started = start_ns.to_host()[0], ended = end_ns.to_host()[0];
     std::printf("dependent launch (%s): reader started %.1f us before the writer ended\n", name,
                 (double(ended) - double(started)) / 1e3);
-    // In a graph the launch overlaps (else the check above would pass without testing the wait);
-    // eagerly issued launches are printed only (the runtime may serialise them).
-    if (mode == graph) EXPECT_LT(started, ended);
+    // The launch overlapped (else the check above would pass without testing the wait): seen in
+    // every mode once the kernels were loaded (the reader ~190-200 us ahead on an H200).
+    if (mode != warm_up) EXPECT_LT(started, ended);
   }
   cudaStreamDestroy(stream);
 }
