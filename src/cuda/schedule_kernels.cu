@@ -3,7 +3,6 @@
 // host's.
 #include <algorithm>
 
-#include "mok/device/grid_dependency.cuh"
 #include "mok/gpu/schedule_gpu.hpp"
 #include "mok/schedule/routing_layout.hpp"
 
@@ -22,8 +21,6 @@ static_assert(kChunk % kWarp == 0 && kMaxExperts % kWarp == 0);
 // Block c: chunk c's count of each expert into chunk_counts[c][e].
 __global__ void chunk_count_kernel(const int32_t* ids, int64_t slots, int num_experts,
                                    int32_t* chunk_counts) {
-  dev::wait_for_prior_grid();
-  dev::allow_dependent_launch();
   __shared__ int32_t counts[kMaxExperts];
   for (int e = int(threadIdx.x); e < num_experts; e += int(blockDim.x)) counts[e] = 0;
   __syncthreads();
@@ -46,8 +43,6 @@ __global__ void chunk_count_kernel(const int32_t* ids, int64_t slots, int num_ex
 constexpr int kPrefixExperts = kWarp, kPrefixWarps = 16;
 __global__ void __launch_bounds__(kPrefixExperts* kPrefixWarps)
     chunk_prefix_kernel(int32_t* chunk_counts, int chunks, int num_experts, int32_t* counts) {
-  dev::wait_for_prior_grid();
-  dev::allow_dependent_launch();
   __shared__ int32_t run_sums[kPrefixWarps][kPrefixExperts];
   const int lane = int(threadIdx.x) % kWarp, warp = int(threadIdx.x) / kWarp;
   const int e = int(blockIdx.x) * kPrefixExperts + lane;
@@ -82,8 +77,6 @@ __global__ void __launch_bounds__(kPrefixExperts* kPrefixWarps)
 __global__ void chunk_scatter_kernel(const int32_t* ids, int64_t slots, int num_experts,
                                      const int32_t* counts, const int32_t* chunk_bases,
                                      int32_t* offsets, int32_t* sorted) {
-  dev::wait_for_prior_grid();
-  dev::allow_dependent_launch();
   constexpr int kPerLane = kMaxExperts / kWarp;
   __shared__ int32_t next[kMaxExperts];
   const int lane = int(threadIdx.x);
@@ -161,26 +154,19 @@ cudaError_t build_source_schedule(const int32_t* topk_ids, int64_t tokens, int t
   if (num_experts < 1 || num_experts > kMaxExperts || tokens < 0) return cudaErrorInvalidValue;
   const int64_t slots = tokens * top_k;
   const int chunks = int(std::max<int64_t>(1, (slots + kChunk - 1) / kChunk));
-  // Chained with programmatic dependent launch: each kernel launches while the one before runs.
-  if (slots > 0) {
-    if (cudaError_t e = dev::launch_dependent(chunk_count_kernel, chunks, 256, 0, stream, topk_ids,
-                                              slots, num_experts, workspace);
-        e != cudaSuccess)
-      return e;
-  } else if (cudaError_t e =
-                 cudaMemsetAsync(workspace, 0, sizeof(int32_t) * size_t(num_experts), stream);
-             e != cudaSuccess) {
+  if (slots > 0)
+    chunk_count_kernel<<<chunks, 256, 0, stream>>>(topk_ids, slots, num_experts, workspace);
+  else if (cudaError_t e =
+               cudaMemsetAsync(workspace, 0, sizeof(int32_t) * size_t(num_experts), stream);
+           e != cudaSuccess)
     return e;
-  }
-  if (cudaError_t e = dev::launch_dependent(
-          chunk_prefix_kernel, (num_experts + kPrefixExperts - 1) / kPrefixExperts,
-          kPrefixExperts * kPrefixWarps, 0, stream, workspace, chunks, num_experts, counts);
-      e != cudaSuccess)
-    return e;
+  chunk_prefix_kernel<<<(num_experts + kPrefixExperts - 1) / kPrefixExperts,
+                        kPrefixExperts * kPrefixWarps, 0, stream>>>(workspace, chunks, num_experts,
+                                                                    counts);
   // Launched with no slots too: its first warp writes the offsets.
-  return dev::launch_dependent(chunk_scatter_kernel, chunks, kWarp, 0, stream, topk_ids, slots,
-                               num_experts, static_cast<const int32_t*>(counts),
-                               static_cast<const int32_t*>(workspace), offsets, sorted);
+  chunk_scatter_kernel<<<chunks, kWarp, 0, stream>>>(topk_ids, slots, num_experts, counts,
+                                                     workspace, offsets, sorted);
+  return cudaGetLastError();
 }
 
 cudaError_t locate_routed_rows(const int64_t* segment_begin, const int64_t* segment_rows,

@@ -3,7 +3,6 @@
 #include <algorithm>
 
 #include "layer/owner_schedule.cuh"
-#include "mok/device/grid_dependency.cuh"
 #include "mok/error.hpp"
 #include "mok/gpu/schedule_gpu.hpp"
 #include "mok/schedule/routing_layout.hpp"
@@ -13,8 +12,6 @@ namespace {
 
 __global__ void check_ids_kernel(const int32_t* ids, int64_t slots, int top_k, int experts,
                                  Status* st) {
-  dev::wait_for_prior_grid();
-  dev::allow_dependent_launch();
   for (int64_t s = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; s < slots;
        s += int64_t(gridDim.x) * blockDim.x) {
     const int32_t id = ids[s];
@@ -33,8 +30,6 @@ __global__ void __launch_bounds__(kOwnerTableThreads)
                     int64_t* segment_rows, int64_t* source_begin, int32_t* tile_expert,
                     int64_t routed_tiles, int64_t tokens, int32_t* shared_tiles,
                     int64_t shared_tile_count, Status* st) {
-  dev::wait_for_prior_grid();
-  dev::allow_dependent_launch();
   __shared__ SegmentScratch s;
   build_segments_block(counts, 1, experts, 0, s, seg_begin, segment_rows, source_begin);
   if (threadIdx.x == 0) {
@@ -93,25 +88,18 @@ void build_forward_schedule(const DeviceBatch& b, int top_k, int experts, const 
                             cudaStream_t stream, bool owner_tables) {
   const int64_t T = b.tokens, slots = T * top_k;
   check_cuda(cudaMemsetAsync(s.status, 0, sizeof(Status), stream), "cudaMemsetAsync");
-  // Every kernel from here to the megakernel is launched with programmatic dependent launch
-  // (mok/device/grid_dependency.cuh): each one's launch overlaps the one before.
   if (T > 0) {
     const int grid = int(std::clamp<int64_t>((slots + 255) / 256, 1, 4 * 132));
-    check_cuda(dev::launch_dependent(check_ids_kernel, grid, 256, 0, stream,
-                                     static_cast<const int32_t*>(b.topk_ids), slots, top_k, experts,
-                                     s.status),
-               "check_ids_kernel");
+    check_ids_kernel<<<grid, 256, 0, stream>>>(b.topk_ids, slots, top_k, experts, s.status);
   }
   check_cuda(build_source_schedule(b.topk_ids, T, top_k, experts, s.counts, s.offsets, s.sorted,
                                    s.sort_scratch, stream),
              "schedule");
   if (owner_tables)
-    check_cuda(dev::launch_dependent(segments_kernel, 1, kOwnerTableThreads, 0, stream,
-                                     static_cast<const int32_t*>(s.counts), experts, s.capacity,
-                                     s.seg_begin, s.segment_rows, s.source_begin, s.tile_expert,
-                                     int64_t(s.capacity / kTileRows), T, s.shared_tiles,
-                                     int64_t(s.token_rows / kTileRows), s.status),
-               "segments_kernel");
+    segments_kernel<<<1, kOwnerTableThreads, 0, stream>>>(
+        s.counts, experts, s.capacity, s.seg_begin, s.segment_rows, s.source_begin, s.tile_expert,
+        s.capacity / kTileRows, T, s.shared_tiles, s.token_rows / kTileRows, s.status);
+  check_cuda(cudaGetLastError(), "schedule kernels");
 }
 
 void require(bool ok, ErrorCode code, const std::string& message) {

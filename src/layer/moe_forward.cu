@@ -90,10 +90,8 @@ void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __n
   const int E = c.num_experts;
   detail::require_forward_operands(c, b, wt, out);
 
-  // The counters' memset first: between the schedule kernels it would break their chain of
-  // overlapping launches (build_forward_schedule).
-  w.rank.reset(stream);
   detail::build_forward_schedule(b, c.top_k, E, w.rank.sched, stream);
+  w.rank.reset(stream);
   if (options_.profile_schedule_only) return;
   detail::RankLaunchOptions o;
   o.dispatch_ctas = dispatch_ctas_;

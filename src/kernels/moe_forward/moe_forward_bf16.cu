@@ -6,7 +6,6 @@
 #include "kernels/moe_forward/dispatch_role.cuh"
 #include "kernels/moe_forward/gemm_roles.cuh"
 #include "kernels/moe_forward/pingpong_consumers.cuh"
-#include "mok/device/grid_dependency.cuh"
 
 namespace mok::kern {
 namespace {
@@ -25,9 +24,6 @@ static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRe
 template <int kBlockN, bool kPingPong, bool kMmaInFlight>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
-  // Launched while row_destination_kernel still runs (its CTAs move in as that kernel's leave);
-  // everything here reads the schedule. The forward ends here: no dependent launch to allow.
-  dev::wait_for_prior_grid();
   const int per_rank = int(gridDim.x) / launch.ranks;
   const int rank = min(int(blockIdx.x) / per_rank, launch.ranks - 1);
   const int cta = int(blockIdx.x) - rank * per_rank;  // the last rank also takes the remainder
@@ -80,8 +76,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 // source schedules, so that the down epilogue looks it up with one load instead of a chain of
 // dependent ones while the tensor cores wait (under EP some of them cross NVLink).
 __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch launch) {
-  dev::wait_for_prior_grid();
-  dev::allow_dependent_launch();
   const ForwardParams& p = launch.params[blockIdx.y];
   const int64_t rows = routed_blocks(p) * kBlockM;
   for (int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; row < rows;
@@ -102,8 +96,8 @@ struct Variant {
       return e;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, kThreads, smem);
   }
-  static cudaError_t launch(const ForwardLaunch& l, int grid, cudaStream_t stream) {
-    return dev::launch_dependent(kernel, grid, kThreads, smem, stream, l);
+  static void launch(const ForwardLaunch& l, int grid, cudaStream_t stream) {
+    kernel<<<grid, kThreads, smem, stream>>>(l);
   }
 };
 
@@ -136,16 +130,11 @@ cudaError_t launch_moe_forward(const ForwardLaunch& launch, const ForwardKernel&
   if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)
     return cudaErrorInvalidValue;
   if (!with_variant(k, [](auto) {})) return cudaErrorInvalidValue;  // before any launch
-  // Four blocks per SM: each row is a chain of dependent loads, so rows run side by side. Both
-  // launches overlap the kernel before them (mok/device/grid_dependency.cuh).
-  if (cudaError_t e = dev::launch_dependent(
-          row_destination_kernel, dim3(unsigned(4 * grid / launch.ranks), unsigned(launch.ranks)),
-          256, 0, stream, launch);
-      e != cudaSuccess)
-    return e;
-  cudaError_t e = cudaSuccess;
-  with_variant(k, [&](auto v) { e = decltype(v)::launch(launch, grid, stream); });
-  return e;
+  // Four blocks per SM: each row is a chain of dependent loads, so rows run side by side.
+  row_destination_kernel<<<dim3(unsigned(4 * grid / launch.ranks), unsigned(launch.ranks)), 256, 0,
+                           stream>>>(launch);
+  with_variant(k, [&](auto v) { decltype(v)::launch(launch, grid, stream); });
+  return cudaGetLastError();
 }
 
 }  // namespace mok::kern
