@@ -77,9 +77,11 @@ __device__ __forceinline__ int64_t next_producer_tile(const ForwardParams& p,
   return __shfl_sync(0xFFFFFFFFu, t, 0);
 }
 
-// True when rows [first_row, first_row + 64) of the tile hold no token.
-__device__ __forceinline__ bool all_padding(const TileWork& w, int first_row) {
-  return first_row >= w.live_rows;
+// True when rows [row0, row0 + 64) of the tile hold no token (routed: past the expert's count).
+__device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWork& w, int row0) {
+  if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
+    return row0 >= p.tokens;
+  return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
 }
 
 // Warp 0's lane 0 (the leader) claims tiles, hands them on, waits for their inputs and issues the
@@ -177,7 +179,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
     // A rows are not loaded (the 64-row map): those shared-memory rows keep stale data that
     // nothing reads.
     static_assert(kBlockM == 2 * kRowsPerBoxA && kTileBytesA % 2 == 0);
-    const bool a_top_only = !gather && all_padding(w, kRowsPerBoxA);
+    const bool a_top_only = !gather && all_padding(p, w, int(w.m_block * kBlockM) + kRowsPerBoxA);
     const CUtensorMap* a_map = a_maps + (a_top_only ? 1 : 0);
     const uint32_t bytes = (gather       ? 0u
                             : a_top_only ? kTileBytesA / 2
@@ -382,7 +384,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     }
     const TileWork w = tiles.at(t, p);
     int row0 = int(w.m_block * kBlockM + wg * 64);
-    if (all_padding(w, wg * 64)) {  // the last rows of an expert's segment, or past the tokens
+    if (all_padding(p, w, row0)) {  // the last rows of an expert's segment, or past the tokens
       if (!skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles)) {
         record_fault(p, kRoleConsumer, t);
         return false;

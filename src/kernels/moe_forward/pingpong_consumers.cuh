@@ -52,7 +52,7 @@ __device__ __forceinline__ bool pingpong_consumer_role(const ForwardParams& p,
       ++order_waits;
     }
     int row0 = int(w.m_block * kBlockM);
-    const bool top_live = !all_padding(w, 0), bottom_live = !all_padding(w, 64);
+    const bool top_live = !all_padding(p, w, row0), bottom_live = !all_padding(p, w, row0 + 64);
     const bool gathered = gathers_rows(p, w);
     bool ok;
     if (!top_live)

@@ -38,10 +38,6 @@ struct TileWork {
   int n_tile;
   int expert;  // 0 for the shared experts (one MLP of width S)
   int k_blocks;
-  // Rows of the tile that hold a token (fewer than kBlockM in an expert's last row block or past
-  // the tokens): read with the tile's other schedule reads, so that the producer's choice of A box
-  // and the consumers' skip add no dependent L2 round trip before a tile's first load or wgmma.
-  int live_rows;
 };
 
 // True when the producer warpgroup gathers this tile's A rows (cp.async) instead of TMA-loading
@@ -105,40 +101,33 @@ struct ForwardTiles {
   __device__ int64_t count() const { return end; }
 
   __device__ TileWork at(int64_t t, const ForwardParams& p) const {
-    if (t < routed_gate_up_begin)
-      return shared(sched::grouped_tile(t, shared_blocks, shared_gate_up_tiles),
-                    TileKind::shared_gate_up, p.hidden / kBlockK, p);
-    if (t < shared_down_begin)
-      return routed(t - routed_gate_up_begin, gate_up_tiles, TileKind::routed_gate_up,
-                    p.hidden / kBlockK, p);
-    if (t < routed_down_begin)
-      return shared(sched::grouped_tile(t - shared_down_begin, shared_blocks, down_tiles),
-                    TileKind::shared_down, p.shared_width / kBlockK, p);
-    return routed(t - routed_down_begin, down_tiles, TileKind::routed_down,
-                  p.intermediate / kBlockK, p);
-  }
-
-  __device__ static TileWork shared(sched::TileCoord c, TileKind kind, int k_blocks,
-                                    const ForwardParams& p) {
-    return {kind, c.block, c.n_tile, 0, k_blocks, live_rows(p.tokens - c.block * kBlockM)};
+    if (t < routed_gate_up_begin) {
+      const sched::TileCoord c = sched::grouped_tile(t, shared_blocks, shared_gate_up_tiles);
+      return {TileKind::shared_gate_up, c.block, c.n_tile, 0, p.hidden / kBlockK};
+    }
+    if (t < shared_down_begin) {
+      const TileWork w = routed(t - routed_gate_up_begin, gate_up_tiles, p);
+      return {TileKind::routed_gate_up, w.m_block, w.n_tile, w.expert, p.hidden / kBlockK};
+    }
+    if (t < routed_down_begin) {
+      const sched::TileCoord c =
+          sched::grouped_tile(t - shared_down_begin, shared_blocks, down_tiles);
+      return {TileKind::shared_down, c.block, c.n_tile, 0, p.shared_width / kBlockK};
+    }
+    const TileWork w = routed(t - routed_down_begin, down_tiles, p);
+    return {TileKind::routed_down, w.m_block, w.n_tile, w.expert, p.intermediate / kBlockK};
   }
 
   // Routed tile i of a phase with n_tiles per row block: experts in order, each expert's row
   // blocks in the grouped order of tile_order.hpp. Expert e's tiles are [B_e n, B_e+1 n) with B_e
   // its first row block, so the row block i / n belongs to e: no search.
-  __device__ static TileWork routed(int64_t i, int n_tiles, TileKind kind, int k_blocks,
-                                    const ForwardParams& p) {
+  __device__ static TileWork routed(int64_t i, int n_tiles, const ForwardParams& p) {
     const int expert = p.tile_expert[i / n_tiles];
     const int64_t first = p.seg_begin[expert] / kBlockM;
     const int64_t blocks = p.seg_begin[expert + 1] / kBlockM - first;
-    const int64_t rows = p.segment_rows[expert];  // loaded beside seg_begin: no extra round trip
     const sched::TileCoord c =
         sched::grouped_tile(i - first * n_tiles, blocks, n_tiles, routed_group_rows(p));
-    return {kind, first + c.block, c.n_tile, expert, k_blocks, live_rows(rows - c.block * kBlockM)};
-  }
-
-  __device__ static int live_rows(int64_t rows_from_tile_start) {
-    return int(rows_from_tile_start < kBlockM ? rows_from_tile_start : kBlockM);
+    return {TileKind::routed_gate_up, first + c.block, c.n_tile, expert, 0};
   }
 };
 
