@@ -217,8 +217,8 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   fault = reinterpret_cast<kern::ForwardFault*>(zeroed + fault_at);
   aborted = reinterpret_cast<int*>(zeroed + aborted_at);
   timings = parts.timings ? reinterpret_cast<unsigned long long*>(zeroed + timings_at) : nullptr;
-  for (const uint32_t box : {uint32_t(kTileRows), uint32_t(kern::kRowsPerBoxA)}) {
-    const int i = box == uint32_t(kTileRows) ? 0 : 1;  // [1]: the 64-row boxes
+  for (int i = 0; i < 2; ++i) {  // boxes of 128 rows, then of 64 (kern::ForwardMaps)
+    const uint32_t box = i == 0 ? uint32_t(kTileRows) : uint32_t(kern::kRowsPerBoxA);
     routed_x_map[i] = dev::make_bf16_map_2d(routed_x, uint64_t(ring_blocks * kTileRows),
                                             uint64_t(H), uint64_t(H), box);
     act_map[i] =

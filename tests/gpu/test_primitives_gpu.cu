@@ -1,7 +1,7 @@
 // Each device primitive on the GPU: TMA loads through an mbarrier ring (swizzle layout and phase
 // bookkeeping), TMA stores, wgmma against a CPU product, release/acquire handoffs between CTAs,
-// a bounded wait that times out, named barriers and elect_one, and cp.async row gathers tracked by
-// an mbarrier (counted and extra arrivals, zero fill, the 128B swizzle).
+// a bounded wait that times out, named barriers, elect_one and thread_index_here, and cp.async row
+// gathers tracked by an mbarrier (counted and extra arrivals, zero fill, the 128B swizzle).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -164,9 +164,10 @@ __global__ void never_arrives_kernel(const uint32_t* flag, uint64_t cycles, int*
 
 // ---- Named barriers and elect_one
 // ----------------------------------------------------------------
-__global__ void named_barrier_kernel(int* out, int* elected) {
+__global__ void named_barrier_kernel(int* out, int* elected, int* wrong_index) {
   __shared__ int values[64];
   if (elect_one()) atomicAdd(elected, 1);
+  if (thread_index_here() != threadIdx.x) atomicAdd(wrong_index, 1);
   if (threadIdx.x < 64) {
     if (threadIdx.x < 32) values[threadIdx.x] = int(threadIdx.x) * 3 + 1;
     named_barrier_sync(1, 64);  // only the first two warps take part
@@ -338,12 +339,13 @@ TEST(PrimitivesGpu, ReleaseAcquireHandsDataToAnotherBlockAndWaitsAreBounded) {
   EXPECT_EQ(timed_out.to_host()[0], 1);
 }
 
-TEST(PrimitivesGpu, NamedBarrierAndElectOne) {
+TEST(PrimitivesGpu, NamedBarrierElectOneAndThreadIndex) {
   MOK_REQUIRE_GPU();
-  DeviceBuffer<int> out(32, 0xFF), elected(1, 0);
-  named_barrier_kernel<<<1, 256>>>(out.ptr, elected.ptr);
+  DeviceBuffer<int> out(32, 0xFF), elected(1, 0), wrong_index(1, 0);
+  named_barrier_kernel<<<1, 256>>>(out.ptr, elected.ptr, wrong_index.ptr);
   MOK_CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_EQ(elected.to_host()[0], 8);  // one lane in each of the 8 warps
+  EXPECT_EQ(elected.to_host()[0], 8);      // one lane in each of the 8 warps
+  EXPECT_EQ(wrong_index.to_host()[0], 0);  // thread_index_here() is threadIdx.x
   const std::vector<int> got = out.to_host();
   for (int i = 0; i < 32; ++i) EXPECT_EQ(got[size_t(i)], i * 3 + 1);
 }
