@@ -140,24 +140,17 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   DeviceArray<__nv_bfloat16> baseline_out(size_t(tokens * H)), scratch_out(size_t(tokens * H));
   const gpu::DeviceLayerWeights weights = data.weights();
   const gpu::DeviceBatch batch = data.batch();
-  // --graph: a forward captured once (on a stream of its own: the legacy stream cannot capture)
-  // and replayed on the legacy stream, as a training step in a CUDA graph runs it; the kernels'
-  // programmatic launches become programmatic edges. Without it each timed forward is issued
-  // from the host with the GPU idle, so the host's launch work up to the megakernel is inside the
-  // span.
+  // --graph: a forward captured once (on a stream of its own) and replayed on the legacy stream,
+  // as a training step in a CUDA graph runs it. Without it each timed forward is issued from the
+  // host with the GPU idle, so the host's launch work up to the megakernel is inside the span.
   std::vector<cudaGraphExec_t> graphs;
   auto timed_forward = [&](gpu::MoeForward& m, __nv_bfloat16* out) -> std::function<void()> {
     if (!o.graph) return [&m, out, &batch, &weights] { m.forward(batch, weights, out, nullptr); };
     cudaStream_t capture;
     cuda_ok(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "cudaStreamCreate");
-    cuda_ok(cudaStreamBeginCapture(capture, cudaStreamCaptureModeThreadLocal),
-            "cudaStreamBeginCapture");
-    m.forward(batch, weights, out, capture);
-    cudaGraph_t g;
-    cuda_ok(cudaStreamEndCapture(capture, &g), "cudaStreamEndCapture (the forward)");
-    cudaGraphExec_t exec;
-    cuda_ok(cudaGraphInstantiate(&exec, g, 0), "cudaGraphInstantiate");
-    cudaGraphDestroy(g);
+    const cudaGraphExec_t exec = capture_graph(
+        capture, [&](cudaStream_t s) { m.forward(batch, weights, out, s); },
+        "cudaStreamEndCapture (the forward)");
     cudaStreamDestroy(capture);
     graphs.push_back(exec);
     return [exec] { cuda_ok(cudaGraphLaunch(exec, nullptr), "cudaGraphLaunch"); };

@@ -83,13 +83,9 @@ double median_graph_ms(F&& forward_rank, int iterations, int n) {
     cuda_ok(cudaStreamCreateWithFlags(&streams[i], cudaStreamNonBlocking), "cudaStreamCreate");
     cuda_ok(cudaEventCreate(&start[i]), "cudaEventCreate");
     cuda_ok(cudaEventCreate(&stop[i]), "cudaEventCreate");
-    cudaGraph_t graph = nullptr;
-    cuda_ok(cudaStreamBeginCapture(streams[i], cudaStreamCaptureModeThreadLocal),
-            "cudaStreamBeginCapture");
-    forward_rank(r, streams[i]);
-    cuda_ok(cudaStreamEndCapture(streams[i], &graph), "cudaStreamEndCapture (the EP forward)");
-    cuda_ok(cudaGraphInstantiate(&execs[i], graph, 0), "cudaGraphInstantiate");
-    cudaGraphDestroy(graph);
+    execs[i] = capture_graph(
+        streams[i], [&](cudaStream_t s) { forward_rank(r, s); },
+        "cudaStreamEndCapture (the EP forward)");
   }
   auto launch_all = [&] {
     for (int r = 0; r < n; ++r) {

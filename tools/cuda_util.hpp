@@ -1,5 +1,5 @@
-// Small CUDA helpers of the CLI's GPU paths: error checks that throw, owned device buffers, median
-// timing with events, and sustained runs.
+// Small CUDA helpers of the CLI's GPU paths: error checks that throw, owned device buffers, CUDA
+// graph capture, median timing with events, and sustained runs.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -38,6 +38,20 @@ struct DeviceArray {
     return h;
   }
 };
+
+// work(stream) captured on `stream` (not the legacy stream: it cannot capture) and instantiated.
+template <class F>
+cudaGraphExec_t capture_graph(cudaStream_t stream, F&& work, const char* what) {
+  cuda_ok(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal),
+          "cudaStreamBeginCapture");
+  work(stream);
+  cudaGraph_t graph = nullptr;
+  cuda_ok(cudaStreamEndCapture(stream, &graph), what);
+  cudaGraphExec_t exec = nullptr;
+  cuda_ok(cudaGraphInstantiate(&exec, graph, 0), "cudaGraphInstantiate");
+  cudaGraphDestroy(graph);
+  return exec;
+}
 
 // Median over `iterations` of f's time on the default stream, in milliseconds.
 template <class F>

@@ -218,7 +218,7 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   aborted = reinterpret_cast<int*>(zeroed + aborted_at);
   timings = parts.timings ? reinterpret_cast<unsigned long long*>(zeroed + timings_at) : nullptr;
   for (int i = 0; i < 2; ++i) {  // boxes of 128 rows, then of 64 (kern::ForwardMaps)
-    const uint32_t box = i == 0 ? uint32_t(kTileRows) : uint32_t(kern::kRowsPerBoxA);
+    const uint32_t box = kern::a_box_rows(i);
     routed_x_map[i] = dev::make_bf16_map_2d(routed_x, uint64_t(ring_blocks * kTileRows),
                                             uint64_t(H), uint64_t(H), box);
     act_map[i] =
@@ -253,9 +253,9 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
     maps.routed_x[i] = w.routed_x_map[i];
     maps.act[i] = w.act_map[i];
     maps.act_shared[i] = w.act_shared_map[i];
-    maps.x[i] = b.tokens > 0 ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H,
-                                                     i == 0 ? kTileRows : kern::kRowsPerBoxA)
-                             : w.routed_x_map[i];
+    maps.x[i] = b.tokens > 0
+                    ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H, kern::a_box_rows(i))
+                    : w.routed_x_map[i];
   }
   maps.gate = dev::make_bf16_map_3d(wt.gate, El, I, H, bn / 2);
   maps.up = dev::make_bf16_map_3d(wt.up, El, I, H, bn / 2);

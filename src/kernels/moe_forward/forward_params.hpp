@@ -36,6 +36,7 @@ struct ForwardFault {
 // loads only its first 64 rows. One map with 64-row boxes for every tile (two loads per full stage)
 // made the EP = 2 gather shapes ~2% slower (docs/benchmarks.md, fifteenth session).
 constexpr int kRowsPerBoxA = 64;
+constexpr uint32_t a_box_rows(int map) { return map == 0 ? 2 * kRowsPerBoxA : kRowsPerBoxA; }
 struct ForwardMaps {
   CUtensorMap x[2];                    // [T, H]: the shared experts' A (rows past T read as zeros)
   CUtensorMap routed_x[2];             // [capacity, H]: the routed experts' A, written by dispatch
