@@ -53,15 +53,6 @@ __device__ __forceinline__ void tma_store_wait_all() {
   asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-// 4 bytes into shared memory by its shared-window address (a TMA store's staging: the generic
-// pointer arithmetic of an aligned smem base can hide the address space from the compiler).
-__device__ __forceinline__ void st_shared_b32(uint32_t shared_addr, uint32_t v) {
-  asm volatile("st.shared.b32 [%0], %1;" ::"r"(shared_addr), "r"(v) : "memory");
-}
-__device__ __forceinline__ void st_shared_b32(void* p, uint32_t v) {
-  st_shared_b32(smem_addr(p), v);
-}
-
 // Byte offset of element (r, c) of a box with 128-byte rows, stored with the 128B swizzle from a
 // 1024-byte aligned base: the eight 16-byte chunks of row r are permuted by XOR with r % 8.
 __host__ __device__ __forceinline__ uint32_t swizzle128_offset(uint32_t row, uint32_t col_byte) {

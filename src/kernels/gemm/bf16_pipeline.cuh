@@ -44,8 +44,6 @@ struct SmemRing {
 
   __device__ uint8_t* a(int stage) const { return tiles_a + stage * kTileBytesA; }
   __device__ uint8_t* b(int stage) const { return tiles_b + stage * TileShape<kBlockN>::kBytesB; }
-  // The first byte after the ring (1024-byte aligned): a kernel's own staging, if it has any.
-  __device__ uint8_t* end() const { return b(kStages); }
 
   // By the whole CTA, before any role starts. full_arrivals: 1 for one producer thread, more when
   // producer threads gather A rows themselves (each then arrives on every stage). empty_arrivals:

@@ -240,87 +240,6 @@ __device__ __forceinline__ uint32_t* act_counter(const ForwardParams& p, const T
   return (w.kind == TileKind::routed_gate_up ? p.act_ready : p.act_shared_ready) + w.m_block;
 }
 
-// The cooperative consumers' gate/up staging, after the ring: per warpgroup its 64 rows of act
-// columns as kBoxes boxes of 64 x 64 (128B-swizzled, the act maps' 64-row box), stored by TMA.
-template <int kBlockN>
-struct ActStaging {
-  static constexpr int kBoxes = kBlockN / 128;  // kBlockN / 2 act columns per tile
-  static constexpr int kBoxBytes = 64 * kBlockK * 2;
-  static constexpr int kBytes = kConsumers * kBoxes * kBoxBytes;
-  static_assert(kBlockK == 64 && kRowsPerBoxA == 64, "a staging box is one 64-row act box");
-  uint8_t* base;  // SmemRing::end(): 1024-byte aligned, as the swizzle needs
-  __device__ uint8_t* box(int wg, int i) const { return base + (wg * kBoxes + i) * kBoxBytes; }
-};
-
-// A warpgroup's act counter, owed until its staged stores have landed: released after the next
-// tile's mainloop, while the stores drain, but before any wait that could depend on it (else a
-// deadlock): before a down tile (it may read this block), and before a gate/up tile whose first
-// stage has not landed (its producer may wait on dispatch, and dispatch on this block's counter to
-// reuse the token ring). Once a tile's first stage has landed its producer has passed its input
-// wait, and the later stages depend only on this CTA. Only the warpgroup's first thread has
-// stores in flight and keeps the counter, in shared memory (the 256-wide consumers have no
-// registers to spare: in a register it spilled).
-struct ActOwed {
-  uint32_t** counter;  // shared; this warpgroup's slot
-  __device__ __forceinline__ void owe(uint32_t* c) const {
-    if (threadIdx.x % 128 == 0) *counter = c;
-  }
-  __device__ __forceinline__ void release() const {
-    if (threadIdx.x % 128 != 0) return;
-    if (uint32_t* c = *counter) {
-      dev::tma_store_wait_all();        // the global writes are done (not just the smem reads)
-      dev::fence_proxy_async_global();  // async-proxy writes -> the generic release
-      dev::add_release_gpu(c, 1);
-      *counter = nullptr;
-    }
-  }
-  // On a failed wait: the staging must outlive its stores, nothing is released.
-  __device__ __forceinline__ void drain() const {
-    if (threadIdx.x % 128 == 0 && *counter) dev::tma_store_wait_all();
-  }
-};
-
-// Gate/up epilogue of this warpgroup's 64 rows from row0 through shared memory (hopper-gemm.md,
-// 9): SwiGLU into its staging boxes, then its first thread stores them with TMA (whole 128-byte
-// lines, where the direct stores wrote 16 bytes per row and instruction). The caller has released
-// the previous store (ActOwed) and met the warpgroup after it: the staging is free.
-template <int kBlockN>
-__device__ __forceinline__ void stage_gate_up(const ForwardMaps& maps, const TileWork& w,
-                                              const float (&d)[kBlockN / 2],
-                                              const ActStaging<kBlockN>& staging, int wg,
-                                              int row0) {
-  // This thread's rows row_lo and row_lo + 8 share their swizzle (row % 8): the second is 8 rows
-  // (1024 bytes) after the first, and the chunk of act columns 8j.. sits at (j % 8) ^ (row % 8).
-  const Fragment f = Fragment::mine();
-  const uint32_t row_lo = uint32_t(f.row_lo);
-  const uint32_t row_addr =
-      dev::smem_addr(staging.box(wg, 0)) + row_lo * 128 + uint32_t(f.col0) * 2;
-  auto pack = [](float a, float b) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  };
-  constexpr int kUp = kBlockN / 4;  // d[i]: gate, d[i + kUp]: up of the same output (swiglu_tile)
-#pragma unroll
-  for (int j = 0; j < kBlockN / 16; ++j) {  // act columns 8j .. 8j + 7: box j / 8, chunk j % 8
-    const uint32_t at = row_addr + uint32_t(j / 8 * ActStaging<kBlockN>::kBoxBytes) +
-                        ((uint32_t(j % 8) ^ (row_lo % 8)) * 16);
-    const int i = 4 * j;
-    dev::st_shared_b32(at, pack(silu(d[i]) * d[i + kUp], silu(d[i + 1]) * d[i + 1 + kUp]));
-    dev::st_shared_b32(at + 8 * 128,
-                       pack(silu(d[i + 2]) * d[i + 2 + kUp], silu(d[i + 3]) * d[i + 3 + kUp]));
-  }
-  dev::fence_proxy_async_shared();  // every writer: its smem writes -> the TMA unit's reads
-  dev::named_barrier_sync(1 + wg, 128);
-  if (threadIdx.x % 128 == 0) {
-    const CUtensorMap* map =
-        w.kind == TileKind::routed_gate_up ? &maps.act[1] : &maps.act_shared[1];
-#pragma unroll
-    for (int i = 0; i < ActStaging<kBlockN>::kBoxes; ++i)
-      dev::tma_store_2d(map, staging.box(wg, i), w.n_tile * (kBlockN / 2) + 64 * i, row0);
-    dev::tma_store_commit();
-  }
-}
-
 // Gate/up epilogue of 64 rows from row0: SwiGLU into act (or act_shared).
 template <int kBlockN>
 __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const TileWork& w,
@@ -439,54 +358,37 @@ struct ConsumerTimes {
 // Cooperative consumers: both warpgroups work on every tile, 64 rows each (kMmaInFlight: see
 // mma_tile).
 template <int kBlockN, bool kMmaInFlight>
-__device__ __forceinline__ bool consumer_role(const ForwardMaps& maps, const ForwardParams& p,
-                                              const SmemRing<kBlockN>& ring,
+__device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
                                               const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
   const int wg = threadIdx.x / 128;
-  const ActStaging<kBlockN> staging{ring.end()};
   float d[kBlockN / 2];
   ConsumerTimes times(p);
   DownRowCounts owed;  // the last down tile's, released after the next mainloop (or at the end)
-  __shared__ uint32_t* act_owed_slots[kConsumers];
-  const ActOwed act_owed{&act_owed_slots[wg]};  // the last gate/up tile's act counter, likewise
-  act_owed.owe(nullptr);
   auto release_owed = [&] {
     const uint64_t since = times.timer.now();
     owed.release(p);
     times.timer.add(kTimeConsumerEpilogueDown, since);
     times.timer.add(kTimeConsumerEpilogue, since);
   };
-  auto release_act = [&] {
-    const uint64_t since = times.timer.now();
-    act_owed.release();
-    times.timer.add(kTimeConsumerPublish, since);
-    times.timer.add(kTimeConsumerEpilogue, since);
-  };
-  auto fail = [&](int64_t t) {
-    record_fault(p, kRoleConsumer, t);
-    act_owed.drain();
-    return false;
-  };
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
     int64_t t = 0;
     const uint64_t queue_since = times.timer.now();
-    if (!next_consumer_tile(p, queue, q, &t)) return fail(-1);
+    if (!next_consumer_tile(p, queue, q, &t)) return false;
     times.timer.add(kTimeConsumerWaitsTile, queue_since);
     if (t < 0) {
       release_owed();
-      release_act();
       times.finish(p);
       return true;
     }
     const TileWork w = tiles.at(t, p);
-    // Before any wait this tile's inputs may depend on (ActOwed).
-    if (!is_gate_up(w) || !dev::mbar_test(&ring.full[cursor.stage], cursor.phase)) release_act();
     int row0 = int(w.m_block * kBlockM + wg * 64);
     if (all_padding(p, w, row0)) {  // the last rows of an expert's segment, or past the tokens
-      release_act();
-      if (!skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles)) return fail(t);
+      if (!skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles)) {
+        record_fault(p, kRoleConsumer, t);
+        return false;
+      }
       release_owed();
       if (is_gate_up(w))  // its act rows stay unwritten: only skipped down rows read them
         publish_warpgroup(act_counter(p, w), wg);
@@ -498,16 +400,18 @@ __device__ __forceinline__ bool consumer_role(const ForwardMaps& maps, const For
     const DownRows destinations = is_gate_up(w) ? DownRows{-1, -1} : down_rows(p, w, row0);
     if (!mma_tile<kBlockN, kMmaInFlight>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles,
                                          times.timer.on, &times.starved, gathered,
-                                         &times.starved_first))
-      return fail(t);
+                                         &times.starved_first)) {
+      record_fault(p, kRoleConsumer, t);
+      return false;
+    }
     asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
     release_owed();
-    release_act();
     const uint64_t epilogue_since = times.timer.now();
     if (is_gate_up(w)) {
-      dev::named_barrier_sync(1 + wg, 128);  // after release_act's wait: the staging is free
-      stage_gate_up<kBlockN>(maps, w, d, staging, wg, row0);
-      act_owed.owe(act_counter(p, w));
+      store_gate_up<kBlockN>(p, w, d, row0);
+      const uint64_t publish_since = times.timer.now();
+      publish_warpgroup(act_counter(p, w), wg);
+      times.timer.add(kTimeConsumerPublish, publish_since);
     } else {
       owed = store_down<kBlockN>(p, w, d, destinations);
       times.timer.add(kTimeConsumerEpilogueDown, epilogue_since);

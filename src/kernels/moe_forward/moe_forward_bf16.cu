@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kPingPong)
     finished = pingpong_consumer_role<kBlockN>(p, ring, queue, mainloop_done);
   else
-    finished = consumer_role<kBlockN, kMmaInFlight>(maps, p, ring, queue);
+    finished = consumer_role<kBlockN, kMmaInFlight>(p, ring, queue);
   if (finished && !p.combine_on_dispatch_ctas) combine_role<kBlockN, true>(p);
 }
 
@@ -88,10 +88,7 @@ __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch lau
 template <int kBlockN, bool kPingPong, bool kMmaInFlight>
 struct Variant {
   static constexpr auto kernel = moe_forward_kernel<kBlockN, kPingPong, kMmaInFlight>;
-  // The ring, then the cooperative consumers' act staging (unused by ping-pong); the static
-  // shared memory (barriers, tile queue, the dispatch role's row table) needs under 2 KB beside it.
-  static constexpr int smem = TileShape<kBlockN>::kSmemBytes + ActStaging<kBlockN>::kBytes;
-  static_assert(smem + 2048 <= 232448, "shared memory of one CTA");
+  static constexpr int smem = TileShape<kBlockN>::kSmemBytes;
   static cudaError_t prepare(int* ctas_per_sm) {
     if (cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
