@@ -215,8 +215,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         const int32_t row = w.n_tile * (kBlockN / 2);
         dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, row, w.expert);
         if (up_b)
-          dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2,
-                           p.profile_flags & kProbeGateTwice ? b_map : b_up_map, bar, kb * kBlockK,
+          dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, b_up_map, bar, kb * kBlockK,
                            row, w.expert);
       } else {
         dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, w.n_tile * kBlockN, w.expert);
