@@ -27,8 +27,6 @@ inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
   fo.overlap_rows = o.overlap_rows;
   fo.pingpong_consumers = o.pingpong;
   fo.combine_on_dispatch_ctas = o.combine_on_dispatch_ctas;
-  fo.probe_half_a = o.probe_loads == "half-a" || o.probe_loads == "both";
-  fo.probe_gate_b_only = o.probe_loads == "gate-b" || o.probe_loads == "both";
   return fo;
 }
 

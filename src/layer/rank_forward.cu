@@ -350,9 +350,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.never_publish_block = fo.never_publish_block;
   p.timings = w.timings;
   p.profile_flags = (fo.profile_without_dispatch_copy ? kern::kProfileNoDispatchCopy : 0) |
-                    (fo.profile_without_combine ? kern::kProfileNoCombine : 0) |
-                    (fo.probe_half_a ? kern::kProbeHalfA : 0) |
-                    (fo.probe_gate_b_only ? kern::kProbeGateBOnly : 0);
+                    (fo.profile_without_combine ? kern::kProfileNoCombine : 0);
   return p;
 }
 

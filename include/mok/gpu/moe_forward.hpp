@@ -90,8 +90,6 @@ struct ForwardOptions {
   int64_t never_publish_block = -1;
   // Benchmarks only: drop a stage to measure what it costs (the output is then wrong).
   bool profile_without_dispatch_copy = false, profile_without_combine = false;
-  // Benchmarks only: timing probes of the L2 -> SM bytes (kern::kProbeHalfA, kProbeGateBOnly).
-  bool probe_half_a = false, probe_gate_b_only = false;
   // Benchmarks only: run the schedule kernels and memsets (under EP also the copies into the
   // window and the counts exchange), not the megakernel (nor the row-destination kernel that
   // launch_moe_forward runs before it).

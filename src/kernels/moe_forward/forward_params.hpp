@@ -136,9 +136,6 @@ enum ForwardTiming : int {
 // Stages a benchmark may drop (the output is then wrong): the dispatch copy (blocks are published
 // without gathering rows) and the combine (out is not written).
 constexpr int kProfileNoDispatchCopy = 1, kProfileNoCombine = 2;
-// Timing probes (wrong output): TMA-loaded A tiles bring rows 0-63 only; gate/up tiles load only
-// the gate half of B. They take 17% and 33% of the L2 -> SM bytes off a full tile.
-constexpr int kProbeHalfA = 4, kProbeGateBOnly = 8;
 
 // Which instantiation of the megakernel runs: tile width 128 or 256, ping-pong consumers (128
 // only), and for the cooperative consumers whether one wgmma group stays in flight across

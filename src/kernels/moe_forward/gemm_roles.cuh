@@ -179,15 +179,12 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
     // A rows are not loaded (the 64-row map): those shared-memory rows keep stale data that
     // nothing reads.
     static_assert(kBlockM == 2 * kRowsPerBoxA && kTileBytesA % 2 == 0);
-    const bool a_top_only = !gather && ((p.profile_flags & kProbeHalfA) ||
-                                        all_padding(p, w, int(w.m_block * kBlockM) + kRowsPerBoxA));
-    const bool up_b = b_up_map && !(p.profile_flags & kProbeGateBOnly);
+    const bool a_top_only = !gather && all_padding(p, w, int(w.m_block * kBlockM) + kRowsPerBoxA);
     const CUtensorMap* a_map = a_maps + (a_top_only ? 1 : 0);
-    const uint32_t bytes =
-        (gather       ? 0u
-         : a_top_only ? kTileBytesA / 2
-                      : kTileBytesA) +
-        (b_up_map && !up_b ? TileShape<kBlockN>::kBytesB / 2 : TileShape<kBlockN>::kBytesB);
+    const uint32_t bytes = (gather       ? 0u
+                            : a_top_only ? kTileBytesA / 2
+                                         : kTileBytesA) +
+                           TileShape<kBlockN>::kBytesB;
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       if (!leader && !p.gather_rows) continue;  // only the leader arrives
       const uint64_t since = timer.now();
@@ -214,9 +211,8 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       if (b_up_map) {  // block_n / 2 gate rows, then the up rows of the same outputs
         const int32_t row = w.n_tile * (kBlockN / 2);
         dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, row, w.expert);
-        if (up_b)
-          dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, b_up_map, bar, kb * kBlockK,
-                           row, w.expert);
+        dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, b_up_map, bar, kb * kBlockK, row,
+                         w.expert);
       } else {
         dev::tma_load_3d(tile_b, b_map, bar, kb * kBlockK, w.n_tile * kBlockN, w.expert);
       }
