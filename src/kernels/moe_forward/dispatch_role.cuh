@@ -142,4 +142,72 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
   return true;
 }
 
+// The row copy on the GEMM CTAs' idle producer warps (ForwardParams::copy_parts: EP = 1, the
+// dispatch-copy row path, no dispatch CTAs). The producer warpgroup's warps 1-3 issue no loads on
+// this path; every such warp of every GEMM CTA claims parts of 8 rows (block b's parts are
+// claims 16 b .. 16 b + 15) from one counter in order, copies them into the token ring and adds 1
+// to the block's counter (ready at 16). No deadlock: a warp waits only in may_gather, on blocks
+// before its own, which earlier claims copy without waiting (as for dispatch_role), and the GEMM
+// roles of its CTA never wait on these warps.
+template <int kBlockN>
+__device__ __forceinline__ void copy_rows_role(const ForwardParams& p) {
+  constexpr int kRowsPerPart = kBlockM / kCopyPartsPerBlock, kUnroll = 4;
+  static_assert(kRowsPerPart * kCopyPartsPerBlock == kBlockM && kRowsPerPart <= 32);
+  const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
+  const int lane = int(threadIdx.x % 32);
+  const int64_t parts = routed_blocks(p) * kCopyPartsPerBlock;
+  const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row
+  const uint32_t part_vecs = kRowsPerPart * row_vecs;
+  const sched::VectorWalk walk = sched::VectorWalk::make(32, row_vecs);
+  for (;;) {
+    int64_t part = 0;
+    if (lane == 0) part = atomicAdd(p.copy_next, 1u);
+    part = __shfl_sync(0xFFFFFFFFu, part, 0);
+    if (part >= parts) return;
+    const int64_t b = part / kCopyPartsPerBlock;
+    const int row0 = int(part % kCopyPartsPerBlock) * kRowsPerPart;
+    bool ok = true;
+    if (lane == 0) {
+      ok = may_gather(p, tiles, b);
+      if (!ok) record_fault(p, kRoleDispatchPacing, b);
+    }
+    if (!__shfl_sync(0xFFFFFFFFu, ok, 0)) return;
+    // Lane r < 8 holds row row0 + r's source (nullptr: padding, written as zeros).
+    const uint4* source = nullptr;
+    if (lane < kRowsPerPart) {
+      const int64_t d = p.row_destination[b * kBlockM + row0 + lane];
+      if (sched::RowDestination::rank(d) >= 0)
+        source = reinterpret_cast<const uint4*>(p.peer_x[0]) +
+                 sched::slot_token(sched::RowDestination::slot(d), p.top_k) * row_vecs;
+    }
+    uint4* const dst = reinterpret_cast<uint4*>(p.routed_x) +
+                       (b % p.ring_blocks * kBlockM + row0) * int64_t(row_vecs);
+    // The part as one flat run of vectors: lane l moves vectors l, l + 32, ... (the same trip
+    // count in every lane, so the shuffles stay converged).
+    sched::VectorWalk::Position at = walk.at(uint32_t(lane));
+    for (uint32_t base = 0; base < part_vecs; base += 32 * kUnroll) {
+      uint4 v[kUnroll];
+      sched::VectorWalk::Position pos = at;
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u, walk.advance(pos)) {
+        const uint32_t i = base + 32 * u + uint32_t(lane);
+        const uint4* src = reinterpret_cast<const uint4*>(__shfl_sync(
+            0xFFFFFFFFu, reinterpret_cast<uintptr_t>(source), int(pos.row % kRowsPerPart)));
+        v[u] = i < part_vecs && src ? __ldg(src + pos.col) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const uint32_t i = base + 32 * u + uint32_t(lane);
+        if (i < part_vecs) dst[i] = v[u];
+      }
+      at = pos;
+    }
+    __syncwarp();  // memory order: every lane's stores before lane 0's release (cumulative)
+    if (lane == 0) {
+      dev::fence_proxy_async_global();  // the readers are TMA loads
+      dev::add_release_gpu(p.x_ready + b, 1);
+    }
+  }
+}
+
 }  // namespace mok::kern
