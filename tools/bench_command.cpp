@@ -60,8 +60,6 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.balanced_routing = v == "balanced";
     } else if (a == "--sustain")
       o.sustain_seconds = std::max(0.0, std::atof(v.c_str()));
-    else if (a == "--producer-copy")
-      o.producer_copy = v == "1" || v == "yes";
     else if (a == "--graph")
       o.graph = v == "1" || v == "yes";
     else if (a == "--combine-on-dispatch-ctas")

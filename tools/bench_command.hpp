@@ -20,7 +20,6 @@ struct BenchOptions {
   bool balanced_routing = false;          // every expert T K / E rows (BenchLayer), not random
   bool pingpong = false;                  // ping-pong consumer warpgroups (128-wide tiles)
   bool combine_on_dispatch_ctas = false;  // only the dispatch CTAs combine (they need some)
-  bool producer_copy = false;  // EP = 1 copy path: the GEMM CTAs' idle producer warps copy rows
   bool graph = false;  // time mok's forward as a CUDA graph replay (no host work inside the span)
   double sustain_seconds = 0;  // > 0: each shape's forward, its cuBLAS pipeline and the dense
                                // GEMM also run back to back this long (EP = 1; for nvidia-smi)

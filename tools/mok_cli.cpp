@@ -40,8 +40,6 @@ const char* kUsage =
     "                               (t K + k) mod E, every expert T K / E rows\n"
     "      [--pingpong 1]           ping-pong consumer warpgroups (128 x 128 tiles)\n"
     "      [--combine-on-dispatch-ctas 1]  only the dispatch CTAs combine (needs dispatch CTAs)\n"
-    "      [--producer-copy 1]      EP = 1, copy row path: no dispatch CTAs, the GEMM CTAs' idle\n"
-    "                               producer warps copy the rows\n"
     "      [--sustain S]            EP = 1: also run the dense GEMM, each forward and its\n"
     "                               cuBLAS pipeline back to back for S seconds each, printing\n"
     "                               their time spans (sample power and clocks with nvidia-smi)\n"

@@ -83,17 +83,8 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
   const int share = plan.grid / ranks_in_launch;
   // Dispatch CTAs run unless a lone rank gathers all its rows itself and no option needs them
   // (under EP they bring the peers' rows).
-  require(!o.producer_warps_copy || (c.ep_size == 1 && !needs_dispatch_role(o)),
-          ErrorCode::invalid_argument,
-          std::string(who) +
-              ": producer_warps_copy needs EP = 1 and no option of the dispatch CTAs "
-              "(dispatch_ctas, dispatch_lookahead, delays, profile_without_dispatch_copy, "
-              "combine_on_dispatch_ctas)");
-  // With the gather row path there is nothing to copy: the option changes nothing there.
-  const bool producer_copy = o.producer_warps_copy && row_path == RowPath::dispatch_copy;
   const bool with_dispatch =
-      !producer_copy &&
-      (c.ep_size > 1 || row_path != RowPath::producer_gather || needs_dispatch_role(o));
+      c.ep_size > 1 || row_path != RowPath::producer_gather || needs_dispatch_role(o);
   plan.dispatch_ctas = !with_dispatch ? 0
                        : o.dispatch_ctas > 0
                            ? o.dispatch_ctas
@@ -214,7 +205,7 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   y_slots = parts.y_slots ? device_alloc<__nv_bfloat16>(size_t(max_t * K * H), what) : nullptr;
   y_shared = S ? device_alloc<__nv_bfloat16>(size_t(max_t * H), what) : nullptr;
   // What reset() zeroes before each forward, in one allocation: one memset, not four.
-  counter_words = size_t(2 * capacity_blocks + token_blocks + max_t + 3);
+  counter_words = size_t(2 * capacity_blocks + token_blocks + max_t + 2);
   auto round_up = [](size_t bytes) { return (bytes + 255) / 256 * 256; };
   const size_t fault_at = round_up(counter_words * sizeof(uint32_t));
   const size_t aborted_at = fault_at + round_up(sizeof(kern::ForwardFault));
@@ -347,11 +338,8 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.peer_token_done[o.ep_rank] = p.token_done;
   p.combine_next = p.token_done + c.max_tokens_per_rank;
   p.tile_next = p.combine_next + 1;
-  p.copy_next = p.tile_next + 1;
   p.fault = w.fault;
   p.dispatch_ctas = o.dispatch_ctas;
-  p.copy_parts =
-      c.ep_size == 1 && !o.gather_rows && o.dispatch_ctas == 0 ? kern::kCopyPartsPerBlock : 0;
   p.gather_rows = o.gather_rows ? 1 : 0;
   p.group_blocks = tile_group_blocks(fo);
   p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;

@@ -51,7 +51,7 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
   // 0-7, 11, 12, 14: dispatch CTAs copy rows first; 8-10, 13: the producers gather them (the
   // default). 12-14: ping-pong consumers.
-  std::vector<ForwardOptions> options(17);
+  std::vector<ForwardOptions> options(15);
   for (ForwardOptions& o : options) o.row_path = RowPath::dispatch_copy;
   for (size_t i : {8, 9, 10, 13}) options[i].row_path = RowPath::producer_gather;
   for (size_t i : {12, 13, 14}) options[i].pingpong_consumers = true;
@@ -68,8 +68,6 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[8].profile_wait_times = true;
   options[9].max_ctas = 1;  // one CTA: every tile in turn, then the combine
   options[10].block_n = 128;
-  options[15].producer_warps_copy = true;  // 15-16: no dispatch CTAs, producer warps copy
-  options[16].producer_warps_copy = true, options[16].max_ctas = 2, options[16].block_n = 128;
   options[11].combine_on_dispatch_ctas = true;  // the combine on the 8 dispatch CTAs only
   options[2].overlap_rows = 128;                // tile groups of one row block ...
   options[5].overlap_rows = 2 * 128;            // ... two

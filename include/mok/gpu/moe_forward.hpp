@@ -64,10 +64,6 @@ struct ForwardOptions {
   // The combine on the dispatch CTAs only (the communication SMs, which then do not join the
   // GEMMs), instead of in every CTA's idle warps; needs dispatch CTAs (the dispatch-copy row path).
   bool combine_on_dispatch_ctas = false;
-  // Where the dispatch-copy row path runs (EP = 1 only): no dispatch CTAs; the three producer
-  // warps of every GEMM CTA that issue no loads copy the routed rows instead. No dispatch-CTA
-  // option may be set beside it; with the gather row path it changes nothing.
-  bool producer_warps_copy = false;
   // Row blocks dispatch may gather ahead of the GEMMs (rows then still sit in L2 when read);
   // -1: automatic, 0: no limit, else at least 8 (one tile group).
   int dispatch_lookahead = -1;

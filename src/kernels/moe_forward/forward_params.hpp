@@ -49,9 +49,6 @@ struct ForwardMaps {
 };
 
 constexpr int kMaxRanks = 8;  // EP group sizes 1, 2, 4, 8
-// ForwardParams::copy_parts: the producer warps copy a row block in parts of 8 rows, so that the
-// first blocks are ready soon after launch (one warp moves a part in a few memory round trips).
-constexpr int kCopyPartsPerBlock = 16;
 
 struct ForwardParams {
   // Expert parallelism: this rank's place in the group, and every rank's buffers through tables of
@@ -94,11 +91,8 @@ struct ForwardParams {
   uint32_t* token_done;        // [T]: +1 per down tile that wrote one of the token's rows
   uint32_t* combine_next;      // the combine's work queue: next token
   uint32_t* tile_next;         // the GEMM tiles' work queue: next tile of the sequence
-  uint32_t* copy_next;         // with copy_parts: the row copy's work queue, next block part
   ForwardFault* fault;
   int dispatch_ctas;  // CTAs [0, dispatch_ctas) dispatch, then run the GEMMs like the rest
-  int copy_parts;     // > 0: no dispatch CTAs; the GEMM CTAs' idle producer warps copy the routed
-                      // rows (EP = 1, dispatch-copy row path), each block in this many parts
                       // (with combine_on_dispatch_ctas: then combine instead)
   int combine_on_dispatch_ctas;  // 1: only the dispatch CTAs combine (the communication SMs);
                                  // 0: every CTA's idle warps do

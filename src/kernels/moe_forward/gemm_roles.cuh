@@ -125,8 +125,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         b_map = &maps.gate, b_up_map = &maps.up;
         // Gathering at EP = 1 needs no dispatch; under EP the peers' rows come through the ring.
         if (!gather || p.ep_size > 1)
-          ready = p.x_ready + w.m_block, needed = p.copy_parts > 0 ? uint32_t(p.copy_parts) : 1u,
-          role = kRoleGateUpProducer;
+          ready = p.x_ready + w.m_block, needed = 1, role = kRoleGateUpProducer;
         break;
       case TileKind::shared_down:
         a_maps = maps.act_shared;

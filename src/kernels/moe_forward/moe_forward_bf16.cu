@@ -60,11 +60,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x / 128 == kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kForwardProducerRegs));
-    if (!gather && threadIdx.x % 128 >= 32) {
-      if (p.copy_parts > 0) copy_rows_role<kBlockN>(p);
-      return;
-    }
-    producer_role<kBlockN>(maps, p, ring, queue);
+    if (gather || threadIdx.x % 128 < 32) producer_role<kBlockN>(maps, p, ring, queue);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));
