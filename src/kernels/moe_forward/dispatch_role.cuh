@@ -142,16 +142,4 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
   return true;
 }
 
-// The row copy on the GEMM CTAs' idle producer warps (ForwardParams::copy_parts: EP = 1, the
-// dispatch-copy row path, no dispatch CTAs). The producer warpgroup's warps 1-3 issue no loads on
-// this path; every such warp of every GEMM CTA claims parts of 8 rows (block b's parts are
-// claims 16 b .. 16 b + 15) from one counter in order, copies them into the token ring and adds 1
-// to the block's counter (ready at 16). No deadlock: a warp waits only in may_gather, on blocks
-// before its own, which earlier claims copy without waiting (as for dispatch_role), and the GEMM
-// roles of its CTA never wait on these warps.
-template <int kBlockN>
-__device__ __forceinline__ void copy_rows_role(const ForwardParams& p) {
--q
-}
-
 }  // namespace mok::kern
