@@ -72,6 +72,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.row_path = v;
     } else if (a == "--breakdown")
       o.breakdown = v == "1" || v == "yes";
+    else if (a == "--stage-probes")
+      o.stage_probes = v == "1" || v == "yes";
     else
       throw UsageError("unknown option '" + a + "' for bench");
   }
@@ -120,8 +122,63 @@ struct Row {
   double profiled_ms = 0, profiled_other_ms = 0;
   gpu::ForwardProfile profile, profile_other;  // the second: the other row path
   gpu::ForwardProfile profile_no_copy;         // the dispatch-copy path without its copy
+  // --stage-probes: the megakernel as timed (0), without its GEMM loads (1), without its MMAs
+  // (2), without both (3); ms (medians of alternating rounds) and a profiled run's SM clock.
+  static constexpr int kProbes = 4;
+  double probe_ms[kProbes] = {}, probe_mhz[kProbes] = {};
   const char* bound_by;
 };
+
+// --stage-probes: the megakernel (as configured) beside itself without its GEMM tiles' loads,
+// without their MMAs, and without both, in alternating rounds; then one profiled run of each for
+// the SM clock its consumers ran at (the GPU is power-capped: dropping work raises the clock).
+void stage_probes(const Config& c, const gpu::ForwardOptions& fo, const BenchLayer& data,
+                  const BenchOptions& o, int iterations, __nv_bfloat16* out, Row& r) {
+  std::vector<gpu::ForwardOptions> options;
+  std::vector<std::unique_ptr<gpu::MoeForward>> variants;
+  for (int v = 0; v < Row::kProbes; ++v) {
+    gpu::ForwardOptions vo = fo;
+    vo.profile_without_gemm_loads = v & 1;
+    vo.profile_without_mma = v & 2;
+    options.push_back(vo);
+    variants.push_back(std::make_unique<gpu::MoeForward>(c, vo));
+  }
+  const gpu::DeviceLayerWeights weights = data.weights();
+  const gpu::DeviceBatch batch = data.batch();
+  std::vector<cudaGraphExec_t> graphs;
+  std::vector<std::function<void()>> runs;
+  for (auto& m : variants) {
+    gpu::MoeForward* f = m.get();
+    if (!o.graph) {
+      runs.push_back([f, out, batch, weights] { f->forward(batch, weights, out, nullptr); });
+      continue;
+    }
+    cudaStream_t capture;
+    cuda_ok(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "cudaStreamCreate");
+    const cudaGraphExec_t exec = capture_graph(
+        capture, [&](cudaStream_t s) { f->forward(batch, weights, out, s); },
+        "cudaStreamEndCapture (a stage probe)");
+    cudaStreamDestroy(capture);
+    graphs.push_back(exec);
+    runs.push_back([exec] { cuda_ok(cudaGraphLaunch(exec, nullptr), "cudaGraphLaunch"); });
+  }
+  std::vector<double> ms[Row::kProbes];
+  for (auto& run : runs) median_ms(run, 3);
+  for (int round = 0; round < 3; ++round)
+    for (int v = 0; v < Row::kProbes; ++v) ms[v].push_back(median_ms(runs[v], iterations));
+  for (int v = 0; v < Row::kProbes; ++v) {
+    variants[v]->check(nullptr);
+    std::sort(ms[v].begin(), ms[v].end());
+    r.probe_ms[v] = ms[v][ms[v].size() / 2];
+    gpu::ForwardOptions vo = options[v];
+    vo.profile_wait_times = true;
+    gpu::MoeForward timed(c, vo);
+    median_ms([&] { timed.forward(batch, weights, out, nullptr); }, 3);
+    timed.check(nullptr);
+    r.probe_mhz[v] = timed.last_profile(nullptr).consumer_sm_mhz;
+  }
+  for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
+}
 
 Row bench_shape(const std::string& name, Config c, int64_t tokens, int iterations,
                 const Ceilings& ceil, const BenchOptions& o) {
@@ -253,6 +310,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
     median_ms([&] { timed_no_copy.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
     r.profile_no_copy = timed_no_copy.last_profile(nullptr);
   }
+  if (o.stage_probes) stage_probes(c, fo, data, o, iterations, scratch_out.ptr, r);
   r.pct_peak = 100.0 * r.tflops / ceil.bf16_tflops;
   r.bound_ms = std::max(compute_ms, memory_ms);
   r.bound_by = compute_ms >= memory_ms ? "compute" : "weights";
@@ -321,6 +379,7 @@ int bench_command(const BenchOptions& o) {
         gpu::row_path_name(r.row_path));
     std::fflush(stdout);
   }
+  bool print_clocks = false;
   if (o.breakdown) {
     std::printf(
         "\nWhere the time goes (ms, medians; a variant that drops a stage gives a wrong output):\n"
@@ -355,6 +414,21 @@ int bench_command(const BenchOptions& o) {
             f.dispatch_copying, f.dispatch_total, f.combine_waits, f.combine_total);
       }
     }
+    print_clocks = true;
+  }
+  if (o.stage_probes) {
+    std::printf(
+        "\nStage probes (ms, medians of 3 alternating rounds; consumer SM clock in MHz from one "
+        "profiled run each): the megakernel, without its GEMM tiles' loads (the MMAs, epilogues, "
+        "dispatch and combine alone), without their MMAs (the loads and the rest alone), "
+        "without both\n| shape | T | megakernel | without the GEMM loads | without the MMAs | "
+        "without both |\n|---|---|---|---|---|---|\n");
+    for (const Row& r : rows)
+      std::printf("| %s | %lld | %.3f (%.0f) | %.3f (%.0f) | %.3f (%.0f) | %.3f (%.0f) |\n",
+                  r.name.c_str(), (long long)r.tokens, r.probe_ms[0], r.probe_mhz[0], r.probe_ms[1],
+                  r.probe_mhz[1], r.probe_ms[2], r.probe_mhz[2], r.probe_ms[3], r.probe_mhz[3]);
+  }
+  if (print_clocks) {
     std::printf(
         "\nSM clock of the consumer warpgroups over their span (clock64 cycles / %%globaltimer ns; "
         "the GPU is power-capped), profiled runs:\n| shape | T | default row path MHz | other row "

@@ -11,6 +11,8 @@ struct BenchOptions {
   int iterations = 20;
   // Also time the other row path, the copy path without its copy, no combine, the schedule alone.
   bool breakdown = false;
+  // Also time the megakernel without its GEMM loads, without its MMAs, and without both.
+  bool stage_probes = false;
   std::string row_path = "auto";          // auto, copy (dispatch CTAs) or gather (GEMM producers)
   int ep = 1;                             // > 1: the expert-parallel forward (bench_ep.cpp)
   int dispatch_ctas = 0;                  // 0: the megakernel's default

@@ -29,7 +29,9 @@ RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_p
 
 kern::ForwardKernel forward_kernel(int block_n, const ForwardOptions& o, RowPath row_path) {
   return {block_n, o.pingpong_consumers,
-          !o.pingpong_consumers && row_path == RowPath::dispatch_copy};
+          !o.pingpong_consumers && row_path == RowPath::dispatch_copy,
+          (o.profile_without_gemm_loads ? kern::kProbeNoGemmLoads : 0) |
+              (o.profile_without_mma ? kern::kProbeNoMma : 0)};
 }
 
 int tile_group_blocks(const ForwardOptions& o) {
@@ -61,6 +63,12 @@ LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ran
           std::string(who) +
               ": pingpong_consumers needs block_n = 128 or 0 (one warpgroup holds a whole "
               "128-row tile: two 64 x 128 accumulators)");
+  require((!o.profile_without_gemm_loads && !o.profile_without_mma) ||
+              (!o.pingpong_consumers && plan.block_n == 256),
+          ErrorCode::invalid_argument,
+          std::string(who) +
+              ": profile_without_gemm_loads and profile_without_mma are built for the "
+              "cooperative consumers with block_n 256 only (not pingpong_consumers, not 128)");
   plan.wait_seconds = o.wait_seconds;
   if (plan.wait_seconds == 0) {
     const char* env = std::getenv("MOK_WAIT_SECONDS");

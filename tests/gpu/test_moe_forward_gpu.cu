@@ -194,6 +194,39 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   EXPECT_THROW(plain.last_profile(nullptr), mok::Error);
 }
 
+// mok bench --stage-probes: the megakernel without its GEMM loads, without its MMAs, or without
+// both, on either row path, runs to its end with every wait and hand-off intact (no fault, no
+// hang), and without the MMAs every output element is written and zero (SwiGLU(0, 0) = 0, every
+// expert output 0, the combine's sum 0), so the probe cannot silently skip an epilogue or the
+// combine. Ping-pong consumers refuse the MMA probe.
+TEST(MoeForwardGpu, StageProbesKeepEveryHandOff) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset("tiny");
+  const mok::LayerParams p = mok::tools::random_params(c, 38);
+  const GpuLayer layer(p);
+  const mok::Batch b = mok::tools::random_batch(c, 777, 39);
+  for (RowPath path : {RowPath::dispatch_copy, RowPath::producer_gather}) {
+    for (int probe = 1; probe < 4; ++probe) {
+      ForwardOptions o;
+      o.row_path = path;
+      o.profile_without_gemm_loads = probe & 1;
+      o.profile_without_mma = probe & 2;
+      MoeForward f(c, o);
+      const std::vector<double> out = gpu_forward(f, c, layer, b);  // check(): no fault
+      if (!o.profile_without_mma) continue;
+      for (size_t i = 0; i < out.size(); ++i)
+        ASSERT_EQ(out[i], 0.0) << "element " << i << ", probe " << probe << ", "
+                               << mok::gpu::row_path_name(path);
+    }
+  }
+  MoeForward healthy(c);  // and the GPU is left as it was
+  expect_matches_reference(c, p, b, gpu_forward(healthy, c, layer, b));
+  ForwardOptions pingpong;
+  pingpong.pingpong_consumers = true;
+  pingpong.profile_without_mma = true;
+  EXPECT_THROW(MoeForward(c, pingpong), mok::Error);
+}
+
 // automatic: the producers gather, unless an option needs the dispatch role or rows per expert
 // x I reach 128 x 2048 (copy_rows_pays_off).
 TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {

@@ -90,6 +90,10 @@ struct ForwardOptions {
   int64_t never_publish_block = -1;
   // Benchmarks only: drop a stage to measure what it costs (the output is then wrong).
   bool profile_without_dispatch_copy = false, profile_without_combine = false;
+  // Benchmarks only: the GEMM tiles without their loads (TMA and gather; the consumers multiply
+  // what the ring holds), or without their MMAs (the consumers store zeros). Every wait stays, so
+  // each gives the time the other resource alone would allow.
+  bool profile_without_gemm_loads = false, profile_without_mma = false;
   // Benchmarks only: run the schedule kernels and memsets (under EP also the copies into the
   // window and the counts exchange), not the megakernel (nor the row-destination kernel that
   // launch_moe_forward runs before it).

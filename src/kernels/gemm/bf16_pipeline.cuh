@@ -99,7 +99,9 @@ __device__ __forceinline__ bool wait_stage_full(
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
 // timed / waited_ns / gathered: as for wait_stage_full; first_waited_ns also gets the first
 // stage's wait (starved at the tile boundary).
-template <int kBlockN, bool kInFlight = false>
+// kMultiply = false (a benchmark's stage probe): every stage is awaited and released, nothing is
+// multiplied, and d is zero.
+template <int kBlockN, bool kInFlight = false, bool kMultiply = true>
 __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
                                          dev::RingCursor<TileShape<kBlockN>::kStages>& c,
                                          int k_blocks, int wg, uint64_t wait_cycles,
@@ -108,6 +110,10 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
                                          uint64_t* first_waited_ns = nullptr) {
   const bool arrives = threadIdx.x % 32 == 0;
   int in_flight = -1;  // kInFlight: the stage the last issued wgmma group reads
+  if constexpr (!kMultiply) {
+#pragma unroll
+    for (float& x : d) x = 0.0f;
+  }
   for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
     const uint64_t before = timed ? *waited_ns : 0;
     if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered)) {
@@ -115,6 +121,10 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2], const SmemRing
       return false;
     }
     if (timed && kb == 0 && first_waited_ns) *first_waited_ns += *waited_ns - before;
+    if constexpr (!kMultiply) {
+      if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
+      continue;
+    }
     // This warpgroup's 64 rows start 64 * 128 bytes into the A tile.
     const uint64_t da =
         dev::smem_desc_kmajor_sw128(dev::smem_addr(ring.a(c.stage) + wg * 64 * 128));

@@ -134,8 +134,14 @@ enum ForwardTiming : int {
 };
 
 // Stages a benchmark may drop (the output is then wrong): the dispatch copy (blocks are published
-// without gathering rows) and the combine (out is not written).
+// without gathering rows) and the combine (out is not written), read at run time.
 constexpr int kProfileNoDispatchCopy = 1, kProfileNoCombine = 2;
+// Stage probes (benchmarks), instantiations of their own (ForwardKernel::probe): in the kernel
+// the production code runs, a run-time branch around the loads or the MMAs made ptxas spill ~900
+// bytes. kProbeNoGemmLoads: the producer arrives on each stage without loading it (the consumers
+// multiply what the ring holds); kProbeNoMma: the consumers pass each stage on and store zeros.
+// Every wait and hand-off stays.
+constexpr int kProbeNoGemmLoads = 1, kProbeNoMma = 2;
 
 // Which instantiation of the megakernel runs: tile width 128 or 256, ping-pong consumers (128
 // only), and for the cooperative consumers whether one wgmma group stays in flight across
@@ -144,6 +150,7 @@ struct ForwardKernel {
   int block_n = 256;
   bool pingpong = false;
   bool mma_in_flight = false;
+  int probe = 0;  // kProbe* (benchmarks): cooperative block_n 256 only
 };
 
 // Once per device, before launches: the shared-memory opt-in, and how many CTAs fit on one SM

@@ -90,7 +90,7 @@ __device__ __forceinline__ bool all_padding(const ForwardParams& p, const TileWo
 // arrive. A gathering thread's arrival is counted by cp.async (noinc) when its copies land; the
 // leader's copies get an extra (uncounted) arrival before its arrive_expect_tx for B, so the phase
 // cannot complete before they land either.
-template <int kBlockN>
+template <int kBlockN, int kProbe = 0>
 __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const ForwardParams& p,
                                               const SmemRing<kBlockN>& ring,
                                               const TileQueue& queue) {
@@ -196,7 +196,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
       timer.add(kTimeProducerWaitsRing, since);
       uint64_t* bar = &ring.full[cursor.stage];
       if (gather) {
-        rows.copy(ring.a(cursor.stage), kb);
+        if constexpr (!(kProbe & kProbeNoGemmLoads)) rows.copy(ring.a(cursor.stage), kb);
         if (leader)
           dev::cp_async_arrive_extra(bar);
         else
@@ -205,6 +205,10 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         dev::mbar_arrive(bar);
       }
       if (!leader) continue;
+      if constexpr (kProbe & kProbeNoGemmLoads) {  // a stage probe: arrive, load nothing
+        dev::mbar_arrive(bar);
+        continue;
+      }
       dev::mbar_arrive_expect_tx(bar, bytes);
       uint8_t* tile_b = ring.b(cursor.stage);
       if (!gather) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, a_row);
@@ -357,7 +361,7 @@ struct ConsumerTimes {
 
 // Cooperative consumers: both warpgroups work on every tile, 64 rows each (kMmaInFlight: see
 // mma_tile).
-template <int kBlockN, bool kMmaInFlight>
+template <int kBlockN, bool kMmaInFlight, int kProbe = 0>
 __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
                                               const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
@@ -398,9 +402,9 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     // A down tile's row destinations are loaded before its mainloop: with the L2 saturated their
     // latency would otherwise open the epilogue while the tensor cores idle.
     const DownRows destinations = is_gate_up(w) ? DownRows{-1, -1} : down_rows(p, w, row0);
-    if (!mma_tile<kBlockN, kMmaInFlight>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles,
-                                         times.timer.on, &times.starved, gathered,
-                                         &times.starved_first)) {
+    if (!mma_tile<kBlockN, kMmaInFlight, !(kProbe & kProbeNoMma)>(
+            d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on, &times.starved,
+            gathered, &times.starved_first)) {
       record_fault(p, kRoleConsumer, t);
       return false;
     }

@@ -21,7 +21,8 @@ static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRe
 // The grid is split into launch.ranks contiguous shares, one per logical rank (one share for a
 // real EP rank); inside a share the first dispatch_ctas CTAs dispatch, then join the others in the
 // GEMMs. kMmaInFlight: the cooperative consumers keep one wgmma group in flight (mma_tile).
-template <int kBlockN, bool kPingPong, bool kMmaInFlight>
+// kProbe: a benchmark's stage probe (kProbe*), 0 in every forward that computes.
+template <int kBlockN, bool kPingPong, bool kMmaInFlight, int kProbe>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
   const int per_rank = int(gridDim.x) / launch.ranks;
@@ -60,7 +61,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x / 128 == kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kForwardProducerRegs));
-    if (gather || threadIdx.x % 128 < 32) producer_role<kBlockN>(maps, p, ring, queue);
+    if (gather || threadIdx.x % 128 < 32) producer_role<kBlockN, kProbe>(maps, p, ring, queue);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));
@@ -68,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if constexpr (kPingPong)
     finished = pingpong_consumer_role<kBlockN>(p, ring, queue, mainloop_done);
   else
-    finished = consumer_role<kBlockN, kMmaInFlight>(p, ring, queue);
+    finished = consumer_role<kBlockN, kMmaInFlight, kProbe>(p, ring, queue);
   if (finished && !p.combine_on_dispatch_ctas) combine_role<kBlockN, true>(p);
 }
 
@@ -84,10 +85,11 @@ __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch lau
   }
 }
 
-// The instantiations: ping-pong (block_n 128 only), and cooperative with either mainloop.
-template <int kBlockN, bool kPingPong, bool kMmaInFlight>
+// The instantiations: ping-pong (block_n 128 only), and cooperative with either mainloop; the
+// stage probes for cooperative block_n 256 only (the shapes the benchmarks measure).
+template <int kBlockN, bool kPingPong, bool kMmaInFlight, int kProbe = 0>
 struct Variant {
-  static constexpr auto kernel = moe_forward_kernel<kBlockN, kPingPong, kMmaInFlight>;
+  static constexpr auto kernel = moe_forward_kernel<kBlockN, kPingPong, kMmaInFlight, kProbe>;
   static constexpr int smem = TileShape<kBlockN>::kSmemBytes;
   static cudaError_t prepare(int* ctas_per_sm) {
     if (cudaError_t e =
@@ -102,9 +104,29 @@ struct Variant {
 };
 
 // Calls f with the Variant of k (false: no such instantiation).
+template <int kProbe, class F>
+void with_probe(bool mma_in_flight, F&& f) {
+  mma_in_flight ? f(Variant<256, false, true, kProbe>{}) : f(Variant<256, false, false, kProbe>{});
+}
+
 template <class F>
 bool with_variant(const ForwardKernel& k, F&& f) {
-  if (k.pingpong) {
+  if (k.probe != 0) {
+    if (k.pingpong || k.block_n != 256) return false;
+    switch (k.probe) {
+      case kProbeNoGemmLoads:
+        with_probe<kProbeNoGemmLoads>(k.mma_in_flight, f);
+        break;
+      case kProbeNoMma:
+        with_probe<kProbeNoMma>(k.mma_in_flight, f);
+        break;
+      case kProbeNoGemmLoads | kProbeNoMma:
+        with_probe<kProbeNoGemmLoads | kProbeNoMma>(k.mma_in_flight, f);
+        break;
+      default:
+        return false;
+    }
+  } else if (k.pingpong) {
     if (k.block_n != 128 || k.mma_in_flight) return false;
     f(Variant<128, true, false>{});
   } else if (k.block_n == 256) {
