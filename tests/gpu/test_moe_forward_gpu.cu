@@ -204,7 +204,7 @@ TEST(MoeForwardGpu, StageProbesKeepEveryHandOff) {
   const mok::Config c = mok::preset("tiny");
   const mok::LayerParams p = mok::tools::random_params(c, 38);
   const GpuLayer layer(p);
-  const mok::Batch b = mok::tools::random_batch(c, 777, 39);
+  const mok::Batch b = mok::tools::random_batch(c, 500, 39);
   for (RowPath path : {RowPath::dispatch_copy, RowPath::producer_gather}) {
     for (int probe = 1; probe < 4; ++probe) {
       ForwardOptions o;
