@@ -125,7 +125,8 @@ struct Row {
   // --stage-probes: the megakernel as timed (0), without its GEMM loads (1), without its MMAs
   // (2), without both (3); ms (medians of alternating rounds) and a profiled run's SM clock.
   static constexpr int kProbes = 4;
-  double probe_ms[kProbes] = {}, probe_mhz[kProbes] = {};
+  double probe_ms[kProbes] = {};
+  gpu::ForwardProfile probe_profile[kProbes];  // one profiled run of each
   const char* bound_by;
 };
 
@@ -175,7 +176,7 @@ void stage_probes(const Config& c, const gpu::ForwardOptions& fo, const BenchLay
     gpu::MoeForward timed(c, vo);
     median_ms([&] { timed.forward(batch, weights, out, nullptr); }, 3);
     timed.check(nullptr);
-    r.probe_mhz[v] = timed.last_profile(nullptr).consumer_sm_mhz;
+    r.probe_profile[v] = timed.last_profile(nullptr);
   }
   for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
 }
@@ -424,9 +425,32 @@ int bench_command(const BenchOptions& o) {
         "without both\n| shape | T | megakernel | without the GEMM loads | without the MMAs | "
         "without both |\n|---|---|---|---|---|---|\n");
     for (const Row& r : rows)
-      std::printf("| %s | %lld | %.3f (%.0f) | %.3f (%.0f) | %.3f (%.0f) | %.3f (%.0f) |\n",
-                  r.name.c_str(), (long long)r.tokens, r.probe_ms[0], r.probe_mhz[0], r.probe_ms[1],
-                  r.probe_mhz[1], r.probe_ms[2], r.probe_mhz[2], r.probe_ms[3], r.probe_mhz[3]);
+      std::printf(
+          "| %s | %lld | %.3f (%.0f) | %.3f (%.0f) | %.3f (%.0f) | %.3f (%.0f) |\n", r.name.c_str(),
+          (long long)r.tokens, r.probe_ms[0], r.probe_profile[0].consumer_sm_mhz, r.probe_ms[1],
+          r.probe_profile[1].consumer_sm_mhz, r.probe_ms[2], r.probe_profile[2].consumer_sm_mhz,
+          r.probe_ms[3], r.probe_profile[3].consumer_sm_mhz);
+    static const char* kProbeNames[Row::kProbes] = {"megakernel", "without the GEMM loads",
+                                                    "without the MMAs", "without both"};
+    std::printf(
+        "\nWaits inside each stage probe (the profiled run; ms per participant, as in the "
+        "breakdown's table):\n| shape | T | variant | GEMM producer waits for dispatch / "
+        "activations / a free stage (per CTA) | consumers starved (on first stages) / epilogue "
+        "(down tiles; gate/up publishing) / waiting for a tile / busy (per warpgroup) | dispatch "
+        "copying / total (per CTA) | combine waits / total (per warp) |\n"
+        "|---|---|---|---|---|---|---|\n");
+    for (const Row& r : rows)
+      for (int v = 0; v < Row::kProbes; ++v) {
+        const gpu::ForwardProfile& f = r.probe_profile[v];
+        std::printf(
+            "| %s | %lld | %s | %.3f / %.3f / %.3f | %.3f (%.3f) / %.3f (%.3f; %.3f) / %.3f / "
+            "%.3f | %.3f / %.3f | %.3f / %.3f |\n",
+            r.name.c_str(), (long long)r.tokens, kProbeNames[v], f.gate_up_waits_dispatch,
+            f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved,
+            f.consumer_starved_first, f.consumer_epilogue, f.consumer_epilogue_down,
+            f.consumer_publish, f.consumer_waits_tile, f.consumer_total, f.dispatch_copying,
+            f.dispatch_total, f.combine_waits, f.combine_total);
+      }
   }
   if (print_clocks) {
     std::printf(

@@ -35,11 +35,8 @@ __device__ __forceinline__ bool mbar_try_wait(uint64_t* bar, uint32_t parity) {
   return done != 0;
 }
 // Bounded wait for the phase of `parity`; false on timeout.
-#ifndef MOK_MBAR_MAX_SLEEP_NS
-#define MOK_MBAR_MAX_SLEEP_NS 1024
-#endif
 __device__ __forceinline__ bool mbar_wait(uint64_t* bar, uint32_t parity, uint64_t max_cycles) {
-  return spin_until<MOK_MBAR_MAX_SLEEP_NS>([&] { return mbar_try_wait(bar, parity); }, max_cycles);
+  return spin_until([&] { return mbar_try_wait(bar, parity); }, max_cycles);
 }
 
 // A ring position shared by a producer and its consumers: both walk the same sequence, so stage

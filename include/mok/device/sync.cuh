@@ -86,19 +86,16 @@ __device__ __forceinline__ void store_release_sys(uint32_t* p, uint32_t v) {
 }
 
 // Spins until `ready()` or until `max_cycles` have passed; false on timeout. The caller records
-// what it waited for and exits cleanly instead of trapping. Between polls it sleeps 32 ns,
-// doubling up to kMaxSleepNs (0: no sleep).
-template <uint32_t kMaxSleepNs = 1024, class Ready>
+// what it waited for and exits cleanly instead of trapping.
+template <class Ready>
 __device__ __forceinline__ bool spin_until(Ready ready, uint64_t max_cycles) {
   if (ready()) return true;
   const uint64_t start = clock64();
   uint32_t backoff = 32;
   while (!ready()) {
     if (clock64() - start > max_cycles) return false;
-    if constexpr (kMaxSleepNs > 0) {
-      __nanosleep(backoff);
-      backoff = backoff < kMaxSleepNs ? backoff * 2 : backoff;
-    }
+    __nanosleep(backoff);
+    backoff = backoff < 1024 ? backoff * 2 : backoff;
   }
   return true;
 }
