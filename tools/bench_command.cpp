@@ -62,8 +62,6 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.sustain_seconds = std::max(0.0, std::atof(v.c_str()));
     else if (a == "--graph")
       o.graph = v == "1" || v == "yes";
-    else if (a == "--dispatch-bulk")
-      o.dispatch_bulk = v == "1" || v == "yes";
     else if (a == "--combine-on-dispatch-ctas")
       o.combine_on_dispatch_ctas = v == "1" || v == "yes";
     else if (a == "--ep")

@@ -27,7 +27,6 @@ inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
   fo.overlap_rows = o.overlap_rows;
   fo.pingpong_consumers = o.pingpong;
   fo.combine_on_dispatch_ctas = o.combine_on_dispatch_ctas;
-  fo.dispatch_bulk_copies = o.dispatch_bulk;
   return fo;
 }
 

@@ -39,7 +39,6 @@ const char* kUsage =
     "      [--routing R]            random (default) or balanced: slot (t, k) to expert\n"
     "                               (t K + k) mod E, every expert T K / E rows\n"
     "      [--pingpong 1]           ping-pong consumer warpgroups (128 x 128 tiles)\n"
-    "      [--dispatch-bulk 1]      the dispatch copy through bulk (TMA) copies of whole rows\n"
     "      [--combine-on-dispatch-ctas 1]  only the dispatch CTAs combine (needs dispatch CTAs)\n"
     "      [--sustain S]            EP = 1: also run the dense GEMM, each forward and its\n"
     "                               cuBLAS pipeline back to back for S seconds each, printing\n"

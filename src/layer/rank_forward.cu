@@ -181,8 +181,6 @@ const char* fault_role_name(int role) {
       return "dispatch waiting for the GEMMs to reach the tiles before row block";
     case kern::kRoleProducerRing:
       return "a producer waiting for a free ring stage, at tile";
-    case kern::kRoleDispatchCopy:
-      return "dispatch waiting for its bulk copy of a row of row block";
     default:
       return "an unknown role";
   }
@@ -354,7 +352,6 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.group_blocks = tile_group_blocks(fo);
   p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;
   p.dispatch_lookahead = o.dispatch_lookahead;
-  p.dispatch_bulk = fo.dispatch_bulk_copies ? 1 : 0;
   p.wait_cycles = o.wait_cycles;
   p.delay_ns = fo.dispatch_delay_ns;
   p.delay_seed = fo.delay_seed + uint32_t(o.ep_rank);

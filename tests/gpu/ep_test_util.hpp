@@ -22,15 +22,13 @@ struct EpCase {
   int64_t overlap_rows = 0;
   bool pingpong_consumers = false;
   mok::gpu::RowPath row_path = mok::gpu::RowPath::automatic;  // automatic: the producer gather
-  bool dispatch_bulk = false;  // dispatch moves rows by bulk copies through shared memory
 };
 
 // The standard cases for `ranks` ranks: random, uneven with an empty rank, all tokens to rank 0,
 // all to one expert, a one-block ring, a three-block ring with random dispatch delays, the
 // combine on the dispatch CTAs only, two-block tile groups (overlap_rows) with delays, and
 // ping-pong consumers with delays; each on both row paths (the producers gathering the rank's own
-// rows, the default, and every row copied through the ring); and the three-block ring with delays
-// on both row paths with dispatch by bulk copies.
+// rows, the default, and every row copied through the ring).
 inline std::vector<EpCase> standard_cases(int ranks) {
   std::vector<EpCase> cases;
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300)});
@@ -48,12 +46,6 @@ inline std::vector<EpCase> standard_cases(int ranks) {
   for (size_t i = 0; i < gathered; ++i) {
     cases.push_back(cases[i]);
     cases.back().row_path = mok::gpu::RowPath::dispatch_copy;
-  }
-  // Dispatch by bulk copies: a three-block ring with delays, gathering and copying every row.
-  for (mok::gpu::RowPath path : {mok::gpu::RowPath::automatic, mok::gpu::RowPath::dispatch_copy}) {
-    cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 3 * 128, 100'000});
-    cases.back().row_path = path;
-    cases.back().dispatch_bulk = true;
   }
   return cases;
 }
@@ -95,7 +87,6 @@ inline mok::gpu::ForwardOptions case_options(const EpCase& k) {
   o.overlap_rows = k.overlap_rows;
   o.pingpong_consumers = k.pingpong_consumers;
   o.row_path = k.row_path;
-  o.dispatch_bulk_copies = k.dispatch_bulk;
   return o;
 }
 

@@ -49,9 +49,9 @@ mok::Config widest_routing_config() {
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
-  // 0-7, 11, 12, 14-16: dispatch CTAs copy rows first; 8-10, 13: the producers gather them (the
-  // default). 12-14: ping-pong consumers. 15, 16: the dispatch copy by bulk copies.
-  std::vector<ForwardOptions> options(17);
+  // 0-7, 11, 12, 14: dispatch CTAs copy rows first; 8-10, 13: the producers gather them (the
+  // default). 12-14: ping-pong consumers.
+  std::vector<ForwardOptions> options(15);
   for (ForwardOptions& o : options) o.row_path = RowPath::dispatch_copy;
   for (size_t i : {8, 9, 10, 13}) options[i].row_path = RowPath::producer_gather;
   for (size_t i : {12, 13, 14}) options[i].pingpong_consumers = true;
@@ -72,9 +72,6 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   options[2].overlap_rows = 128;                // tile groups of one row block ...
   options[5].overlap_rows = 2 * 128;            // ... two
   options[9].overlap_rows = 3 * 128;            // ... three, gathering
-  options[15].dispatch_bulk_copies = true;
-  options[16].dispatch_bulk_copies = true, options[16].block_n = 128;
-  options[16].max_ctas = 3, options[16].dispatch_ctas = 1;
   for (const mok::Config& c :
        {mok::preset("tiny"), odd_config(1), odd_config(0), widest_routing_config()}) {
     const mok::LayerParams p = mok::tools::random_params(c, 31);

@@ -1,8 +1,7 @@
 // Each device primitive on the GPU: TMA loads through an mbarrier ring (swizzle layout and phase
 // bookkeeping), TMA stores, wgmma against a CPU product, release/acquire handoffs between CTAs,
-// a bounded wait that times out, named barriers, elect_one and thread_index_here, cp.async row
-// gathers tracked by an mbarrier (counted and extra arrivals, zero fill, the 128B swizzle), and
-// non-tensor bulk copies global -> shared -> global reusing one slot.
+// a bounded wait that times out, named barriers, elect_one and thread_index_here, and cp.async row
+// gathers tracked by an mbarrier (counted and extra arrivals, zero fill, the 128B swizzle).
 #include <cuda_bf16.h>
 
 #include <cmath>
@@ -89,30 +88,6 @@ __global__ void store_kernel(const __grid_constant__ CUtensorMap map, int x, int
     tma_store_commit();
     tma_store_wait_all();
   }
-}
-
-// ---- bulk copies: rows[i] -> smem slot (mbarrier) -> out row i, the slot reused each time ------
-__global__ void bulk_copy_kernel(const uint8_t* src, const int* rows, int n, uint32_t row_bytes,
-                                 uint8_t* out, int* timed_out) {
-  extern __shared__ __align__(128) uint8_t slot[];
-  __shared__ uint64_t full;
-  if (threadIdx.x != 0) return;
-  mbar_init(&full, 1);
-  mbar_fence_init();
-  uint32_t phase = 0;
-  for (int i = 0; i < n; ++i) {
-    if (i > 0) tma_store_wait_read();  // the previous store has read the slot
-    mbar_arrive_expect_tx(&full, row_bytes);
-    bulk_load(slot, src + size_t(rows[i]) * row_bytes, row_bytes, &full);
-    if (!mbar_wait(&full, phase, kTimeoutCycles)) {
-      *timed_out = 1;
-      return;
-    }
-    phase ^= 1u;
-    bulk_store(out + size_t(i) * row_bytes, slot, row_bytes);
-    tma_store_commit();
-  }
-  tma_store_wait_all();
 }
 
 // ---- wgmma: D[64x128] = A[64x64] B[128x64]^T from TMA-loaded tiles -----------------------------
@@ -310,33 +285,6 @@ TEST(PrimitivesGpu, TmaStoreWritesTheBoxAndNothingElse) {
       const uint16_t want = inside ? uint16_t((r - kBoxRows) * 64 + (c - 64)) : uint16_t(0xABAB);
       ASSERT_EQ(got[size_t(r * cols + c)], want) << r << " " << c;
     }
-}
-
-// Rows picked out of order (one twice) and stored in sequence; the row after the last stays
-// poisoned, so a copy of the wrong size or place shows.
-TEST(PrimitivesGpu, BulkCopiesMoveRowsThroughOneSharedSlot) {
-  MOK_REQUIRE_GPU();
-  const uint32_t row_bytes = 7168 * 2;  // a dsv3 row
-  const int src_rows = 9;
-  const std::vector<int> pick = {4, 0, 8, 4, 1, 7};
-  std::vector<uint16_t> src_host = pattern(size_t(src_rows) * row_bytes / 2);
-  DeviceBuffer<uint16_t> src(src_host);
-  DeviceBuffer<int> rows(pick);
-  const int n = int(pick.size());
-  DeviceBuffer<uint8_t> out(size_t(n + 1) * row_bytes, 0xCD);
-  DeviceBuffer<int> timed_out(std::vector<int>{0});
-  MOK_CUDA_OK(cudaError_t(opt_in_smem((const void*)bulk_copy_kernel, int(row_bytes))));
-  bulk_copy_kernel<<<1, 32, row_bytes>>>(reinterpret_cast<const uint8_t*>(src.ptr), rows.ptr, n,
-                                         row_bytes, out.ptr, timed_out.ptr);
-  MOK_CUDA_OK(cudaDeviceSynchronize());
-  ASSERT_EQ(timed_out.to_host()[0], 0);
-  const std::vector<uint8_t> got = out.to_host();
-  const uint8_t* want = reinterpret_cast<const uint8_t*>(src_host.data());
-  for (int i = 0; i < n; ++i)
-    for (uint32_t b = 0; b < row_bytes; ++b)
-      ASSERT_EQ(got[size_t(i) * row_bytes + b], want[size_t(pick[size_t(i)]) * row_bytes + b])
-          << "row " << i << " byte " << b;
-  for (uint32_t b = 0; b < row_bytes; ++b) ASSERT_EQ(got[size_t(n) * row_bytes + b], 0xCD);
 }
 
 TEST(PrimitivesGpu, WgmmaBf16MatchesTheCpuProduct) {

@@ -67,9 +67,6 @@ struct ForwardOptions {
   // Row blocks dispatch may gather ahead of the GEMMs (rows then still sit in L2 when read);
   // -1: automatic, 0: no limit, else at least 8 (one tile group).
   int dispatch_lookahead = -1;
-  // The dispatch copy through bulk copies (TMA, global -> shared -> global, one row per copy,
-  // the CTA's shared memory as staging) instead of 16-byte loads and stores through registers.
-  bool dispatch_bulk_copies = false;
   // Overlap granularity (Mixture-of-Kittens' minibatch): routed rows per tile group. GEMM tiles
   // start per 128-row block as soon as it is dispatched; inside a group the CTAs sweep every
   // n-tile of the group's blocks before the next group (so the group's rows stay in L2 and each

@@ -61,60 +61,6 @@ __device__ __forceinline__ bool may_gather(const ForwardParams& p,
   return wait_unless_aborted(p, [&] { return *claimed >= target; });
 }
 
-// The bulk-copy path (ForwardParams::dispatch_bulk): the dispatch CTA's shared memory (the GEMM
-// ring's, unused until it joins the GEMMs) is cut into row-sized slots, one per owning thread,
-// spread over the warps (bulk copies issued by lanes of one warp go one after another). An owner
-// loads a row into its slot (TMA, completing on the slot's mbarrier), stores it to the ring from
-// there, and reuses the slot once that store has read it: with ~190 KB in flight per SM against
-// the register path's 96 KB. Padding rows are zeroed by every thread with 16-byte stores.
-constexpr int kMaxBulkSlots = 32;
-struct BulkSlots {
-  uint8_t* base;
-  uint64_t* full;  // [kMaxBulkSlots]
-  uint32_t row_bytes;
-  int slots;
-  __device__ int mine() const {  // this thread's slot, or -1
-    const int warps = int(blockDim.x) / 32;
-    const int s = int(threadIdx.x % 32) * warps + int(threadIdx.x / 32);
-    return s < slots ? s : -1;
-  }
-};
-
-// Copies the block's rows (row_source / row_copied) to dst; false if a copy's wait expired. Every
-// owner's stores have completed when it returns (the caller's release hands them to TMA readers).
-__device__ __forceinline__ bool bulk_copy_block(const ForwardParams& p, const BulkSlots& slots,
-                                                const uint4* const* row_source,
-                                                const bool* row_copied, uint8_t* dst,
-                                                uint32_t& phase) {
-  bool ok = true;
-  const int s = slots.mine();
-  if (s >= 0) {
-    uint8_t* slot = slots.base + size_t(s) * slots.row_bytes;
-    bool stored = false;
-    for (int r = s; r < kBlockM; r += slots.slots) {
-      if (!row_copied[r] || !row_source[r]) continue;
-      if (stored) dev::tma_store_wait_read();  // the slot's last store has read it
-      dev::mbar_arrive_expect_tx(&slots.full[s], slots.row_bytes);
-      dev::bulk_load(slot, row_source[r], slots.row_bytes, &slots.full[s]);
-      if (!dev::mbar_wait(&slots.full[s], phase, p.wait_cycles)) {
-        ok = false;
-        break;
-      }
-      phase ^= 1u;
-      dev::bulk_store(dst + size_t(r) * slots.row_bytes, slot, slots.row_bytes);
-      dev::tma_store_commit();
-      stored = true;
-    }
-    dev::tma_store_wait_all();  // written, before the block's release
-  }
-  const uint32_t row_vecs = slots.row_bytes / 16;  // padding rows: zeros
-  for (uint32_t i = threadIdx.x; i < kBlockM * row_vecs; i += blockDim.x) {
-    const uint32_t r = i / row_vecs;
-    if (row_copied[r] && !row_source[r]) reinterpret_cast<uint4*>(dst)[i] = make_uint4(0, 0, 0, 0);
-  }
-  return ok;
-}
-
 // False when a bounded wait expired (recorded); every thread returns the same. Not inlined: the
 // dispatch CTAs run the GEMM roles afterwards, and inlined into that path ptxas spilled ~1 KB in
 // the 128 x 256 kernel; as a call it keeps its own registers (0 spills, ptxas -v).
@@ -126,8 +72,6 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
   __shared__ const uint4* row_source[kBlockM];
   __shared__ bool row_copied[kBlockM];
   __shared__ int paced_ok;
-  __shared__ uint64_t bulk_full[kMaxBulkSlots];
-  extern __shared__ uint8_t dispatch_smem[];  // the GEMM ring's dynamic shared memory
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   const int64_t blocks = routed_blocks(p);
   RoleTimer timer(p);  // thread 0 reports
@@ -136,18 +80,6 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
   const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row
   const uint32_t block_vecs = kBlockM * row_vecs;
   const sched::VectorWalk walk = sched::VectorWalk::make(blockDim.x, row_vecs);
-  BulkSlots slots{};
-  uint32_t bulk_phase = 0;
-  if (p.dispatch_bulk) {
-    slots = {reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(dispatch_smem) + 1023) &
-                                        ~uintptr_t(1023)),
-             bulk_full, row_vecs * 16u, 0};
-    const int fit = int((TileShape<kBlockN>::kSmemBytes - 1024) / int(slots.row_bytes));
-    slots.slots = fit < kMaxBulkSlots ? fit : kMaxBulkSlots;
-    if (threadIdx.x < uint32_t(slots.slots)) dev::mbar_init(&bulk_full[threadIdx.x], 1);
-    dev::mbar_fence_init();
-    __syncthreads();
-  }
   for (int64_t b = cta; b < blocks; b += ctas) {
     if (threadIdx.x == 0) {
       paced_ok = may_gather(p, tiles, b);
@@ -177,15 +109,8 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
     const bool any_copies = __syncthreads_or(copies);
     const uint32_t copy_vecs =
         p.profile_flags & kProfileNoDispatchCopy || !any_copies ? 0 : block_vecs;
-    if (slots.slots > 0 && copy_vecs > 0) {
-      const bool copied = bulk_copy_block(p, slots, row_source, row_copied,
-                                          reinterpret_cast<uint8_t*>(dst), bulk_phase);
-      if (!copied) record_fault(p, kRoleDispatchCopy, b);
-      if (!__syncthreads_and(copied)) return false;
-    }
     sched::VectorWalk::Position at = walk.at(threadIdx.x);  // of vector `base`
-    for (uint32_t base = threadIdx.x; base < (slots.slots > 0 ? 0u : copy_vecs);
-         base += blockDim.x * kDispatchUnroll) {
+    for (uint32_t base = threadIdx.x; base < copy_vecs; base += blockDim.x * kDispatchUnroll) {
       uint4 v[kDispatchUnroll];
       sched::VectorWalk::Position pos = at;
 #pragma unroll

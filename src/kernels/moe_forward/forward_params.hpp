@@ -20,8 +20,7 @@ enum ForwardRole : int {
   kRoleDispatchPacing = 4,      // waited for the GEMMs to claim tiles ("what" = the block)
   kRoleConsumer = 5,            // waited for its producer's TMA loads ("what" = the tile)
   kRoleCombine = 6,             // waited for a token's expert outputs ("what" = the token)
-  kRoleDispatchCopy = 7,        // waited for its own bulk copy of a row ("what" = the block)
-  kForwardRoles = 8,
+  kForwardRoles = 7,
 };
 
 struct ForwardFault {
@@ -102,7 +101,6 @@ struct ForwardParams {
                      // EP = 1 there are no dispatch CTAs)
   int group_blocks;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
   int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
-  int dispatch_bulk;       // 1: rows move by bulk copies through shared memory
   uint64_t wait_cycles;
   // Tests only: every dispatched block is published after a pseudo-random delay below delay_ns,
   // and block never_publish_block (>= 0) is never published (a dispatch that stopped).
