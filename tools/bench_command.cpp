@@ -130,6 +130,24 @@ struct Row {
   const char* bound_by;
 };
 
+// A forward as the benchmark times it. With `graph`: captured once (on a stream of its own) and
+// replayed on the legacy stream, as a training step in a CUDA graph runs it (the executable joins
+// `graphs`; the caller destroys them). Without: issued from the host with the GPU idle, so the
+// host's launch work up to the megakernel is inside the span. batch and weights must outlive it.
+std::function<void()> forward_runner(gpu::MoeForward& m, const gpu::DeviceBatch& batch,
+                                     const gpu::DeviceLayerWeights& weights, __nv_bfloat16* out,
+                                     bool graph, std::vector<cudaGraphExec_t>& graphs) {
+  if (!graph) return [&m, out, &batch, &weights] { m.forward(batch, weights, out, nullptr); };
+  cudaStream_t capture;
+  cuda_ok(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "cudaStreamCreate");
+  const cudaGraphExec_t exec = capture_graph(
+      capture, [&](cudaStream_t s) { m.forward(batch, weights, out, s); },
+      "cudaStreamEndCapture (the forward)");
+  cudaStreamDestroy(capture);
+  graphs.push_back(exec);
+  return [exec] { cuda_ok(cudaGraphLaunch(exec, nullptr), "cudaGraphLaunch"); };
+}
+
 // --stage-probes: the megakernel (as configured) beside itself without its GEMM tiles' loads,
 // without their MMAs, and without both, in alternating rounds; then one profiled run of each for
 // the SM clock its consumers ran at (the GPU is power-capped: dropping work raises the clock).
@@ -148,21 +166,7 @@ void stage_probes(const Config& c, const gpu::ForwardOptions& fo, const BenchLay
   const gpu::DeviceBatch batch = data.batch();
   std::vector<cudaGraphExec_t> graphs;
   std::vector<std::function<void()>> runs;
-  for (auto& m : variants) {
-    gpu::MoeForward* f = m.get();
-    if (!o.graph) {
-      runs.push_back([f, out, batch, weights] { f->forward(batch, weights, out, nullptr); });
-      continue;
-    }
-    cudaStream_t capture;
-    cuda_ok(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "cudaStreamCreate");
-    const cudaGraphExec_t exec = capture_graph(
-        capture, [&](cudaStream_t s) { f->forward(batch, weights, out, s); },
-        "cudaStreamEndCapture (a stage probe)");
-    cudaStreamDestroy(capture);
-    graphs.push_back(exec);
-    runs.push_back([exec] { cuda_ok(cudaGraphLaunch(exec, nullptr), "cudaGraphLaunch"); });
-  }
+  for (auto& m : variants) runs.push_back(forward_runner(*m, batch, weights, out, o.graph, graphs));
   std::vector<double> ms[Row::kProbes];
   for (auto& run : runs) median_ms(run, 3);
   for (int round = 0; round < 3; ++round)
@@ -198,20 +202,10 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   DeviceArray<__nv_bfloat16> baseline_out(size_t(tokens * H)), scratch_out(size_t(tokens * H));
   const gpu::DeviceLayerWeights weights = data.weights();
   const gpu::DeviceBatch batch = data.batch();
-  // --graph: a forward captured once (on a stream of its own) and replayed on the legacy stream,
-  // as a training step in a CUDA graph runs it. Without it each timed forward is issued from the
-  // host with the GPU idle, so the host's launch work up to the megakernel is inside the span.
+  // --graph: forward_runner replays a captured graph; without it each forward is issued eagerly.
   std::vector<cudaGraphExec_t> graphs;
-  auto timed_forward = [&](gpu::MoeForward& m, __nv_bfloat16* out) -> std::function<void()> {
-    if (!o.graph) return [&m, out, &batch, &weights] { m.forward(batch, weights, out, nullptr); };
-    cudaStream_t capture;
-    cuda_ok(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "cudaStreamCreate");
-    const cudaGraphExec_t exec = capture_graph(
-        capture, [&](cudaStream_t s) { m.forward(batch, weights, out, s); },
-        "cudaStreamEndCapture (the forward)");
-    cudaStreamDestroy(capture);
-    graphs.push_back(exec);
-    return [exec] { cuda_ok(cudaGraphLaunch(exec, nullptr), "cudaGraphLaunch"); };
+  auto timed_forward = [&](gpu::MoeForward& m, __nv_bfloat16* out) {
+    return forward_runner(m, batch, weights, out, o.graph, graphs);
   };
   const std::function<void()> run = timed_forward(f, data.out.ptr);
   auto run_baseline = [&] { baseline.forward(batch, weights, baseline_out.ptr); };
