@@ -77,6 +77,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     else
       throw UsageError("unknown option '" + a + "' for bench");
   }
+  if (o.ep > 1 && o.stage_probes)
+    throw UsageError("--stage-probes times the EP = 1 megakernel; drop it or use --ep 1");
   return o;
 }
 
@@ -123,7 +125,8 @@ struct Row {
   gpu::ForwardProfile profile, profile_other;  // the second: the other row path
   gpu::ForwardProfile profile_no_copy;         // the dispatch-copy path without its copy
   // --stage-probes: the megakernel as timed (0), without its GEMM loads (1), without its MMAs
-  // (2), without both (3); ms (medians of alternating rounds) and a profiled run's SM clock.
+  // (2), without both (3); ms (medians of alternating rounds) and one profiled run's waits and
+  // SM clock each.
   static constexpr int kProbes = 4;
   double probe_ms[kProbes] = {};
   gpu::ForwardProfile probe_profile[kProbes];  // one profiled run of each

@@ -50,9 +50,6 @@ const char* kUsage =
     "      [--stage-probes 1]       EP = 1: also time the megakernel without its GEMM loads,\n"
     "                               without its MMAs, and without both (wrong outputs), with\n"
     "                               the SM clock of each\n"
-    "      [--stage-probes 1]       EP = 1: also time the megakernel without its GEMM loads,\n"
-    "                               without its MMAs, and without both (wrong outputs; each\n"
-    "                               shows what the other resource alone allows), with clocks\n"
     "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"
     "                               when fewer are visible), beside EP = 1 and the roofline\n"
     "presets: tiny, dsv3, mok-default, qwen3-30b, fine\n";

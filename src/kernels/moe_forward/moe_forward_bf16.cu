@@ -103,12 +103,13 @@ struct Variant {
   }
 };
 
-// Calls f with the Variant of k (false: no such instantiation).
+// A stage probe's instantiation, with either mainloop.
 template <int kProbe, class F>
 void with_probe(bool mma_in_flight, F&& f) {
   mma_in_flight ? f(Variant<256, false, true, kProbe>{}) : f(Variant<256, false, false, kProbe>{});
 }
 
+// Calls f with the Variant of k (false: no such instantiation).
 template <class F>
 bool with_variant(const ForwardKernel& k, F&& f) {
   if (k.probe != 0) {
