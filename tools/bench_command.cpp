@@ -151,20 +151,27 @@ std::function<void()> forward_runner(gpu::MoeForward& m, const gpu::DeviceBatch&
   return [exec] { cuda_ok(cudaGraphLaunch(exec, nullptr), "cudaGraphLaunch"); };
 }
 
+// The middle of the rounds' medians (0 when there are none).
+double middle(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// Options of stage probe v (Row::kProbes): bit 0 drops the GEMM loads, bit 1 the MMAs.
+gpu::ForwardOptions probe_options(gpu::ForwardOptions fo, int v) {
+  fo.profile_without_gemm_loads = v & 1;
+  fo.profile_without_mma = v & 2;
+  return fo;
+}
+
 // --stage-probes: the megakernel (as configured) beside itself without its GEMM tiles' loads,
 // without their MMAs, and without both, in alternating rounds; then one profiled run of each for
 // the SM clock its consumers ran at (the GPU is power-capped: dropping work raises the clock).
 void stage_probes(const Config& c, const gpu::ForwardOptions& fo, const BenchLayer& data,
                   const BenchOptions& o, int iterations, __nv_bfloat16* out, Row& r) {
-  std::vector<gpu::ForwardOptions> options;
   std::vector<std::unique_ptr<gpu::MoeForward>> variants;
-  for (int v = 0; v < Row::kProbes; ++v) {
-    gpu::ForwardOptions vo = fo;
-    vo.profile_without_gemm_loads = v & 1;
-    vo.profile_without_mma = v & 2;
-    options.push_back(vo);
-    variants.push_back(std::make_unique<gpu::MoeForward>(c, vo));
-  }
+  for (int v = 0; v < Row::kProbes; ++v)
+    variants.push_back(std::make_unique<gpu::MoeForward>(c, probe_options(fo, v)));
   const gpu::DeviceLayerWeights weights = data.weights();
   const gpu::DeviceBatch batch = data.batch();
   std::vector<cudaGraphExec_t> graphs;
@@ -176,9 +183,8 @@ void stage_probes(const Config& c, const gpu::ForwardOptions& fo, const BenchLay
     for (int v = 0; v < Row::kProbes; ++v) ms[v].push_back(median_ms(runs[v], iterations));
   for (int v = 0; v < Row::kProbes; ++v) {
     variants[v]->check(nullptr);
-    std::sort(ms[v].begin(), ms[v].end());
-    r.probe_ms[v] = ms[v][ms[v].size() / 2];
-    gpu::ForwardOptions vo = options[v];
+    r.probe_ms[v] = middle(ms[v]);
+    gpu::ForwardOptions vo = probe_options(fo, v);
     vo.profile_wait_times = true;
     gpu::MoeForward timed(c, vo);
     median_ms([&] { timed.forward(batch, weights, out, nullptr); }, 3);
@@ -241,10 +247,6 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
     stages.push_back(median_ms(run_staged, iterations));
     if (other) others.push_back(median_ms(run_other, iterations));
   }
-  auto middle = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v.empty() ? 0.0 : v[v.size() / 2];
-  };
   if (o.sustain_seconds > 0) {  // after the rounds: the same state as the timed runs
     const std::string shape = name + " T = " + std::to_string(tokens);
     sustain(shape + " mok forward", o.sustain_seconds, run);
@@ -315,6 +317,21 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   r.pct_bound = 100.0 * r.bound_ms / r.ms;
   for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
   return r;
+}
+
+// The wait-profile columns of the breakdown's and the stage probes' tables, and one row's cells.
+constexpr const char* kProfileColumns =
+    "GEMM producer waits for dispatch / activations / a free stage (per CTA) | consumers starved "
+    "(on first stages) / epilogue (down tiles; gate/up publishing) / waiting for a tile / busy "
+    "(per warpgroup) | dispatch copying / total (per CTA) | combine waits / total (per warp) |";
+void print_profile_cells(const gpu::ForwardProfile& f) {
+  std::printf(
+      "%.3f / %.3f / %.3f | %.3f (%.3f) / %.3f (%.3f; %.3f) / %.3f / %.3f | %.3f / %.3f | %.3f / "
+      "%.3f |\n",
+      f.gate_up_waits_dispatch, f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved,
+      f.consumer_starved_first, f.consumer_epilogue, f.consumer_epilogue_down, f.consumer_publish,
+      f.consumer_waits_tile, f.consumer_total, f.dispatch_copying, f.dispatch_total,
+      f.combine_waits, f.combine_total);
 }
 
 }  // namespace
@@ -391,25 +408,16 @@ int bench_command(const BenchOptions& o) {
                   r.schedule_ms, r.staged_ms);
     std::printf(
         "\nWaits inside the megakernel (a profiled run; ms per participant, from %%globaltimer):\n"
-        "| shape | T | forward ms (profiled) | GEMM producer waits for dispatch / activations / a "
-        "free stage (per CTA) | consumers starved (on first stages) / epilogue (down tiles; "
-        "gate/up publishing) / waiting for a tile / busy (per warpgroup) | dispatch copying / "
-        "total (per "
-        "CTA) | combine waits / total (per warp) |\n|---|---|---|---|---|---|---|\n");
+        "| shape | T | forward ms (profiled) | %s\n|---|---|---|---|---|---|---|\n",
+        kProfileColumns);
     for (const Row& r : rows) {
       for (int variant = 0; variant < 2; ++variant) {
-        const gpu::ForwardProfile& f = variant ? r.profile_other : r.profile;
-        std::printf(
-            "| %s%s | %lld | %.3f | %.3f / %.3f / %.3f | %.3f (%.3f) / %.3f (%.3f; %.3f) / %.3f / "
-            "%.3f | %.3f / %.3f | %.3f / %.3f |\n",
-            r.name.c_str(),
-            (r.row_path == gpu::RowPath::producer_gather) == (variant == 0) ? " (producer gather)"
-                                                                            : " (dispatch copy)",
-            (long long)r.tokens, variant ? r.profiled_other_ms : r.profiled_ms,
-            f.gate_up_waits_dispatch, f.down_waits_gate_up, f.producer_waits_ring,
-            f.consumer_starved, f.consumer_starved_first, f.consumer_epilogue,
-            f.consumer_epilogue_down, f.consumer_publish, f.consumer_waits_tile, f.consumer_total,
-            f.dispatch_copying, f.dispatch_total, f.combine_waits, f.combine_total);
+        std::printf("| %s%s | %lld | %.3f | ", r.name.c_str(),
+                    (r.row_path == gpu::RowPath::producer_gather) == (variant == 0)
+                        ? " (producer gather)"
+                        : " (dispatch copy)",
+                    (long long)r.tokens, variant ? r.profiled_other_ms : r.profiled_ms);
+        print_profile_cells(variant ? r.profile_other : r.profile);
       }
     }
     print_clocks = true;
@@ -431,22 +439,12 @@ int bench_command(const BenchOptions& o) {
                                                     "without the MMAs", "without both"};
     std::printf(
         "\nWaits inside each stage probe (the profiled run; ms per participant, as in the "
-        "breakdown's table):\n| shape | T | variant | GEMM producer waits for dispatch / "
-        "activations / a free stage (per CTA) | consumers starved (on first stages) / epilogue "
-        "(down tiles; gate/up publishing) / waiting for a tile / busy (per warpgroup) | dispatch "
-        "copying / total (per CTA) | combine waits / total (per warp) |\n"
-        "|---|---|---|---|---|---|---|\n");
+        "breakdown's table):\n| shape | T | variant | %s\n|---|---|---|---|---|---|---|\n",
+        kProfileColumns);
     for (const Row& r : rows)
       for (int v = 0; v < Row::kProbes; ++v) {
-        const gpu::ForwardProfile& f = r.probe_profile[v];
-        std::printf(
-            "| %s | %lld | %s | %.3f / %.3f / %.3f | %.3f (%.3f) / %.3f (%.3f; %.3f) / %.3f / "
-            "%.3f | %.3f / %.3f | %.3f / %.3f |\n",
-            r.name.c_str(), (long long)r.tokens, kProbeNames[v], f.gate_up_waits_dispatch,
-            f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved,
-            f.consumer_starved_first, f.consumer_epilogue, f.consumer_epilogue_down,
-            f.consumer_publish, f.consumer_waits_tile, f.consumer_total, f.dispatch_copying,
-            f.dispatch_total, f.combine_waits, f.combine_total);
+        std::printf("| %s | %lld | %s | ", r.name.c_str(), (long long)r.tokens, kProbeNames[v]);
+        print_profile_cells(r.probe_profile[v]);
       }
   }
   if (print_clocks) {
