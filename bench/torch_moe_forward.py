@@ -3,9 +3,13 @@
 sort rows by expert -> gather -> torch._grouped_mm (gate|up) -> silu(gate) * up ->
 torch._grouped_mm (down) -> scale by the routing weight -> index_add into the shared expert's output.
 Median of many runs after warm-up, TFLOP/s by design.md's formula. Run on the GPU machine:
-    python3 bench/torch_moe_forward.py [--shape all|dsv3|...] [--iterations 20]
+    python3 bench/torch_moe_forward.py [--shape all|dsv3|...] [--iterations 20] [--sustain S]
+With --sustain S, a dense 8192^3 BF16 matmul and each shape's forward also run back to back for S
+seconds each and print the lines of `mok bench --sustain` (scripts/power_trace.py joins them with
+an nvidia-smi trace: the power, clock and throttle reasons of each).
 """
 import argparse
+import time
 
 import torch
 import torch.nn.functional as F
@@ -35,14 +39,36 @@ def median_ms(fn, iterations):
     return sorted(time_ms(fn) for _ in range(iterations))[iterations // 2]
 
 
+def sustain(what, seconds, fn, flops):
+    """fn back to back for `seconds`; one line in `mok bench --sustain`'s format, plus TFLOP/s."""
+    torch.cuda.synchronize()
+    start = time.time()
+    runs = 0
+    while time.time() - start < seconds:
+        for _ in range(8):  # a few queued at a time: no gaps between runs
+            fn()
+        runs += 8
+        torch.cuda.synchronize()
+    end = time.time()
+    ms = (end - start) * 1e3 / runs
+    print(f"sustained {what}: {start:.3f} to {end:.3f} s since the epoch, {runs} runs, "
+          f"{ms:.3f} ms each, {flops / ms * 1e-9:.0f} TFLOP/s", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="all")
     ap.add_argument("--iterations", type=int, default=20)
+    ap.add_argument("--sustain", type=float, default=0.0)
     args = ap.parse_args()
     names = list(SHAPES) if args.shape == "all" else [args.shape]
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: the unfused MoE forward")
+    if args.sustain > 0:
+        a = torch.randn(8192, 8192, device="cuda", generator=gen).to(torch.bfloat16)
+        b = torch.randn(8192, 8192, device="cuda", generator=gen).to(torch.bfloat16)
+        sustain("torch dense 8192^3", args.sustain, lambda: a @ b, 2 * 8192**3)
+        del a, b
     print("| shape | T | forward ms | TFLOP/s |\n|---|---|---|---|")
     for name in names:
         h, i, e, k, s, t = SHAPES[name]
@@ -55,6 +81,8 @@ def main():
         ms = median_ms(run, args.iterations)
         flops = forward_flops(h, i, k, s, t)
         print(f"| {name} | {t} | {ms:.3f} | {flops / ms * 1e-9:.0f} |", flush=True)
+        if args.sustain > 0:
+            sustain(f"{name} T = {t} torch forward", args.sustain, run, flops)
         del p, x, ids, w
         torch.cuda.empty_cache()
 

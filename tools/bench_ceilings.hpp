@@ -6,6 +6,7 @@ namespace mok::tools {
 
 struct Ceilings {
   double bf16_tflops = 0, hbm_tbps = 0;
+  double sustained_bf16_tflops = 0;  // mok bench --sustain: the dense GEMM back to back
 };
 
 // On the current device (creates and destroys its own cuBLAS handle).

@@ -98,10 +98,13 @@ Ceilings measure_ceilings(cublasHandle_t h, double sustain_seconds) {
                  CUDA_R_16BF, n, &zero, c.ptr, CUDA_R_16BF, n, CUBLAS_COMPUTE_32F,
                  CUBLAS_GEMM_DEFAULT);
   };
+  const double flops = 2.0 * n * double(n) * n;
   median_ms(gemm, 3);
-  if (sustain_seconds > 0) sustain("cuBLAS dense 8192^3", sustain_seconds, gemm);
   Ceilings r;
-  r.bf16_tflops = 2.0 * n * double(n) * n / (median_ms(gemm, 10) * 1e-3) * 1e-12;
+  if (sustain_seconds > 0)
+    r.sustained_bf16_tflops =
+        flops / (sustain("cuBLAS dense 8192^3", sustain_seconds, gemm) * 1e-3) * 1e-12;
+  r.bf16_tflops = flops / (median_ms(gemm, 10) * 1e-3) * 1e-12;
   const size_t bytes = size_t(1) << 31;
   DeviceArray<uint8_t> src(bytes), dst(bytes);
   cuda_ok(cudaMemset(src.ptr, 1, bytes), "cudaMemset");
@@ -122,6 +125,10 @@ struct Row {
   int dispatch_ctas = 0, grid = 0;
   gpu::RowPath row_path = gpu::RowPath::automatic;
   double profiled_ms = 0, profiled_other_ms = 0;
+  // --sustain: back-to-back runs at the power cap, and the roofline with the dense GEMM's
+  // sustained rate as the peak
+  double sustained_ms = 0, sustained_baseline_ms = 0, sustained_dense_tflops = 0,
+         sustained_bound_ms = 0;
   gpu::ForwardProfile profile, profile_other;  // the second: the other row path
   gpu::ForwardProfile profile_no_copy;         // the dispatch-copy path without its copy
   // --stage-probes: the megakernel as timed (0), without its GEMM loads (1), without its MMAs
@@ -249,8 +256,9 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   }
   if (o.sustain_seconds > 0) {  // after the rounds: the same state as the timed runs
     const std::string shape = name + " T = " + std::to_string(tokens);
-    sustain(shape + " mok forward", o.sustain_seconds, run);
-    sustain(shape + " cuBLAS unfused", o.sustain_seconds, run_baseline);
+    r.sustained_ms = sustain(shape + " mok forward", o.sustain_seconds, run);
+    r.sustained_baseline_ms = sustain(shape + " cuBLAS unfused", o.sustain_seconds, run_baseline);
+    r.sustained_dense_tflops = ceil.sustained_bf16_tflops;
   }
   r.ms = middle(mine);
   r.baseline_ms = middle(theirs);
@@ -313,6 +321,8 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   if (o.stage_probes) stage_probes(c, fo, data, o, iterations, scratch_out.ptr, r);
   r.pct_peak = 100.0 * r.tflops / ceil.bf16_tflops;
   r.bound_ms = std::max(compute_ms, memory_ms);
+  if (r.sustained_dense_tflops > 0)
+    r.sustained_bound_ms = std::max(flops / (r.sustained_dense_tflops * 1e12) * 1e3, memory_ms);
   r.bound_by = compute_ms >= memory_ms ? "compute" : "weights";
   r.pct_bound = 100.0 * r.bound_ms / r.ms;
   for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
@@ -446,6 +456,25 @@ int bench_command(const BenchOptions& o) {
         std::printf("| %s | %lld | %s | ", r.name.c_str(), (long long)r.tokens, kProbeNames[v]);
         print_profile_cells(r.probe_profile[v]);
       }
+  }
+  if (o.sustain_seconds > 0) {
+    std::printf(
+        "\nSustained (each run back to back for %.0f s, the dense GEMM just before the shape's "
+        "runs; all at the GPU's power cap, which a timed median of a few short runs may not "
+        "reach; the roofline as above with the dense GEMM's sustained rate as the peak):\n| shape "
+        "| T | dense BF16 GEMM 8192^3 TFLOP/s | mok forward ms | mok TFLOP/s | %% of the dense "
+        "GEMM "
+        "| roofline ms | %% of roofline | cuBLAS unfused ms | mok / cuBLAS |\n|---|---|---|---|---|"
+        "---|---|---|---|---|\n",
+        o.sustain_seconds);
+    for (const Row& r : rows) {
+      const double tflops = r.tflops * r.ms / r.sustained_ms;  // the same FLOPs
+      std::printf("| %s | %lld | %.0f | %.3f | %.0f | %.0f%% | %.3f | %.0f%% | %.3f | %.2f |\n",
+                  r.name.c_str(), (long long)r.tokens, r.sustained_dense_tflops, r.sustained_ms,
+                  tflops, 100.0 * tflops / r.sustained_dense_tflops, r.sustained_bound_ms,
+                  100.0 * r.sustained_bound_ms / r.sustained_ms, r.sustained_baseline_ms,
+                  r.sustained_baseline_ms / r.sustained_ms);
+    }
   }
   if (print_clocks) {
     std::printf(

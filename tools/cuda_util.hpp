@@ -76,9 +76,10 @@ double median_ms(F&& f, int iterations) {
 }
 
 // f back to back for `seconds` (power and clock sampling: nvidia-smi beside it); prints one line,
-// "sustained <what>: <first> to <last> s since the epoch, <n> runs, <ms> ms each".
+// "sustained <what>: <first> to <last> s since the epoch, <n> runs, <ms> ms each", and returns
+// the ms each.
 template <class F>
-void sustain(const std::string& what, double seconds, F&& f) {
+double sustain(const std::string& what, double seconds, F&& f) {
   using clock = std::chrono::system_clock;
   auto epoch_s = [](clock::time_point t) {
     return std::chrono::duration<double>(t.time_since_epoch()).count();
@@ -95,6 +96,7 @@ void sustain(const std::string& what, double seconds, F&& f) {
   std::printf("sustained %s: %.3f to %.3f s since the epoch, %d runs, %.3f ms each\n", what.c_str(),
               epoch_s(start), epoch_s(end), runs, ms);
   std::fflush(stdout);
+  return ms;
 }
 
 }  // namespace mok::tools

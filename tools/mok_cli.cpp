@@ -43,6 +43,7 @@ const char* kUsage =
     "      [--sustain S]            EP = 1: also run the dense GEMM, each forward and its\n"
     "                               cuBLAS pipeline back to back for S seconds each, printing\n"
     "                               their time spans (sample power and clocks with nvidia-smi)\n"
+    "                               and a table of these rates at the power cap\n"
     "      [--graph 1]              EP = 1: time mok's forward as a CUDA graph replay (no host\n"
     "                               launch work inside the timed span)\n"
     "      [--breakdown 1]          also time the other row path, the copy path without its\n"
