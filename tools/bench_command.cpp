@@ -461,11 +461,10 @@ int bench_command(const BenchOptions& o) {
     std::printf(
         "\nSustained (each run back to back for %.0f s, the dense GEMM just before the shape's "
         "runs; all at the GPU's power cap, which a timed median of a few short runs may not "
-        "reach; the roofline as above with the dense GEMM's sustained rate as the peak):\n| shape "
-        "| T | dense BF16 GEMM 8192^3 TFLOP/s | mok forward ms | mok TFLOP/s | %% of the dense "
-        "GEMM "
-        "| roofline ms | %% of roofline | cuBLAS unfused ms | mok / cuBLAS |\n|---|---|---|---|---|"
-        "---|---|---|---|---|\n",
+        "reach; the roofline as above with the dense GEMM's sustained rate as the peak):\n"
+        "| shape | T | dense BF16 GEMM 8192^3 TFLOP/s | mok forward ms | mok TFLOP/s | "
+        "%% of the dense GEMM | roofline ms | %% of roofline | cuBLAS unfused ms | mok / cuBLAS |\n"
+        "|---|---|---|---|---|---|---|---|---|---|\n",
         o.sustain_seconds);
     for (const Row& r : rows) {
       const double tflops = r.tflops * r.ms / r.sustained_ms;  // the same FLOPs
