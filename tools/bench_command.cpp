@@ -23,6 +23,8 @@
 #include "bench_ep.hpp"
 #include "bench_layer.hpp"
 #include "cuda_util.hpp"
+#include "kernels/moe_forward/forward_probes.hpp"
+#include "layer/layer_runner.hpp"
 #include "mok/compare.hpp"
 #include "mok/formats/codecs.hpp"
 #include "mok/gpu/random_fill.hpp"
@@ -46,12 +48,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.iterations = std::max(1, std::atoi(v.c_str()));
     else if (a == "--dispatch-ctas")
       o.dispatch_ctas = std::max(0, std::atoi(v.c_str()));
-    else if (a == "--dispatch-lookahead")
-      o.dispatch_lookahead = std::atoi(v.c_str());
     else if (a == "--overlap-rows")
       o.overlap_rows = std::atoll(v.c_str());
-    else if (a == "--pingpong")
-      o.pingpong = v == "1" || v == "yes";
     else if (a == "--ring-rows")
       o.ring_rows = std::atoll(v.c_str());
     else if (a == "--routing") {
@@ -62,8 +60,6 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.sustain_seconds = std::max(0.0, std::atof(v.c_str()));
     else if (a == "--graph")
       o.graph = v == "1" || v == "yes";
-    else if (a == "--combine-on-dispatch-ctas")
-      o.combine_on_dispatch_ctas = v == "1" || v == "yes";
     else if (a == "--ep")
       o.ep = std::atoi(v.c_str());
     else if (a == "--row-path") {
@@ -130,14 +126,14 @@ struct Row {
   // sustained rate as the peak
   double sustained_ms = 0, sustained_baseline_ms = 0, sustained_dense_tflops = 0,
          sustained_bound_ms = 0;
-  gpu::ForwardProfile profile, profile_other;  // the second: the other row path
-  gpu::ForwardProfile profile_no_copy;         // the dispatch-copy path without its copy
+  gpu::detail::ForwardProfile profile, profile_other;  // the second: the other row path
+  gpu::detail::ForwardProfile profile_no_copy;         // the dispatch-copy path without its copy
   // --stage-probes: the megakernel as timed (0), without its GEMM loads (1), without its MMAs
   // (2), without both (3); ms (medians of alternating rounds) and one profiled run's waits and
   // SM clock each.
   static constexpr int kProbes = 4;
   double probe_ms[kProbes] = {};
-  gpu::ForwardProfile probe_profile[kProbes];  // one profiled run of each
+  gpu::detail::ForwardProfile probe_profile[kProbes];  // one profiled run of each
   const char* bound_by;
 };
 
@@ -165,11 +161,15 @@ double middle(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
-// Options of stage probe v (Row::kProbes): bit 0 drops the GEMM loads, bit 1 the MMAs.
-gpu::ForwardOptions probe_options(gpu::ForwardOptions fo, int v) {
-  fo.profile_without_gemm_loads = v & 1;
-  fo.profile_without_mma = v & 2;
-  return fo;
+// Hooks of stage probe v (Row::kProbes): bit 0 drops the GEMM loads, bit 1 the MMAs; 0 is the
+// production kernel.
+gpu::detail::ForwardHooks probe_hooks(int v, bool wait_times = false) {
+  gpu::detail::ForwardHooks h;
+  h.without_gemm_loads = v & 1;
+  h.without_mma = v & 2;
+  if (v != 0) h.kernels = &kern::probe_forward_kernels();
+  h.wait_times = wait_times;
+  return h;
 }
 
 // --stage-probes: the megakernel (as configured) beside itself without its GEMM tiles' loads,
@@ -179,7 +179,7 @@ void stage_probes(const Config& c, const gpu::ForwardOptions& fo, const BenchLay
                   const BenchOptions& o, int iterations, __nv_bfloat16* out, Row& r) {
   std::vector<std::unique_ptr<gpu::MoeForward>> variants;
   for (int v = 0; v < Row::kProbes; ++v)
-    variants.push_back(std::make_unique<gpu::MoeForward>(c, probe_options(fo, v)));
+    variants.push_back(std::make_unique<gpu::MoeForward>(c, fo, probe_hooks(v)));
   const gpu::DeviceLayerWeights weights = data.weights();
   const gpu::DeviceBatch batch = data.batch();
   std::vector<cudaGraphExec_t> graphs;
@@ -192,12 +192,10 @@ void stage_probes(const Config& c, const gpu::ForwardOptions& fo, const BenchLay
   for (int v = 0; v < Row::kProbes; ++v) {
     variants[v]->check(nullptr);
     r.probe_ms[v] = middle(ms[v]);
-    gpu::ForwardOptions vo = probe_options(fo, v);
-    vo.profile_wait_times = true;
-    gpu::MoeForward timed(c, vo);
+    gpu::MoeForward timed(c, fo, probe_hooks(v, /*wait_times=*/true));
     median_ms([&] { timed.forward(batch, weights, out, nullptr); }, 3);
     timed.check(nullptr);
-    r.probe_profile[v] = timed.last_profile(nullptr);
+    r.probe_profile[v] = timed.runner().profile(nullptr);
   }
   for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
 }
@@ -210,8 +208,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   const int64_t H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
                 K = c.top_k;
   const BenchLayer data(c, int(E), tokens, 0, o.balanced_routing);
-  gpu::ForwardOptions fo = bench_forward_options(o);
-  fo.dispatch_lookahead = o.dispatch_lookahead;
+  const gpu::ForwardOptions fo = bench_forward_options(o);
   gpu::MoeForward f(c, fo);
   gpu::StagedForward staged(c);
   bench::UnfusedForward baseline(c);
@@ -240,7 +237,6 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   auto other_path = [&](gpu::ForwardOptions v) {
     v.row_path = gathers ? gpu::RowPath::dispatch_copy : gpu::RowPath::producer_gather;
     v.dispatch_ctas = gathers ? o.dispatch_ctas : 0;
-    v.dispatch_lookahead = gathers ? o.dispatch_lookahead : -1;
     return v;
   };
   std::unique_ptr<gpu::MoeForward> other;
@@ -291,33 +287,31 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   r.grid = f.grid();
   r.row_path = f.row_path();
   if (o.breakdown) {
-    gpu::ForwardOptions no_copy = gathers ? other_path(fo) : fo, no_combine = fo,
-                        schedule_only = fo;
-    no_copy.profile_without_dispatch_copy = true;
-    no_combine.profile_without_combine = true;
-    schedule_only.profile_schedule_only = true;
-    gpu::MoeForward a(c, no_copy), b(c, no_combine), s(c, schedule_only);
+    const gpu::ForwardOptions copying = gathers ? other_path(fo) : fo;
+    gpu::detail::ForwardHooks no_copy, no_combine, schedule_only, timed;
+    no_copy.without_dispatch_copy = true;
+    no_combine.without_combine = true;
+    schedule_only.schedule_only = true;
+    timed.wait_times = true;
+    gpu::MoeForward a(c, copying, no_copy), b(c, fo, no_combine), s(c, fo, schedule_only);
     r.no_copy_ms =
         median_ms([&] { a.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
     r.no_combine_ms =
         median_ms([&] { b.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
     r.schedule_ms = median_ms(timed_forward(s, scratch_out.ptr), iterations);
-    gpu::ForwardOptions timed = fo;
-    timed.profile_wait_times = true;
-    gpu::MoeForward t(c, timed);
+    gpu::MoeForward t(c, fo, timed);
     r.profiled_ms =
         median_ms([&] { t.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
     t.check(nullptr);
-    r.profile = t.last_profile(nullptr);  // the last of those runs
-    timed = other_path(timed);
-    gpu::MoeForward timed_other(c, timed);
+    r.profile = t.runner().profile(nullptr);  // the last of those runs
+    gpu::MoeForward timed_other(c, other_path(fo), timed);
     r.profiled_other_ms = median_ms(
         [&] { timed_other.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
-    r.profile_other = timed_other.last_profile(nullptr);
-    no_copy.profile_wait_times = true;
-    gpu::MoeForward timed_no_copy(c, no_copy);
+    r.profile_other = timed_other.runner().profile(nullptr);
+    no_copy.wait_times = true;
+    gpu::MoeForward timed_no_copy(c, copying, no_copy);
     median_ms([&] { timed_no_copy.forward(batch, weights, scratch_out.ptr, nullptr); }, iterations);
-    r.profile_no_copy = timed_no_copy.last_profile(nullptr);
+    r.profile_no_copy = timed_no_copy.runner().profile(nullptr);
   }
   if (o.stage_probes) stage_probes(c, fo, data, o, iterations, scratch_out.ptr, r);
   r.pct_peak = 100.0 * r.tflops / ceil.bf16_tflops;
@@ -335,7 +329,7 @@ constexpr const char* kProfileColumns =
     "GEMM producer waits for dispatch / activations / a free stage (per CTA) | consumers starved "
     "(on first stages) / epilogue (down tiles; gate/up publishing) / waiting for a tile / busy "
     "(per warpgroup) | dispatch copying / total (per CTA) | combine waits / total (per warp) |";
-void print_profile_cells(const gpu::ForwardProfile& f) {
+void print_profile_cells(const gpu::detail::ForwardProfile& f) {
   std::printf(
       "%.3f / %.3f / %.3f | %.3f (%.3f) / %.3f (%.3f; %.3f) / %.3f / %.3f | %.3f / %.3f | %.3f / "
       "%.3f |\n",

@@ -13,15 +13,12 @@ struct BenchOptions {
   bool breakdown = false;
   // Also time the megakernel without its GEMM loads, without its MMAs, and without both.
   bool stage_probes = false;
-  std::string row_path = "auto";          // auto, copy (dispatch CTAs) or gather (GEMM producers)
-  int ep = 1;                             // > 1: the expert-parallel forward (bench_ep.cpp)
-  int dispatch_ctas = 0;                  // 0: the megakernel's default
-  int dispatch_lookahead = -1;            // -1: the megakernel's default
-  int64_t overlap_rows = 0;               // routed rows per tile group; 0: the megakernel's default
-  int64_t ring_rows = 0;                  // token ring rows (Config::ring_rows); 0: the capacity
-  bool balanced_routing = false;          // every expert T K / E rows (BenchLayer), not random
-  bool pingpong = false;                  // ping-pong consumer warpgroups (128-wide tiles)
-  bool combine_on_dispatch_ctas = false;  // only the dispatch CTAs combine (they need some)
+  std::string row_path = "auto";  // auto, copy (dispatch CTAs) or gather (GEMM producers)
+  int ep = 1;                     // > 1: the expert-parallel forward (bench_ep.cpp)
+  int dispatch_ctas = 0;          // 0: the megakernel's default
+  int64_t overlap_rows = 0;       // routed rows per tile group; 0: the megakernel's default
+  int64_t ring_rows = 0;          // token ring rows (Config::ring_rows); 0: the capacity
+  bool balanced_routing = false;  // every expert T K / E rows (BenchLayer), not random
   bool graph = false;  // time mok's forward as a CUDA graph replay (no host work inside the span)
   double sustain_seconds = 0;  // > 0: each shape's forward, its cuBLAS pipeline and the dense
                                // GEMM also run back to back this long (EP = 1; for nvidia-smi)

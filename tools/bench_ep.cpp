@@ -28,6 +28,7 @@
 #include "bench_ceilings.hpp"
 #include "bench_layer.hpp"
 #include "cuda_util.hpp"
+#include "layer/layer_runner.hpp"
 #include "mok/gpu/emulated_ep_forward.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/random_fill.hpp"
@@ -175,8 +176,8 @@ int bench_ep_command(const BenchOptions& o) {
       prop.name, o.iterations,
       o.row_path == "copy"     ? "dispatch copy (every row through the ring)"
       : o.row_path == "gather" ? "producer gather (own rows from x, peers' through the ring)"
-                               : "automatic per shape (gpu::copy_rows_pays_off; the profile "
-                                 "table names it)",
+                               : "automatic per shape (the row-path rule; the profile table "
+                                 "names it)",
       use_nccl ? (std::to_string(int(nvlink_gbps)) + " GB/s GPU0->GPU1 measured").c_str()
                : "not used");
   print_routing_note(o);
@@ -282,27 +283,26 @@ int bench_ep_command(const BenchOptions& o) {
       // What the stages cost (per-GPU times as above; the outputs are wrong): the forward without
       // the dispatch copy (the pulls), without the megakernel (the schedule, the copies into the
       // window, the counts exchange) and without the combine.
-      auto variant_ms = [&](gpu::ForwardOptions v) {
-        auto group = gpu::EpForward::create_group(c, comms, v);
+      auto variant_ms = [&](const gpu::detail::ForwardHooks& h) {
+        auto group = gpu::EpForward::create_group(c, comms, fo, h);
         forward_all(group);
         for (auto& f : group) f->check(nullptr);
         const double ms = graph_time(group);
         for (auto& f : group) f->check(nullptr);
         return ms;
       };
-      gpu::ForwardOptions no_copy = fo, schedule_only = fo, no_combine = fo;
-      no_copy.profile_without_dispatch_copy = true;
-      schedule_only.profile_schedule_only = true;
-      no_combine.profile_without_combine = true;
+      gpu::detail::ForwardHooks no_copy, schedule_only, no_combine, timed;
+      no_copy.without_dispatch_copy = true;
+      schedule_only.schedule_only = true;
+      no_combine.without_combine = true;
+      timed.wait_times = true;
       const double no_copy_ms = variant_ms(no_copy), schedule_ms = variant_ms(schedule_only),
                    no_combine_ms = variant_ms(no_combine);
       {  // one profiled forward (same output): the spans of dispatch and combine on rank 0
-        gpu::ForwardOptions timed = fo;
-        timed.profile_wait_times = true;
-        auto group = gpu::EpForward::create_group(c, comms, timed);
+        auto group = gpu::EpForward::create_group(c, comms, fo, timed);
         for (int i = 0; i < 3; ++i) forward_all(group);
         for (auto& f : group) f->check(nullptr);
-        const gpu::ForwardProfile f = group[0]->last_profile(nullptr);
+        const gpu::detail::ForwardProfile f = group[0]->runner().profile(nullptr);
         char line[512];
         std::snprintf(line, sizeof line,
                       "| %s | %lld | %s (%d) | %.3f | %.3f | %.3f | %.0f | %.3f / %.3f | %.3f / "

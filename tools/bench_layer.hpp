@@ -16,8 +16,7 @@
 
 namespace mok::tools {
 
-// The forward options `mok bench` and `mok bench --ep` take from the command line (EP = 1 adds
-// the dispatch lookahead).
+// The forward options `mok bench` and `mok bench --ep` take from the command line.
 inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
   gpu::ForwardOptions fo;
   fo.row_path = o.row_path == "copy"     ? gpu::RowPath::dispatch_copy
@@ -25,8 +24,6 @@ inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
                                          : gpu::RowPath::automatic;
   fo.dispatch_ctas = o.dispatch_ctas;
   fo.overlap_rows = o.overlap_rows;
-  fo.pingpong_consumers = o.pingpong;
-  fo.combine_on_dispatch_ctas = o.combine_on_dispatch_ctas;
   return fo;
 }
 

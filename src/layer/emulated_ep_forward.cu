@@ -10,7 +10,7 @@
 #include "kernels/moe_forward/forward_params.hpp"
 #include "layer/forward_schedule.hpp"
 #include "layer/owner_schedule.cuh"
-#include "layer/rank_forward.hpp"
+#include "layer/layer_runner.hpp"
 #include "mok/error.hpp"
 #include "mok/gpu/emulated_ep_forward.hpp"
 #include "mok/schedule/routing_layout.hpp"
@@ -19,7 +19,6 @@ namespace mok::gpu {
 namespace {
 
 using detail::check_cuda;
-using detail::kTileRows;
 using detail::require;
 using detail::Status;
 
@@ -51,46 +50,27 @@ __global__ void __launch_bounds__(detail::kOwnerTableThreads)
 
 }  // namespace
 
-struct EmulatedEpForward::Workspace {
-  std::vector<detail::RankBuffers> ranks;  // the group's aborted flag: ranks[0].aborted
-};
+EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& options)
+    : EmulatedEpForward(c, options, detail::ForwardHooks{}) {}
 
-EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& options, int stuck_rank)
-    : config_(c), options_(options), stuck_rank_(stuck_rank), ws_(nullptr) {
+EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& options,
+                                     const detail::ForwardHooks& hooks) {
   c.validate();
   const int n = c.ep_size;
   require(n == 2 || n == 4 || n == 8, ErrorCode::unsupported,
           "EmulatedEpForward runs ep_size 2, 4 or 8 logical ranks, got " + std::to_string(n));
   require(c.num_experts <= detail::kMaxEpExperts, ErrorCode::unsupported, "at most 512 experts");
-  row_path_ = detail::resolve_row_path(c, options, /*expert_parallel=*/true);
-  const detail::LaunchPlan plan =
-      detail::plan_forward_launch(c, options, n, "EmulatedEpForward", row_path_);
-  block_n_ = plan.block_n;
-  grid_ = plan.grid;
-  dispatch_ctas_ = plan.dispatch_ctas;
-  options_.wait_seconds = plan.wait_seconds;
-  wait_cycles_ = plan.wait_cycles;
-  require(options.dispatch_lookahead <= 0, ErrorCode::unsupported,
-          "dispatch_lookahead is not supported with emulated ranks");
-  auto* w = new Workspace{};
-  ws_ = w;
-  w->ranks.resize(size_t(n));
-  for (auto& r : w->ranks)
-    r.allocate(c, {.timings = options.profile_wait_times,
-                   .owner_tables = true,
-                   .random_ring = options.profile_without_dispatch_copy});
+  runner_ = std::make_unique<detail::LayerRunner>(c, options, hooks, detail::Transport::emulated,
+                                                  "EmulatedEpForward");
 }
 
-EmulatedEpForward::~EmulatedEpForward() {
-  if (!ws_) return;
-  for (auto& r : ws_->ranks) r.release();
-  delete ws_;
-}
+EmulatedEpForward::~EmulatedEpForward() = default;
 
 void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
                                 const std::vector<DeviceLayerWeights>& weights,
                                 const std::vector<__nv_bfloat16*>& outs, cudaStream_t stream) {
-  const Config& c = config_;
+  detail::LayerRunner& runner = *runner_;
+  const Config& c = runner.config();
   const int n = c.ep_size;
   require(int(batches.size()) == n && int(weights.size()) == n && int(outs.size()) == n,
           ErrorCode::invalid_argument,
@@ -100,17 +80,16 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
             ErrorCode::invalid_argument,
             "rank " + std::to_string(r) + ": tokens = " +
                 std::to_string(batches[size_t(r)].tokens) + " is outside [0, max_tokens_per_rank]");
-  auto& ranks = ws_->ranks;
   for (int r = 0; r < n; ++r)
-    detail::build_forward_schedule(batches[size_t(r)], c.top_k, c.num_experts,
-                                   ranks[size_t(r)].sched, stream, /*owner_tables=*/false);
+    detail::build_forward_schedule(batches[size_t(r)], c.top_k, c.num_experts, runner.rank(r).sched,
+                                   stream, /*owner_tables=*/false);
   OwnerScheduleArgs a{};
   a.ranks = n;
   a.experts = c.num_experts;
-  a.capacity = ranks[0].sched.capacity;
-  a.capacity_blocks = ranks[0].capacity_blocks;
+  a.capacity = runner.rank(0).sched.capacity;
+  a.capacity_blocks = runner.rank(0).capacity_blocks;
   for (int r = 0; r < n; ++r) {
-    const detail::RankBuffers& w = ranks[size_t(r)];
+    const detail::RankBuffers& w = runner.rank(r);
     a.counts[r] = w.sched.counts;
     a.source_status[r] = w.sched.status;
     a.seg_begin[r] = w.owner_seg_begin;
@@ -121,59 +100,17 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
   }
   owner_schedule_kernel<<<n, detail::kOwnerTableThreads, 0, stream>>>(a);
   check_cuda(cudaGetLastError(), "the owner schedule kernel");
-  for (const auto& w : ranks) w.reset(stream);
-
-  kern::ForwardLaunch launch{};
-  launch.ranks = n;
-  for (int r = 0; r < n; ++r) {
-    detail::RankLaunchOptions o;
-    o.ep_rank = r;
-    o.dispatch_ctas = dispatch_ctas_;
-    o.gather_rows = row_path_ == RowPath::producer_gather;
-    o.wait_cycles = wait_cycles_;
-    o.aborted = ranks[0].aborted;
-    ForwardOptions rank_options = options_;
-    if (r != stuck_rank_) rank_options.never_publish_block = -1;
-    o.options = &rank_options;
-    launch.maps[r] =
-        detail::rank_maps(ranks[size_t(r)], c, batches[size_t(r)], weights[size_t(r)], block_n_);
-    launch.params[r] =
-        detail::rank_params(ranks[size_t(r)], c, batches[size_t(r)], outs[size_t(r)], o);
-  }
-  for (int r = 0; r < n; ++r)  // every rank reaches every other rank's buffers
-    for (int q = 0; q < n; ++q) {
-      const kern::ForwardParams& other = launch.params[q];
-      kern::ForwardParams& p = launch.params[r];
-      p.peer_x[q] = other.peer_x[q];
-      p.peer_offsets[q] = other.peer_offsets[q];
-      p.peer_sorted[q] = other.peer_sorted[q];
-      p.peer_y_slots[q] = other.peer_y_slots[q];
-      p.peer_token_done[q] = other.peer_token_done[q];
-    }
-  check_cuda(kern::launch_moe_forward(launch, detail::forward_kernel(block_n_, options_, row_path_),
-                                      grid_, stream),
-             "the forward megakernel (emulated EP)");
+  for (int r = 0; r < n; ++r) runner.rank(r).reset(stream);
+  runner.launch(runner.make_launch(batches, weights, outs), stream,
+                "the forward megakernel (emulated EP)");
 }
 
-void EmulatedEpForward::check(cudaStream_t stream) {
-  const int n = config_.ep_size;
-  Status st{};
-  std::vector<kern::ForwardFault> faults(static_cast<size_t>(n));
-  check_cuda(
-      cudaMemcpyAsync(&st, ws_->ranks[0].group_status, sizeof st, cudaMemcpyDeviceToHost, stream),
-      "cudaMemcpyAsync");
-  for (int r = 0; r < n; ++r)
-    check_cuda(cudaMemcpyAsync(&faults[size_t(r)], ws_->ranks[size_t(r)].fault,
-                               sizeof(kern::ForwardFault), cudaMemcpyDeviceToHost, stream),
-               "cudaMemcpyAsync");
-  check_cuda(cudaStreamSynchronize(stream), "the forward");
-  detail::throw_on_status(st, config_.num_experts, ws_->ranks[0].sched.capacity, n);
-  // The rank whose most upstream stopped role is the furthest upstream is the cause.
-  for (int role = 0; role < kern::kForwardRoles; ++role)
-    for (int r = 0; r < n; ++r)
-      if (faults[size_t(r)].records[role].seen)
-        detail::throw_on_fault(faults[size_t(r)], options_.wait_seconds,
-                               "rank " + std::to_string(r) + ": ");
+void EmulatedEpForward::check(cudaStream_t stream) { runner_->check(stream); }
+
+int EmulatedEpForward::ranks() const { return runner_->config().ep_size; }
+int EmulatedEpForward::ctas_per_rank() const {
+  return runner_->plan().grid / runner_->config().ep_size;
 }
+RowPath EmulatedEpForward::row_path() const { return runner_->plan().row_path; }
 
 }  // namespace mok::gpu

@@ -8,7 +8,7 @@
 #include "layer/ep_window_layout.hpp"
 #include "layer/forward_schedule.hpp"
 #include "layer/owner_schedule.cuh"
-#include "layer/rank_forward.hpp"
+#include "layer/layer_runner.hpp"
 #include "mok/device/sync.cuh"
 #include "mok/error.hpp"
 #include "mok/gpu/ep_forward.hpp"
@@ -102,7 +102,7 @@ struct DeviceGuard {
 }  // namespace
 
 struct EpForward::Workspace {
-  detail::RankBuffers rank;
+  std::unique_ptr<detail::LayerRunner> runner;
   WindowLayout layout{};
   std::unique_ptr<transport::SymmetricWindow> window;
   uint32_t* epoch = nullptr;
@@ -114,31 +114,22 @@ struct EpForward::Workspace {
   cudaEvent_t fork = nullptr, join = nullptr;
 };
 
-EpForward::EpForward(const Config& c, const ForwardOptions& options, int rank, int device)
-    : config_(c), options_(options), rank_(rank), device_(device) {
-  config_.ep_rank = rank;
-  config_.validate();
+EpForward::EpForward(const Config& c, const ForwardOptions& options,
+                     const detail::ForwardHooks& hooks, int rank, int device)
+    : rank_(rank), device_(device) {
+  Config config = c;
+  config.ep_rank = rank;
+  config.validate();
   const int n = c.ep_size;
   require(n == 1 || n == 2 || n == 4 || n == 8, ErrorCode::unsupported,
           "EpForward runs EP groups of 1, 2, 4 or 8 ranks, got ep_size = " + std::to_string(n));
   require(c.num_experts <= detail::kMaxEpExperts, ErrorCode::unsupported, "at most 512 experts");
-  require(options.dispatch_lookahead <= 0, ErrorCode::unsupported,
-          "dispatch_lookahead is not supported under expert parallelism");
   DeviceGuard on(device_);
-  row_path_ = detail::resolve_row_path(c, options, /*expert_parallel=*/true);
-  const detail::LaunchPlan plan =
-      detail::plan_forward_launch(config_, options, 1, "EpForward", row_path_);
-  block_n_ = plan.block_n;
-  grid_ = plan.grid;
-  dispatch_ctas_ = plan.dispatch_ctas;
-  options_.wait_seconds = plan.wait_seconds;
-  wait_cycles_ = plan.wait_cycles;
   ws_ = new Workspace{};
-  ws_->layout = window_layout(config_);
-  ws_->rank.allocate(config_, {.timings = options.profile_wait_times,
-                               .owner_tables = true,
-                               .y_slots = false,
-                               .random_ring = options.profile_without_dispatch_copy});
+  ws_->runner = std::make_unique<detail::LayerRunner>(config, options, hooks,
+                                                      detail::Transport::nccl, "EpForward",
+                                                      /*y_slots=*/false);
+  ws_->layout = window_layout(config);
   ws_->epoch = detail::device_alloc<uint32_t>(1, "cudaMalloc (EpForward)");
   check_cuda(cudaMemset(ws_->epoch, 0, sizeof(uint32_t)), "cudaMemset");
   check_cuda(cudaStreamCreateWithFlags(&ws_->side, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -147,7 +138,11 @@ EpForward::EpForward(const Config& c, const ForwardOptions& options, int rank, i
 }
 
 EpForward::EpForward(const Config& c, ncclComm_t comm, const ForwardOptions& options)
-    : EpForward(c, options, c.ep_rank, [&] {
+    : EpForward(c, comm, options, detail::ForwardHooks{}) {}
+
+EpForward::EpForward(const Config& c, ncclComm_t comm, const ForwardOptions& options,
+                     const detail::ForwardHooks& hooks)
+    : EpForward(c, options, hooks, c.ep_rank, [&] {
         int device = 0, ranks = 0, rank = 0;
         transport::check_nccl(ncclCommCuDevice(comm, &device), "ncclCommCuDevice", comm);
         transport::check_nccl(ncclCommCount(comm, &ranks), "ncclCommCount", comm);
@@ -165,6 +160,12 @@ EpForward::EpForward(const Config& c, ncclComm_t comm, const ForwardOptions& opt
 
 std::vector<std::unique_ptr<EpForward>> EpForward::create_group(
     const Config& c, const std::vector<ncclComm_t>& comms, const ForwardOptions& options) {
+  return create_group(c, comms, options, detail::ForwardHooks{});
+}
+
+std::vector<std::unique_ptr<EpForward>> EpForward::create_group(
+    const Config& c, const std::vector<ncclComm_t>& comms, const ForwardOptions& options,
+    const detail::ForwardHooks& hooks) {
   require(int(comms.size()) == c.ep_size, ErrorCode::invalid_argument,
           "create_group: " + std::to_string(comms.size()) +
               " communicators for ep_size = " + std::to_string(c.ep_size));
@@ -174,7 +175,7 @@ std::vector<std::unique_ptr<EpForward>> EpForward::create_group(
     int device = 0;
     transport::check_nccl(ncclCommCuDevice(comms[size_t(r)], &device), "ncclCommCuDevice");
     devices.push_back(device);
-    group.push_back(std::unique_ptr<EpForward>(new EpForward(c, options, r, device)));
+    group.push_back(std::unique_ptr<EpForward>(new EpForward(c, options, hooks, r, device)));
   }
   for (auto& f : group) f->group_devices_ = devices;
   auto windows = transport::open_windows(comms, group[0]->ws_->layout.bytes);
@@ -200,7 +201,7 @@ EpForward::~EpForward() {
   }
   cudaSetDevice(device_);
   ws_->window.reset();
-  ws_->rank.release();
+  ws_->runner.reset();
   cudaFree(ws_->epoch);
   cudaFree(ws_->barrier);
   if (ws_->side) cudaStreamDestroy(ws_->side);
@@ -212,10 +213,12 @@ EpForward::~EpForward() {
 
 void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv_bfloat16* out,
                         cudaStream_t stream) {
-  const Config& c = config_;
+  detail::LayerRunner& runner = *ws_->runner;
+  const Config& c = runner.config();
   detail::require_forward_operands(c, b, wt, out);
   DeviceGuard on(device_);
   Workspace& w = *ws_;
+  detail::RankBuffers& rank = runner.rank(0);
   const WindowLayout& L = w.layout;
   char* win = w.window->local;
   const int64_t T = b.tokens, H = c.hidden, K = c.top_k;
@@ -229,15 +232,15 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
                "cudaMemcpyAsync (x into the window)");
     check_cuda(cudaEventRecord(w.join, w.side), "cudaEventRecord");
   }
-  detail::build_forward_schedule(b, c.top_k, E, w.rank.sched, stream, /*owner_tables=*/false);
-  check_cuda(cudaMemcpyAsync(win + L.offsets, w.rank.sched.offsets, size_t(E + 1) * 4,
+  detail::build_forward_schedule(b, c.top_k, E, rank.sched, stream, /*owner_tables=*/false);
+  check_cuda(cudaMemcpyAsync(win + L.offsets, rank.sched.offsets, size_t(E + 1) * 4,
                              cudaMemcpyDeviceToDevice, stream),
              "cudaMemcpyAsync");
   if (T > 0)
-    check_cuda(cudaMemcpyAsync(win + L.sorted, w.rank.sched.sorted, size_t(T * K) * 4,
+    check_cuda(cudaMemcpyAsync(win + L.sorted, rank.sched.sorted, size_t(T * K) * 4,
                                cudaMemcpyDeviceToDevice, stream),
                "cudaMemcpyAsync");
-  w.rank.reset(stream);
+  rank.reset(stream);
   check_cuda(cudaMemsetAsync(win + L.token_done, 0, size_t(c.max_tokens_per_rank) * 4, stream),
              "cudaMemsetAsync");
 
@@ -248,30 +251,19 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
   a.ranks = n;
   a.me = rank_;
   a.experts = E;
-  a.capacity = w.rank.sched.capacity;
-  a.capacity_blocks = w.rank.capacity_blocks;
-  a.wait_cycles = wait_cycles_;
+  a.capacity = rank.sched.capacity;
+  a.capacity_blocks = rank.capacity_blocks;
+  a.wait_cycles = runner.plan().wait_cycles;
   a.epoch = w.epoch;
-  a.counts = w.rank.sched.counts;
-  a.status = w.rank.sched.status;
-  a.out = {w.rank.owner_seg_begin, w.rank.owner_segment_rows, w.rank.owner_source_begin,
-           w.rank.owner_tile_expert, w.rank.group_status};
+  a.counts = rank.sched.counts;
+  a.status = rank.sched.status;
+  a.out = {rank.owner_seg_begin, rank.owner_segment_rows, rank.owner_source_begin,
+           rank.owner_tile_expert, rank.group_status};
   exchange_kernel<<<1, detail::kOwnerTableThreads, 0, stream>>>(a);
   check_cuda(cudaGetLastError(), "the counts exchange kernel");
-  if (options_.profile_schedule_only) return;
 
-  detail::RankLaunchOptions o;
-  o.ep_rank = rank_;
-  o.dispatch_ctas = dispatch_ctas_;
-  o.gather_rows = row_path_ == RowPath::producer_gather;
-  o.wait_cycles = wait_cycles_;
-  o.aborted = w.rank.aborted;
-  o.options = &options_;
-  kern::ForwardLaunch launch{};
-  launch.ranks = 1;
-  launch.maps[0] = detail::rank_maps(w.rank, c, b, wt, block_n_);
+  kern::ForwardLaunch launch = runner.make_launch({b}, {wt}, {out});
   kern::ForwardParams& p = launch.params[0];
-  p = detail::rank_params(w.rank, c, b, out, o);
   p.y_slots = reinterpret_cast<__nv_bfloat16*>(win + L.y_slots);
   p.token_done = reinterpret_cast<uint32_t*>(win + L.token_done);
   for (int q = 0; q < n; ++q) {
@@ -282,40 +274,26 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
     p.peer_y_slots[q] = reinterpret_cast<__nv_bfloat16*>(base + L.y_slots);
     p.peer_token_done[q] = reinterpret_cast<uint32_t*>(base + L.token_done);
   }
-  check_cuda(kern::launch_moe_forward(launch, detail::forward_kernel(block_n_, options_, row_path_),
-                                      grid_, stream),
-             "the forward megakernel (EP over NCCL)");
-}
-
-ForwardProfile EpForward::last_profile(cudaStream_t stream) const {
-  require(ws_->rank.timings != nullptr, ErrorCode::invalid_argument,
-          "last_profile needs an EpForward constructed with profile_wait_times = true");
-  DeviceGuard on(device_);
-  return detail::read_profile(ws_->rank.timings, grid_, dispatch_ctas_,
-                              options_.combine_on_dispatch_ctas, stream);
+  runner.launch(launch, stream, "the forward megakernel (EP over NCCL)");
 }
 
 void EpForward::check(cudaStream_t stream) {
   DeviceGuard on(device_);
-  Status st{};
-  kern::ForwardFault fault{};
-  check_cuda(
-      cudaMemcpyAsync(&st, ws_->rank.group_status, sizeof st, cudaMemcpyDeviceToHost, stream),
-      "cudaMemcpyAsync");
-  check_cuda(cudaMemcpyAsync(&fault, ws_->rank.fault, sizeof fault, cudaMemcpyDeviceToHost, stream),
-             "cudaMemcpyAsync");
-  check_cuda(cudaStreamSynchronize(stream), "the forward");
-  const std::string me = "rank " + std::to_string(rank_) + ": ";
-  if (st.code == detail::kPeerMissing)
+  const detail::LayerRunner& runner = *ws_->runner;
+  runner.check(stream, [&](const Status& st) {
+    if (st.code != detail::kPeerMissing) return;
     throw Error(ErrorCode::peer_timeout,
-                me + "rank " + std::to_string(st.rank) +
+                "rank " + std::to_string(rank_) + ": rank " + std::to_string(st.rank) +
                     " did not publish its routing counts for forward " +
                     std::to_string(st.needed_rows) + " within " +
-                    std::to_string(options_.wait_seconds) +
+                    std::to_string(runner.plan().wait_seconds) +
                     " s; the output is NaN and the group is out of step (destroy and recreate it "
                     "on every rank)");
-  detail::throw_on_status(st, config_.num_experts, ws_->rank.sched.capacity, config_.ep_size);
-  detail::throw_on_fault(fault, options_.wait_seconds, config_.ep_size > 1 ? me : "");
+  });
 }
+
+int EpForward::dispatch_ctas() const { return ws_->runner->plan().dispatch_ctas; }
+RowPath EpForward::row_path() const { return ws_->runner->plan().row_path; }
+const detail::LayerRunner& EpForward::runner() const { return *ws_->runner; }
 
 }  // namespace mok::gpu

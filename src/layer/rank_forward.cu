@@ -11,102 +11,6 @@
 
 namespace mok::gpu::detail {
 
-bool needs_dispatch_role(const ForwardOptions& o) {
-  return o.dispatch_ctas != 0 || o.dispatch_lookahead > 0 || o.dispatch_delay_ns != 0 ||
-         o.never_publish_block >= 0 || o.profile_without_dispatch_copy ||
-         o.combine_on_dispatch_ctas;
-}
-
-RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_parallel) {
-  if (o.row_path != RowPath::automatic) return o.row_path;
-  if (copy_rows_pays_off(c.max_tokens_per_rank, c.top_k, c.num_experts, c.ep_size, c.intermediate))
-    return RowPath::dispatch_copy;
-  // Under EP the dispatch CTAs always run (they bring the peers' rows) and the producers gather
-  // the rank's own rows beside them; at EP = 1 the dispatch options need the dispatch CTAs.
-  return !expert_parallel && needs_dispatch_role(o) ? RowPath::dispatch_copy
-                                                    : RowPath::producer_gather;
-}
-
-kern::ForwardKernel forward_kernel(int block_n, const ForwardOptions& o, RowPath row_path) {
-  return {block_n, o.pingpong_consumers,
-          !o.pingpong_consumers && row_path == RowPath::dispatch_copy,
-          (o.profile_without_gemm_loads ? kern::kProbeNoGemmLoads : 0) |
-              (o.profile_without_mma ? kern::kProbeNoMma : 0)};
-}
-
-int tile_group_blocks(const ForwardOptions& o) {
-  return o.overlap_rows == 0 ? sched::kTileGroupRows : int(o.overlap_rows / kTileRows);
-}
-
-LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,
-                               const char* who, RowPath row_path) {
-  require(c.precision == Precision::bf16, ErrorCode::unsupported,
-          std::string("precision ") + precision_name(c.precision) +
-              ": the GPU forward is BF16 only for now");
-  const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width();
-  require(H % 64 == 0 && I % 64 == 0 && S % 64 == 0, ErrorCode::unsupported,
-          "the GPU forward needs hidden, intermediate and the shared width to be multiples of 64 "
-          "(one 128-byte TMA box of K); got H = " +
-              std::to_string(H) + ", I = " + std::to_string(I) + ", S = " + std::to_string(S));
-  require(o.overlap_rows >= 0 && o.overlap_rows % kTileRows == 0 &&
-              o.overlap_rows <= int64_t(kTileRows) * (1 << 20),
-          ErrorCode::invalid_argument,
-          std::string(who) + ": overlap_rows = " + std::to_string(o.overlap_rows) +
-              ": allowed 0 (automatic) or a positive multiple of " + std::to_string(kTileRows));
-  LaunchPlan plan;
-  const bool wide_ok = I % 128 == 0 && S % 128 == 0;
-  plan.block_n = o.block_n == 0 ? (wide_ok && !o.pingpong_consumers ? 256 : 128) : o.block_n;
-  require(plan.block_n == 128 || (plan.block_n == 256 && wide_ok), ErrorCode::invalid_argument,
-          "block_n = " + std::to_string(o.block_n) +
-              ": allowed 0 (automatic), 128, or 256 when I and S are multiples of 128");
-  require(!o.pingpong_consumers || plan.block_n == 128, ErrorCode::invalid_argument,
-          std::string(who) +
-              ": pingpong_consumers needs block_n = 128 or 0 (one warpgroup holds a whole "
-              "128-row tile: two 64 x 128 accumulators)");
-  require((!o.profile_without_gemm_loads && !o.profile_without_mma) ||
-              (!o.pingpong_consumers && plan.block_n == 256),
-          ErrorCode::invalid_argument,
-          std::string(who) +
-              ": profile_without_gemm_loads and profile_without_mma are built for the "
-              "cooperative consumers with block_n 256 only (not pingpong_consumers, not 128)");
-  plan.wait_seconds = o.wait_seconds;
-  if (plan.wait_seconds == 0) {
-    const char* env = std::getenv("MOK_WAIT_SECONDS");
-    plan.wait_seconds = env ? std::atof(env) : 2.0;
-  }
-  require(plan.wait_seconds > 0 && plan.wait_seconds <= 600, ErrorCode::invalid_argument,
-          "wait_seconds must be in (0, 600], got " + std::to_string(plan.wait_seconds));
-  int device = 0, sms = 0, clock_khz = 0, per_sm = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute");
-  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
-      clock_khz <= 0)
-    clock_khz = 2'000'000;
-  check_cuda(kern::prepare_moe_forward(forward_kernel(plan.block_n, o, row_path), &per_sm),
-             "preparing the forward kernel");
-  require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
-  // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.
-  plan.grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
-  const int share = plan.grid / ranks_in_launch;
-  // Dispatch CTAs run unless a lone rank gathers all its rows itself and no option needs them
-  // (under EP they bring the peers' rows).
-  const bool with_dispatch =
-      c.ep_size > 1 || row_path != RowPath::producer_gather || needs_dispatch_role(o);
-  plan.dispatch_ctas = !with_dispatch ? 0
-                       : o.dispatch_ctas > 0
-                           ? o.dispatch_ctas
-                           : std::max(1, num_dispatch_ctas(share, c.intermediate));
-  require(share >= (with_dispatch ? 2 : 1) && plan.dispatch_ctas < share,
-          ErrorCode::invalid_argument,
-          std::string(who) + ": a grid of " + std::to_string(plan.grid) + " CTAs gives each of " +
-              std::to_string(ranks_in_launch) + " rank(s) " + std::to_string(share) +
-              " CTAs, too few for " + std::to_string(plan.dispatch_ctas) +
-              " dispatch CTAs and the GEMMs");
-  plan.wait_cycles = uint64_t(plan.wait_seconds * double(clock_khz) * 1e3);
-  return plan;
-}
-
 void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
                     const std::string& prefix) {
   std::string cause, consequences;
@@ -131,17 +35,15 @@ void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
 }
 
 ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dispatch_ctas,
-                            bool combine_on_dispatch_ctas, cudaStream_t stream) {
+                            cudaStream_t stream) {
   unsigned long long ns[kern::kForwardTimings] = {};
   check_cuda(cudaMemcpyAsync(ns, timings, sizeof ns, cudaMemcpyDeviceToHost, stream),
              "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
-  // Dispatch CTAs join the GEMMs after dispatch unless they keep the combine to themselves.
-  const double gemm_ctas = combine_on_dispatch_ctas ? ctas - dispatch_ctas : ctas,
-               warpgroups = 2.0 * gemm_ctas,
+  // Dispatch CTAs join the GEMMs after dispatch; every CTA's 8 consumer warps combine.
+  const double gemm_ctas = ctas, warpgroups = 2.0 * gemm_ctas,
                dispatchers = dispatch_ctas > 0 ? dispatch_ctas : 1,  // 0: no dispatch role
-      combine_warps =
-          combine_on_dispatch_ctas ? 12.0 * dispatch_ctas : 8.0 * ctas;  // 384 / 256 threads
+      combine_warps = 8.0 * ctas;
   auto ms = [&](int i, double participants) { return double(ns[i]) * 1e-6 / participants; };
   ForwardProfile f;
   f.gate_up_waits_dispatch = ms(kern::kTimeGateUpWaitsDispatch, gemm_ctas);
@@ -177,8 +79,8 @@ const char* fault_role_name(int role) {
       return "a GEMM consumer waiting for the TMA loads of tile";
     case kern::kRoleCombine:
       return "the combine waiting for the expert outputs of token";
-    case kern::kRoleDispatchPacing:
-      return "dispatch waiting for the GEMMs to reach the tiles before row block";
+    case kern::kRoleDispatchRing:
+      return "dispatch waiting for the GEMMs to free the token ring's tile for row block";
     case kern::kRoleProducerRing:
       return "a producer waiting for a free ring stage, at tile";
     default:
@@ -308,15 +210,15 @@ void require_forward_operands(const Config& c, const DeviceBatch& b, const Devic
 }
 
 kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const DeviceBatch& b,
-                                __nv_bfloat16* out, const RankLaunchOptions& o) {
-  const ForwardOptions& fo = *o.options;
+                                __nv_bfloat16* out, const ForwardPlan& plan,
+                                const ForwardHooks& hooks, int ep_rank, int* aborted) {
   kern::ForwardParams p{};
   p.ep_size = c.ep_size;
-  p.ep_rank = o.ep_rank;
-  p.peer_x[o.ep_rank] = b.x;
-  p.peer_offsets[o.ep_rank] = w.sched.offsets;
-  p.peer_sorted[o.ep_rank] = w.sched.sorted;
-  p.peer_y_slots[o.ep_rank] = w.y_slots;
+  p.ep_rank = ep_rank;
+  p.peer_x[ep_rank] = b.x;
+  p.peer_offsets[ep_rank] = w.sched.offsets;
+  p.peer_sorted[ep_rank] = w.sched.sorted;
+  p.peer_y_slots[ep_rank] = w.y_slots;
   const bool owner_tables = w.owner_tile_expert != nullptr;
   p.seg_begin = owner_tables ? w.owner_seg_begin : w.sched.seg_begin;
   p.segment_rows = owner_tables ? w.owner_segment_rows : w.sched.segment_rows;
@@ -324,7 +226,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.tile_expert = owner_tables ? w.owner_tile_expert : w.sched.tile_expert;
   p.row_destination = w.row_destination;
   p.status = owner_tables ? &w.group_status->code : &w.sched.status->code;
-  p.aborted = o.aborted;
+  p.aborted = aborted;
   p.topk_weights = b.topk_weights;
   p.tokens = b.tokens;
   p.top_k = c.top_k;
@@ -343,22 +245,21 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.act_ready = p.x_ready + w.capacity_blocks;
   p.act_shared_ready = p.act_ready + w.capacity_blocks;
   p.token_done = p.act_shared_ready + w.token_blocks;
-  p.peer_token_done[o.ep_rank] = p.token_done;
+  p.peer_token_done[ep_rank] = p.token_done;
   p.combine_next = p.token_done + c.max_tokens_per_rank;
   p.tile_next = p.combine_next + 1;
   p.fault = w.fault;
-  p.dispatch_ctas = o.dispatch_ctas;
-  p.gather_rows = o.gather_rows ? 1 : 0;
-  p.group_blocks = tile_group_blocks(fo);
-  p.combine_on_dispatch_ctas = fo.combine_on_dispatch_ctas ? 1 : 0;
-  p.dispatch_lookahead = o.dispatch_lookahead;
-  p.wait_cycles = o.wait_cycles;
-  p.delay_ns = fo.dispatch_delay_ns;
-  p.delay_seed = fo.delay_seed + uint32_t(o.ep_rank);
-  p.never_publish_block = fo.never_publish_block;
+  p.dispatch_ctas = plan.dispatch_ctas;
+  p.gather_rows = plan.row_path == RowPath::producer_gather ? 1 : 0;
+  p.group_blocks = plan.group_blocks;
+  p.wait_cycles = plan.wait_cycles;
+  p.delay_ns = hooks.dispatch_delay_ns;
+  p.delay_seed = hooks.delay_seed + uint32_t(ep_rank);
+  p.never_publish_block =
+      hooks.stuck_rank < 0 || hooks.stuck_rank == ep_rank ? hooks.never_publish_block : -1;
   p.timings = w.timings;
-  p.profile_flags = (fo.profile_without_dispatch_copy ? kern::kProfileNoDispatchCopy : 0) |
-                    (fo.profile_without_combine ? kern::kProfileNoCombine : 0);
+  p.profile_flags = (hooks.without_dispatch_copy ? kern::kProfileNoDispatchCopy : 0) |
+                    (hooks.without_combine ? kern::kProfileNoCombine : 0);
   return p;
 }
 

@@ -1,12 +1,12 @@
 // One rank's share of the forward megakernel on the host: its device buffers, and the tensor maps
-// and parameters of its part of a launch. MoeForward (one rank) and EmulatedEpForward (a group of
-// logical ranks on one GPU) are built from it; they fill the peer tables.
+// and parameters of its part of a launch (layer_runner.hpp puts the ranks of a launch together).
 #pragma once
 #include <cuda_runtime_api.h>
 
 #include <string>
 
 #include "kernels/moe_forward/forward_params.hpp"
+#include "layer/forward_plan.hpp"
 #include "layer/forward_schedule.hpp"
 #include "mok/gpu/moe_forward.hpp"
 
@@ -51,47 +51,15 @@ struct RankBuffers {
 kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceBatch& b,
                             const DeviceLayerWeights& wt, int block_n);
 
-struct RankLaunchOptions {
-  int ep_rank = 0, dispatch_ctas = 1, dispatch_lookahead = 0;
-  bool gather_rows = false;  // RowPath::producer_gather
-  uint64_t wait_cycles = 0;
-  int* aborted = nullptr;
-  const ForwardOptions* options = nullptr;
-};
-
 // Checks a forward's operands (token count, null or misaligned pointers) with clear errors.
 void require_forward_operands(const Config& c, const DeviceBatch& b, const DeviceLayerWeights& wt,
                               const __nv_bfloat16* out);
 
-// Parameters of rank `w` with its own buffers in every peer-table entry of its rank; the caller
-// fills the other ranks' entries and the owner tables at EP > 1.
+// Parameters of rank `ep_rank` (buffers `w`) with its own buffers in every peer-table entry of its
+// rank; the caller fills the other ranks' entries. `aborted`: the group's flag.
 kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const DeviceBatch& b,
-                                __nv_bfloat16* out, const RankLaunchOptions& o);
-
-// How a forward launches, from the configuration and options (validated here, with clear errors):
-// the GEMM tile width, the grid (one CTA per SM: every CTA must be resident), each rank's share and
-// dispatch CTAs, and the wait bound in clock cycles. `ranks_in_launch` > 1 when one launch hosts
-// several logical ranks (emulated EP); `who` names the class in messages.
-struct LaunchPlan {
-  int block_n = 0, grid = 0, dispatch_ctas = 0;
-  double wait_seconds = 0;
-  uint64_t wait_cycles = 0;
-};
-// The megakernel instantiation for a tile width, the options and the row path: one wgmma group in
-// flight with the dispatch copy (measured faster there, slower with the producer gather).
-kern::ForwardKernel forward_kernel(int block_n, const ForwardOptions& o, RowPath row_path);
-// Options that only the dispatch role takes (MoeForward then keeps the dispatch-copy row path).
-bool needs_dispatch_role(const ForwardOptions& o);
-// The row path a forward runs (never automatic; see RowPath::automatic); expert_parallel: the EP
-// forwards (EpForward even for a one-rank group), whose automatic path does not depend on the
-// dispatch options.
-RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_parallel);
-// Routed row blocks per tile group: overlap_rows / 128, or sched::kTileGroupRows for 0.
-int tile_group_blocks(const ForwardOptions& o);
-// row_path: resolve_row_path's; dispatch CTAs are planned unless c.ep_size is 1, the rows are
-// gathered and no option needs the dispatch role.
-LaunchPlan plan_forward_launch(const Config& c, const ForwardOptions& o, int ranks_in_launch,
-                               const char* who, RowPath row_path);
+                                __nv_bfloat16* out, const ForwardPlan& plan,
+                                const ForwardHooks& hooks, int ep_rank, int* aborted);
 
 // Turns the fault records of a forward into mok::Error(peer_timeout): the most upstream wait is
 // the cause, the others gave up because of it. `prefix` goes first ("rank 1: "). Nothing if no
@@ -102,7 +70,7 @@ void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
 // The wait-time profile of the last forward from its timings buffer (kern::ForwardTiming), per
 // participant, for a rank with `ctas` CTAs of which `dispatch_ctas` dispatch. Synchronises.
 ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dispatch_ctas,
-                            bool combine_on_dispatch_ctas, cudaStream_t stream);
+                            cudaStream_t stream);
 
 // What a role of kern::ForwardRole was waiting for, for error messages ("... row block 2").
 const char* fault_role_name(int role);

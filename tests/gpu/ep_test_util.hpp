@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "forward_test_util.hpp"
+#include "layer/forward_hooks.hpp"
 #include "mok/gpu/moe_forward.hpp"
 
 namespace ep_test {
@@ -18,17 +19,14 @@ struct EpCase {
   int routing = 0;              // 0 random, 1 every token to rank 0's experts, 2 to one expert
   int64_t ring_rows = 0;
   uint32_t delay_ns = 0;
-  bool combine_on_dispatch_ctas = false;
   int64_t overlap_rows = 0;
-  bool pingpong_consumers = false;
   mok::gpu::RowPath row_path = mok::gpu::RowPath::automatic;  // automatic: the producer gather
 };
 
 // The standard cases for `ranks` ranks: random, uneven with an empty rank, all tokens to rank 0,
-// all to one expert, a one-block ring, a three-block ring with random dispatch delays, the
-// combine on the dispatch CTAs only, two-block tile groups (overlap_rows) with delays, and
-// ping-pong consumers with delays; each on both row paths (the producers gathering the rank's own
-// rows, the default, and every row copied through the ring).
+// all to one expert, a one-block ring, a three-block ring with random dispatch delays, and
+// two-block tile groups (overlap_rows) with delays; each on both row paths (the producers
+// gathering the rank's own rows, the default, and every row copied through the ring).
 inline std::vector<EpCase> standard_cases(int ranks) {
   std::vector<EpCase> cases;
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300)});
@@ -39,9 +37,7 @@ inline std::vector<EpCase> standard_cases(int ranks) {
   cases.push_back({std::vector<int64_t>(size_t(ranks), 200), 2});
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 128});
   cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 3 * 128, 100'000});
-  cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 0, true});
-  cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 50'000, false, 2 * 128});
-  cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 50'000, false, 0, true});
+  cases.push_back({std::vector<int64_t>(size_t(ranks), 300), 0, 0, 50'000, 2 * 128});
   const size_t gathered = cases.size();
   for (size_t i = 0; i < gathered; ++i) {
     cases.push_back(cases[i]);
@@ -78,16 +74,18 @@ inline GlobalBatch make_global_batch(int ranks, const EpCase& k) {
   return g;
 }
 
-// The forward options of this case.
+// The forward options and test hooks of this case.
 inline mok::gpu::ForwardOptions case_options(const EpCase& k) {
   mok::gpu::ForwardOptions o;
-  o.dispatch_delay_ns = k.delay_ns;
-  o.delay_seed = 7;
-  o.combine_on_dispatch_ctas = k.combine_on_dispatch_ctas;
   o.overlap_rows = k.overlap_rows;
-  o.pingpong_consumers = k.pingpong_consumers;
   o.row_path = k.row_path;
   return o;
+}
+inline mok::gpu::detail::ForwardHooks case_hooks(const EpCase& k) {
+  mok::gpu::detail::ForwardHooks h;
+  h.dispatch_delay_ns = k.delay_ns;
+  h.delay_seed = 7;
+  return h;
 }
 
 // The EP config of rank r for this case.

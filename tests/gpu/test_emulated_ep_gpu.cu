@@ -22,7 +22,7 @@ void expect_ep_equals_ep1(int ranks, const EpCase& k) {
   const int El = c.num_experts / ranks;
   const GpuLayer layer(g.params);
   const mok::gpu::ForwardOptions o = case_options(k);
-  mok::gpu::EmulatedEpForward ep(c, o);
+  mok::gpu::EmulatedEpForward ep(c, o, case_hooks(k));
   const int64_t H = c.hidden, I = c.intermediate;
   const mok::gpu::DeviceLayerWeights all = layer.weights();
   DeviceBuffer<uint16_t> x(to_bf16(b.x));
@@ -127,9 +127,11 @@ TEST(EmulatedEpGpu, CapacityOverflowAndAStoppedRankAreErrorsOnEveryRank) {
     SCOPED_TRACE(mok::gpu::row_path_name(path));
     mok::gpu::ForwardOptions o;
     o.row_path = path;
-    o.never_publish_block = 0;  // rank 1 never publishes its first routed row block
     o.wait_seconds = 0.25;
-    mok::gpu::EmulatedEpForward ep(c, o, /*stuck_rank=*/1);
+    mok::gpu::detail::ForwardHooks stuck;
+    stuck.never_publish_block = 0;  // rank 1 never publishes its first routed row block
+    stuck.stuck_rank = 1;
+    mok::gpu::EmulatedEpForward ep(c, o, stuck);
     EXPECT_EQ(ep.row_path(), path);
     run(ep);
     try {
@@ -144,11 +146,11 @@ TEST(EmulatedEpGpu, CapacityOverflowAndAStoppedRankAreErrorsOnEveryRank) {
     }
   }
   // Under EP the automatic row path is the producer gather, whatever dispatch options are set
-  // (the dispatch CTAs run either way), unless copy_rows_pays_off: two or more full row blocks per
-  // local expert and I >= 2048.
-  for (const bool dispatch_option : {false, true}) {
+  // (the dispatch CTAs run either way), unless detail::copy_rows_pays_off: two or more full row
+  // blocks per local expert and I >= 2048.
+  for (const int dispatch_ctas : {0, 3}) {
     mok::gpu::ForwardOptions o;
-    o.combine_on_dispatch_ctas = dispatch_option;
+    o.dispatch_ctas = dispatch_ctas;
     const mok::gpu::EmulatedEpForward ep(c, o);
     EXPECT_EQ(ep.row_path(), mok::gpu::RowPath::producer_gather);
   }

@@ -55,7 +55,7 @@ void expect_group_equals_ep1(int ranks, const EpCase& k, int rounds) {
     in.push_back(std::make_unique<RankInputs>(g, ranks, r, k.tokens[size_t(r)]));
   }
   {
-    auto group = mok::gpu::EpForward::create_group(c, comms.comms, o);
+    auto group = mok::gpu::EpForward::create_group(c, comms.comms, o, case_hooks(k));
     for (int round = 0; round < rounds; ++round) {
       for (int r = 0; r < ranks; ++r) {
         ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
@@ -93,7 +93,7 @@ TEST(EpNcclGpu, OneRankGroupEqualsTheMegakernelBitForBit) {
   for (int variant = 0; variant < 3; ++variant) {
     mok::gpu::ForwardOptions o;
     if (variant == 1) o.row_path = mok::gpu::RowPath::dispatch_copy;
-    if (variant == 2) o.combine_on_dispatch_ctas = true;
+    if (variant == 2) o.dispatch_ctas = 3;
     auto group = mok::gpu::EpForward::create_group(c, comms.comms, o);
     EXPECT_EQ(group[0]->row_path(),
               variant == 1 ? mok::gpu::RowPath::dispatch_copy : mok::gpu::RowPath::producer_gather);
@@ -192,7 +192,7 @@ TEST(EpNcclProcess, EveryRankEqualsTheSingleGpuForwardAndErrorsReachEveryRank) {
     c.ep_rank = rank;
     const mok::gpu::ForwardOptions o = case_options(k);
     RankInputs in(g, ranks, rank, k.tokens[size_t(rank)]);
-    mok::gpu::EpForward ep(c, comm, o);
+    mok::gpu::EpForward ep(c, comm, o, case_hooks(k));
     for (int round = 0; round < 3; ++round) {
       ASSERT_EQ(cudaMemset(in.out.ptr, 0xFF, in.out.n * 2), cudaSuccess);
       ep.forward(in.batch, in.weights, in.out_ptr(), nullptr);

@@ -9,6 +9,8 @@
 
 #include "baseline/unfused_forward.hpp"
 #include "forward_test_util.hpp"
+#include "kernels/moe_forward/forward_probes.hpp"
+#include "layer/layer_runner.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/random_fill.hpp"
 #include "mok/gpu/staged_forward.hpp"
@@ -17,6 +19,7 @@ using namespace fwd_test;
 using mok::gpu::ForwardOptions;
 using mok::gpu::MoeForward;
 using mok::gpu::RowPath;
+using mok::gpu::detail::ForwardHooks;
 
 namespace {
 
@@ -49,29 +52,29 @@ mok::Config widest_routing_config() {
 
 TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   MOK_REQUIRE_GPU();
-  // 0-7, 11, 12, 14: dispatch CTAs copy rows first; 8-10, 13: the producers gather them (the
-  // default). 12-14: ping-pong consumers.
-  std::vector<ForwardOptions> options(15);
-  for (ForwardOptions& o : options) o.row_path = RowPath::dispatch_copy;
-  for (size_t i : {8, 9, 10, 13}) options[i].row_path = RowPath::producer_gather;
-  for (size_t i : {12, 13, 14}) options[i].pingpong_consumers = true;
-  options[13].profile_wait_times = true;
-  options[14].max_ctas = 3, options[14].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
-  options[1].block_n = 128;
-  options[2].dispatch_ctas = 1;
-  options[3].max_ctas = 3, options[3].dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
-  options[4].dispatch_ctas = 40;
-  options[5].max_ctas = 17, options[5].dispatch_ctas = 16;  // one GEMM CTA
-  options[6].dispatch_lookahead = 8;                        // dispatch paced by the GEMMs
-  options[7].dispatch_lookahead = 8, options[7].dispatch_ctas = 1, options[7].max_ctas = 4;
-  options[0].profile_wait_times = true;  // profiling changes no bit
-  options[8].profile_wait_times = true;
-  options[9].max_ctas = 1;  // one CTA: every tile in turn, then the combine
-  options[10].block_n = 128;
-  options[11].combine_on_dispatch_ctas = true;  // the combine on the 8 dispatch CTAs only
-  options[2].overlap_rows = 128;                // tile groups of one row block ...
-  options[5].overlap_rows = 2 * 128;            // ... two
-  options[9].overlap_rows = 3 * 128;            // ... three, gathering
+  // 0-7: dispatch CTAs copy rows first; 8-11: the producers gather them (the default).
+  struct Variant {
+    ForwardOptions o;
+    ForwardHooks h;
+  };
+  std::vector<Variant> options(12);
+  for (size_t i = 0; i < options.size(); ++i)
+    options[i].o.row_path = i < 8 ? RowPath::dispatch_copy : RowPath::producer_gather;
+  options[0].h.wait_times = true;  // profiling changes no bit
+  options[1].o.block_n = 128;
+  options[2].o.dispatch_ctas = 1;
+  options[2].o.overlap_rows = 128;                            // tile groups of one row block ...
+  options[3].o.max_ctas = 3, options[3].o.dispatch_ctas = 1;  // two GEMM CTAs: every tile waits
+  options[4].o.dispatch_ctas = 40;
+  options[5].o.max_ctas = 17, options[5].o.dispatch_ctas = 16;           // one GEMM CTA
+  options[5].o.overlap_rows = 2 * 128;                                   // ... two
+  options[6].h.dispatch_delay_ns = 20'000, options[6].h.delay_seed = 6;  // blocks published late
+  options[7].o.dispatch_ctas = 1, options[7].o.max_ctas = 4;
+  options[8].h.wait_times = true;
+  options[9].o.max_ctas = 1;            // one CTA: every tile in turn, then the combine
+  options[9].o.overlap_rows = 3 * 128;  // ... three, gathering
+  options[10].o.block_n = 128;
+  options[11].o.max_ctas = 2;  // two GEMM CTAs, no dispatch role
   for (const mok::Config& c :
        {mok::preset("tiny"), odd_config(1), odd_config(0), widest_routing_config()}) {
     const mok::LayerParams p = mok::tools::random_params(c, 31);
@@ -83,8 +86,9 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
     batches.push_back(mok::tools::random_batch(c, 200, 41));
     for (int32_t& id : batches.back().topk_ids) id = c.num_experts - 1;  // one expert
     for (size_t o = 0; o < options.size(); ++o) {
-      if (c.intermediate % 128 != 0 && options[o].block_n == 0) options[o].block_n = 128;
-      MoeForward mega(c, options[o]);
+      ForwardOptions fo = options[o].o;
+      if (c.intermediate % 128 != 0 && fo.block_n == 0) fo.block_n = 128;
+      MoeForward mega(c, fo, options[o].h);
       for (size_t i = 0; i < batches.size(); ++i) {
         SCOPED_TRACE("H = " + std::to_string(c.hidden) + ", option set " + std::to_string(o) +
                      ", batch " + std::to_string(i) + ", block_n " +
@@ -113,12 +117,13 @@ TEST(MoeForwardGpu, BitwiseIdenticalAcross20RunsWithInjectedDispatchDelays) {
   for (uint32_t run = 0; run < 20; ++run) {
     ForwardOptions o;
     o.row_path = RowPath::dispatch_copy;
-    o.dispatch_delay_ns = 200'000;
-    o.delay_seed = run + 1;
     o.dispatch_ctas = 1 + int(run % 4);
     o.max_ctas = run % 2 ? 8 : 0;
-    o.dispatch_lookahead = run % 3 == 0 ? 8 : 0;
-    MoeForward delayed(c, o);
+    o.overlap_rows = run % 3 == 0 ? 128 : 0;
+    ForwardHooks h;
+    h.dispatch_delay_ns = 200'000;
+    h.delay_seed = run + 1;
+    MoeForward delayed(c, o, h);
     EXPECT_TRUE(same_bits(want, gpu_forward(delayed, c, layer, b))) << "run " << run;
   }
 }
@@ -131,9 +136,10 @@ TEST(MoeForwardGpu, AStoppedDispatchEndsInAnErrorNotAHang) {
   const mok::Batch b = mok::tools::random_batch(c, 512, 35);
   ForwardOptions o;
   o.row_path = RowPath::dispatch_copy;
-  o.never_publish_block = 2;
   o.wait_seconds = 0.25;
-  MoeForward stuck(c, o);
+  ForwardHooks h;
+  h.never_publish_block = 2;
+  MoeForward stuck(c, o, h);
   const auto start = std::chrono::steady_clock::now();
   gpu_forward(stuck, c, layer, b, false);
   expect_check_error(stuck, mok::ErrorCode::peer_timeout, "waiting for dispatched row block 2");
@@ -154,11 +160,12 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   const GpuLayer layer(p);
   const mok::Batch b = mok::tools::random_batch(c, 512, 37);
   ForwardOptions o;
-  o.profile_wait_times = true;
   o.row_path = RowPath::dispatch_copy;  // the dispatch role's times too
-  MoeForward timed(c, o);
+  ForwardHooks timing;
+  timing.wait_times = true;
+  MoeForward timed(c, o, timing);
   expect_matches_reference(c, p, b, gpu_forward(timed, c, layer, b));
-  const mok::gpu::ForwardProfile f = timed.last_profile(nullptr);
+  const mok::gpu::detail::ForwardProfile f = timed.runner().profile(nullptr);
   EXPECT_GT(f.consumer_total, 0.0);
   EXPECT_GT(f.dispatch_copying, 0.0);
   EXPECT_GE(f.dispatch_total, f.dispatch_copying);
@@ -178,27 +185,22 @@ TEST(MoeForwardGpu, ProfileTimesEveryRole) {
   MOK_CUDA_OK(cudaDeviceGetAttribute(&max_khz, cudaDevAttrClockRate, 0));
   EXPECT_GT(f.consumer_sm_mhz, 100.0);
   EXPECT_LE(f.consumer_sm_mhz, 1.02 * max_khz / 1e3);
-  o.combine_on_dispatch_ctas = true;  // then they combine instead
-  MoeForward combining(c, o);
-  expect_matches_reference(c, p, b, gpu_forward(combining, c, layer, b));
-  EXPECT_EQ(combining.last_profile(nullptr).dispatch_ctas_joined, 0);
-  o.combine_on_dispatch_ctas = false;
   o.row_path = RowPath::producer_gather;  // no dispatch role: its times are zero
-  MoeForward gathering(c, o);
+  MoeForward gathering(c, o, timing);
   expect_matches_reference(c, p, b, gpu_forward(gathering, c, layer, b));
-  const mok::gpu::ForwardProfile g = gathering.last_profile(nullptr);
+  const mok::gpu::detail::ForwardProfile g = gathering.runner().profile(nullptr);
   EXPECT_GT(g.consumer_total, 0.0);
   EXPECT_EQ(g.dispatch_total, 0.0);
   EXPECT_GT(g.combine_total, 0.0);
   MoeForward plain(c);
-  EXPECT_THROW(plain.last_profile(nullptr), mok::Error);
+  EXPECT_THROW(plain.runner().profile(nullptr), mok::Error);
 }
 
 // mok bench --stage-probes: the megakernel without its GEMM loads, without its MMAs, or without
 // both, on either row path, runs to its end with every wait and hand-off intact (no fault, no
 // hang), and without the MMAs every output element is written and zero (SwiGLU(0, 0) = 0, every
 // expert output 0, the combine's sum 0), so the probe cannot silently skip an epilogue or the
-// combine. Ping-pong consumers refuse the MMA probe.
+// combine. A probe needs the probe set, and 256-wide tiles.
 TEST(MoeForwardGpu, StageProbesKeepEveryHandOff) {
   MOK_REQUIRE_GPU();
   const mok::Config c = mok::preset("tiny");
@@ -209,11 +211,13 @@ TEST(MoeForwardGpu, StageProbesKeepEveryHandOff) {
     for (int probe = 1; probe < 4; ++probe) {
       ForwardOptions o;
       o.row_path = path;
-      o.profile_without_gemm_loads = probe & 1;
-      o.profile_without_mma = probe & 2;
-      MoeForward f(c, o);
+      ForwardHooks h;
+      h.without_gemm_loads = probe & 1;
+      h.without_mma = probe & 2;
+      h.kernels = &mok::kern::probe_forward_kernels();
+      MoeForward f(c, o, h);
       const std::vector<double> out = gpu_forward(f, c, layer, b);  // check(): no fault
-      if (!o.profile_without_mma) continue;
+      if (!h.without_mma) continue;
       for (size_t i = 0; i < out.size(); ++i)
         ASSERT_EQ(out[i], 0.0) << "element " << i << ", probe " << probe << ", "
                                << mok::gpu::row_path_name(path);
@@ -221,14 +225,18 @@ TEST(MoeForwardGpu, StageProbesKeepEveryHandOff) {
   }
   MoeForward healthy(c);  // and the GPU is left as it was
   expect_matches_reference(c, p, b, gpu_forward(healthy, c, layer, b));
-  ForwardOptions pingpong;
-  pingpong.pingpong_consumers = true;
-  pingpong.profile_without_mma = true;
-  EXPECT_THROW(MoeForward(c, pingpong), mok::Error);
+  ForwardHooks without_kernels;
+  without_kernels.without_mma = true;  // no probe set given
+  EXPECT_THROW(MoeForward(c, {}, without_kernels), mok::Error);
+  ForwardHooks probe = without_kernels;
+  probe.kernels = &mok::kern::probe_forward_kernels();
+  ForwardOptions narrow_tiles;
+  narrow_tiles.block_n = 128;  // the probes are 256 wide only
+  EXPECT_THROW(MoeForward(c, narrow_tiles, probe), mok::Error);
 }
 
-// automatic: the producers gather, unless an option needs the dispatch role or rows per expert
-// x I reach 128 x 2048 (copy_rows_pays_off).
+// automatic: the producers gather, unless an option or hook needs the dispatch role or rows per
+// expert x I reach 128 x 2048 (detail::copy_rows_pays_off).
 TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {
   MOK_REQUIRE_GPU();
   const mok::Config c = mok::preset("tiny");
@@ -241,10 +249,11 @@ TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {
   EXPECT_EQ(three.row_path(), RowPath::dispatch_copy);
   EXPECT_EQ(three.dispatch_ctas(), 3);
   o = {};
-  o.combine_on_dispatch_ctas = true;
-  const MoeForward combining(c, o);
-  EXPECT_EQ(combining.row_path(), RowPath::dispatch_copy);
-  EXPECT_GT(combining.dispatch_ctas(), 0);
+  ForwardHooks delayed;
+  delayed.dispatch_delay_ns = 1000;
+  const MoeForward hooked(c, o, delayed);
+  EXPECT_EQ(hooked.row_path(), RowPath::dispatch_copy);
+  EXPECT_GT(hooked.dispatch_ctas(), 0);
   o = {};
   o.row_path = RowPath::dispatch_copy;
   EXPECT_GT(MoeForward(c, o).dispatch_ctas(), 0);
@@ -277,21 +286,27 @@ TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {
   dispatch_with_gather.row_path = RowPath::producer_gather;
   dispatch_with_gather.dispatch_ctas = 4;  // there is no dispatch role while producers gather
   EXPECT_THROW(MoeForward(mok::preset("tiny"), dispatch_with_gather), mok::Error);
-  ForwardOptions pingpong_wide;
-  pingpong_wide.pingpong_consumers = true;
-  pingpong_wide.block_n = 256;  // one warpgroup cannot hold 128 x 256 accumulators
-  EXPECT_THROW(MoeForward(mok::preset("tiny"), pingpong_wide), mok::Error);
+  ForwardOptions narrow_tiles;
+  narrow_tiles.block_n = 64;  // 128 or 256
+  EXPECT_THROW(MoeForward(mok::preset("tiny"), narrow_tiles), mok::Error);
   ForwardOptions ragged_groups;
   ragged_groups.overlap_rows = 100;  // not a multiple of 128
   EXPECT_THROW(MoeForward(mok::preset("tiny"), ragged_groups), mok::Error);
-  ForwardOptions lookahead_inside_a_group;
-  lookahead_inside_a_group.overlap_rows = 16 * 128;
-  lookahead_inside_a_group.dispatch_lookahead = 8;  // pacing needs at least one group: 16
-  EXPECT_THROW(MoeForward(mok::preset("tiny"), lookahead_inside_a_group), mok::Error);
-  ForwardOptions combine_without_dispatch;
-  combine_without_dispatch.row_path = RowPath::producer_gather;
-  combine_without_dispatch.combine_on_dispatch_ctas = true;
-  EXPECT_THROW(MoeForward(mok::preset("tiny"), combine_without_dispatch), mok::Error);
+  ForwardOptions gathering;
+  gathering.row_path = RowPath::producer_gather;
+  ForwardHooks stop;
+  stop.never_publish_block = 0;  // a dispatch hook, while there is no dispatch role
+  EXPECT_THROW(MoeForward(mok::preset("tiny"), gathering, stop), mok::Error);
+  // The GPU pads every expert's rows to its 128-row tiles: a configuration whose dropless bound
+  // was computed for another tile height is refused, not run into a capacity overflow.
+  mok::Config short_tiles = mok::preset("tiny");
+  short_tiles.tile_rows = 64;
+  try {
+    MoeForward f(short_tiles);
+    ADD_FAILURE() << "tile_rows = 64 accepted";
+  } catch (const mok::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tile_rows = 64"), std::string::npos) << e.what();
+  }
 }
 
 // Every standard shape, full size, random weights on the device. Three opinions: the staged

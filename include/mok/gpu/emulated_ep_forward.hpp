@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include <memory>
 #include <vector>
 
 #include "mok/config.hpp"
@@ -19,9 +20,10 @@ class EmulatedEpForward {
  public:
   // c.ep_size in {2, 4, 8}; every rank gets c.max_tokens_per_rank, c's capacity and ring
   // (c.ring_rows: 0 holds the whole batch; smaller rings are reused in turn). Options as for
-  // MoeForward; dispatch_ctas is per rank, and never_publish_block applies to rank stuck_rank only.
-  explicit EmulatedEpForward(const Config& c, const ForwardOptions& options = {},
-                             int stuck_rank = -1);
+  // MoeForward; dispatch_ctas is per rank.
+  explicit EmulatedEpForward(const Config& c, const ForwardOptions& options = {});
+  EmulatedEpForward(const Config& c, const ForwardOptions& options,
+                    const detail::ForwardHooks& hooks);
   ~EmulatedEpForward();
   EmulatedEpForward(const EmulatedEpForward&) = delete;
   EmulatedEpForward& operator=(const EmulatedEpForward&) = delete;
@@ -34,19 +36,13 @@ class EmulatedEpForward {
   // As MoeForward::check, for the whole group; errors name the rank.
   void check(cudaStream_t stream);
 
-  int ranks() const { return config_.ep_size; }
-  int ctas_per_rank() const { return grid_ / config_.ep_size; }
-  RowPath row_path() const { return row_path_; }  // never automatic
+  int ranks() const;
+  int ctas_per_rank() const;
+  RowPath row_path() const;                                       // never automatic
+  const detail::LayerRunner& runner() const { return *runner_; }  // tests and benchmarks
 
  private:
-  struct Workspace;
-  Config config_;
-  ForwardOptions options_;
-  int stuck_rank_;
-  RowPath row_path_ = RowPath::producer_gather;
-  int block_n_ = 0, dispatch_ctas_ = 0, grid_ = 0;
-  uint64_t wait_cycles_ = 0;
-  Workspace* ws_;
+  std::unique_ptr<detail::LayerRunner> runner_;
 };
 
 }  // namespace mok::gpu

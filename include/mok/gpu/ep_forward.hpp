@@ -36,11 +36,17 @@ class EpForward {
   // (the window registration is a barrier). Throws when NCCL's library and headers differ, when
   // the communicator lacks symmetric memory, or when the ranks are not all NVLink peers.
   EpForward(const Config& c, ncclComm_t comm, const ForwardOptions& options = {});
+  EpForward(const Config& c, ncclComm_t comm, const ForwardOptions& options,
+            const detail::ForwardHooks& hooks);
   // One process driving every GPU of the group: comms[r] (ncclCommInitAll) drives rank r; the
   // collective set-up calls are grouped. c.ep_rank is ignored.
   static std::vector<std::unique_ptr<EpForward>> create_group(const Config& c,
                                                               const std::vector<ncclComm_t>& comms,
                                                               const ForwardOptions& options = {});
+  static std::vector<std::unique_ptr<EpForward>> create_group(const Config& c,
+                                                              const std::vector<ncclComm_t>& comms,
+                                                              const ForwardOptions& options,
+                                                              const detail::ForwardHooks& hooks);
   // Waits for this rank's device; one process per GPU also holds a barrier over the communicator
   // (every rank destroys its EpForward together) before the window is freed.
   ~EpForward();
@@ -56,22 +62,17 @@ class EpForward {
   // that did not arrive, or a wait that expired (naming this rank and the role).
   void check(cudaStream_t stream);
 
-  // As MoeForward::last_profile (needs options.profile_wait_times): this rank's role times.
-  ForwardProfile last_profile(cudaStream_t stream) const;
-
   int rank() const { return rank_; }
-  int dispatch_ctas() const { return dispatch_ctas_; }
+  int dispatch_ctas() const;
   int device() const { return device_; }
-  RowPath row_path() const { return row_path_; }  // never automatic
+  RowPath row_path() const;                   // never automatic
+  const detail::LayerRunner& runner() const;  // tests and benchmarks
 
  private:
   struct Workspace;
-  EpForward(const Config& c, const ForwardOptions& options, int rank, int device);
-  Config config_;
-  ForwardOptions options_;
-  RowPath row_path_ = RowPath::producer_gather;
-  int rank_ = 0, device_ = 0, block_n_ = 0, grid_ = 0, dispatch_ctas_ = 0;
-  uint64_t wait_cycles_ = 0;
+  EpForward(const Config& c, const ForwardOptions& options, const detail::ForwardHooks& hooks,
+            int rank, int device);
+  int rank_ = 0, device_ = 0;
   std::vector<int> group_devices_;  // one process driving the group: every rank's device
   Workspace* ws_ = nullptr;
 };

@@ -1,5 +1,5 @@
-// Combine role: every warp left without GEMM work (the dispatch CTAs once dispatch is done, the
-// GEMM consumers after their last tile) takes the next token from a queue, waits until every down
+// Combine role: every GEMM consumer warp, after its last tile (dispatch CTAs join the GEMMs first),
+// takes the next token from a queue, waits until every down
 // tile that writes one of its rows has published, and reduces
 //   out[t] = shared[t] + sum_k w[t,k] * y[t,k]
 // in FP32 in fixed k order, stored as BF16. The queue only decides who reduces a token, never the
@@ -83,9 +83,9 @@ __device__ __forceinline__ void reduce_token(const ForwardParams& p, int64_t t, 
   }
 }
 
-// kWide: two column groups per lane per step where K <= 8. The consumer warps (200 registers)
-// take it; inlined into the dispatch CTAs' branch (the kernel's 168) it made ptxas spill.
-template <int kBlockN, bool kWide>
+// Run by the consumer warps (200 registers) after their last tile: two column groups per lane per
+// step where K <= 8.
+template <int kBlockN>
 __device__ __forceinline__ void combine_role(const ForwardParams& p) {
   if (p.profile_flags & kProfileNoCombine) return;
   const int lane = threadIdx.x % 32;
@@ -119,7 +119,7 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
     if (!__shfl_sync(0xFFFFFFFFu, ready, 0)) return;
     if (ok) {
       (void)token_done(p, t);  // each lane orders its own reads
-      if (kWide && p.top_k <= 8)
+      if (p.top_k <= 8)
         reduce_token<8, 2>(p, t, lane);
       else
         reduce_token<kMaxTopK, 1>(p, t, lane);

@@ -32,33 +32,19 @@ __device__ __forceinline__ void injected_delay(uint32_t max_ns, uint32_t seed, i
 // memory latency (one row per warp at a time moved only ~30 GB/s per SM).
 constexpr int kDispatchUnroll = 16;
 
-// Before gathering block b, dispatch may have to wait for the GEMMs:
-// - the token ring: block b goes into ring tile b % R, which block b - R frees once all its
-//   gate/up tiles have published. The tile order keeps groups <= R blocks, so block b - R's tiles
-//   need only blocks before b.
-// - pacing (dispatch_lookahead L >= the group size): block b waits until the GEMM CTAs have claimed
-//   the first gate/up tile of block b - L's group, so rows are written shortly before they are
-//   read and still sit in L2.
-// No deadlock: the smallest block any dispatch CTA waits to gather waits only on tiles of earlier
-// blocks, which are all published or being copied (dispatch CTAs take blocks in increasing order).
+// Before gathering block b, dispatch may have to wait for the GEMMs to free its place in the
+// token ring: block b goes into ring tile b % R, which block b - R frees once all its gate/up tiles
+// have published. The tile order keeps groups <= R blocks, so block b - R's tiles need only blocks
+// before b. No deadlock: the smallest block any dispatch CTA waits to gather waits only on tiles
+// of earlier blocks, which are all published or being copied (dispatch CTAs take blocks in
+// increasing order).
 template <int kBlockN>
 __device__ __forceinline__ bool may_gather(const ForwardParams& p,
                                            const ForwardTiles<kBlockN>& tiles, int64_t b) {
-  if (b >= p.ring_blocks) {
-    const uint32_t* freed = p.act_ready + (b - p.ring_blocks);
-    const uint32_t needed = uint32_t(kConsumers * tiles.gate_up_tiles);
-    if (!wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(freed) >= needed; }))
-      return false;
-  }
-  if (p.dispatch_lookahead == 0 || b < p.dispatch_lookahead) return true;
-  const int64_t m = b - p.dispatch_lookahead;
-  const int expert = p.tile_expert[m];
-  const int64_t first = p.seg_begin[expert] / kBlockM;
-  const int group = routed_group_rows(p);
-  const int64_t group_first = first + (m - first) / group * group;
-  const uint32_t target = uint32_t(tiles.routed_gate_up_begin + group_first * tiles.gate_up_tiles);
-  const volatile uint32_t* claimed = p.tile_next;
-  return wait_unless_aborted(p, [&] { return *claimed >= target; });
+  if (b < p.ring_blocks) return true;
+  const uint32_t* freed = p.act_ready + (b - p.ring_blocks);
+  const uint32_t needed = uint32_t(kConsumers * tiles.gate_up_tiles);
+  return wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(freed) >= needed; });
 }
 
 // False when a bounded wait expired (recorded); every thread returns the same. Not inlined: the
@@ -71,7 +57,7 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
   // so the copy loop reads only shared memory and the rows, no ForwardParams.
   __shared__ const uint4* row_source[kBlockM];
   __shared__ bool row_copied[kBlockM];
-  __shared__ int paced_ok;
+  __shared__ int ring_ok;
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   const int64_t blocks = routed_blocks(p);
   RoleTimer timer(p);  // thread 0 reports
@@ -82,11 +68,11 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
   const sched::VectorWalk walk = sched::VectorWalk::make(blockDim.x, row_vecs);
   for (int64_t b = cta; b < blocks; b += ctas) {
     if (threadIdx.x == 0) {
-      paced_ok = may_gather(p, tiles, b);
-      if (!paced_ok) record_fault(p, kRoleDispatchPacing, b);
+      ring_ok = may_gather(p, tiles, b);
+      if (!ring_ok) record_fault(p, kRoleDispatchRing, b);
     }
     __syncthreads();
-    if (!paced_ok) return false;
+    if (!ring_ok) return false;
     const uint64_t copy_start = timer.now();
     bool copies = false;
     // One load per row from the row-destination table (the lookup through the schedules is a

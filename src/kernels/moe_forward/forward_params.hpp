@@ -17,7 +17,7 @@ enum ForwardRole : int {
   kRoleSharedDownProducer = 1,  // waited for the shared activations of a token block
   kRoleDownProducer = 2,        // waited for the activations of a routed row block
   kRoleProducerRing = 3,        // waited for a free ring stage ("what" = the tile)
-  kRoleDispatchPacing = 4,      // waited for the GEMMs to claim tiles ("what" = the block)
+  kRoleDispatchRing = 4,        // waited for the GEMMs to free a ring tile ("what" = the block)
   kRoleConsumer = 5,            // waited for its producer's TMA loads ("what" = the tile)
   kRoleCombine = 6,             // waited for a token's expert outputs ("what" = the token)
   kForwardRoles = 7,
@@ -67,7 +67,7 @@ struct ForwardParams {
   const int64_t* source_begin;  // [experts][ep_size + 1]
   const int32_t* tile_expert;   // local expert of each routed row block
   int64_t* row_destination;     // [capacity]: sched::RowDestination of each routed row, written
-                                // by launch_moe_forward's first kernel from the tables above
+                                // by launch_row_destinations from the tables above
   const int* status;  // nonzero: a batch of the group failed validation; no GEMM, out is NaN
   int* aborted;       // shared by the group's ranks: the first expired wait stops every wait
   // The batch.
@@ -93,14 +93,10 @@ struct ForwardParams {
   uint32_t* tile_next;         // the GEMM tiles' work queue: next tile of the sequence
   ForwardFault* fault;
   int dispatch_ctas;  // CTAs [0, dispatch_ctas) dispatch, then run the GEMMs like the rest
-                      // (with combine_on_dispatch_ctas: then combine instead)
-  int combine_on_dispatch_ctas;  // 1: only the dispatch CTAs combine (the communication SMs);
-                                 // 0: every CTA's idle warps do
   int gather_rows;   // the gate/up producers gather routed rows (cp.async into the swizzled stage):
                      // this rank's from x, peers' from the ring (dispatch copies only those; at
                      // EP = 1 there are no dispatch CTAs)
   int group_blocks;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
-  int dispatch_lookahead;  // row blocks dispatch may run ahead of the GEMMs; 0: no limit
   uint64_t wait_cycles;
   // Tests only: every dispatched block is published after a pseudo-random delay below delay_ns,
   // and block never_publish_block (>= 0) is never published (a dispatch that stopped).
@@ -143,19 +139,15 @@ constexpr int kProfileNoDispatchCopy = 1, kProfileNoCombine = 2;
 // Every wait and hand-off stays.
 constexpr int kProbeNoGemmLoads = 1, kProbeNoMma = 2;
 
-// Which instantiation of the megakernel runs: tile width 128 or 256, ping-pong consumers (128
-// only), and for the cooperative consumers whether one wgmma group stays in flight across
-// k-blocks (mma_tile; chosen with the dispatch copy, where the rows come by TMA).
+// Which instantiation of the megakernel runs: tile width 128 or 256, whether one wgmma group stays
+// in flight across k-blocks (mma_tile; chosen with the dispatch copy, where the rows come by TMA),
+// and a stage probe (benchmarks only: a set of its own, forward_probes.hpp).
 struct ForwardKernel {
   int block_n = 256;
-  bool pingpong = false;
   bool mma_in_flight = false;
-  int probe = 0;  // kProbe* (benchmarks): cooperative block_n 256 only
+  int probe = 0;
 };
 
-// Once per device, before launches: the shared-memory opt-in, and how many CTAs fit on one SM
-// (the persistent grid needs every CTA resident).
-cudaError_t prepare_moe_forward(const ForwardKernel& kernel, int* ctas_per_sm);
 // What one launch runs: `ranks` logical ranks (1 for a real EP rank, ep_size when the group is
 // emulated on one GPU), each on its own contiguous share of the grid.
 struct ForwardLaunch {
@@ -165,9 +157,19 @@ struct ForwardLaunch {
 };
 static_assert(sizeof(ForwardLaunch) <= 32764, "kernel parameters (CUDA 12.1+, sm_70+)");
 
-// Two launches: row_destination_kernel (fills ForwardParams::row_destination), then `kernel`
-// with `grid` CTAs; every one must be resident at once.
-cudaError_t launch_moe_forward(const ForwardLaunch& launch, const ForwardKernel& kernel, int grid,
-                               cudaStream_t stream);
+// A set of megakernel instantiations. prepare: once per device, before launches, the
+// shared-memory opt-in and how many CTAs fit on one SM (the persistent grid needs every CTA
+// resident). launch: `grid` CTAs, every one resident at once. Both return cudaErrorInvalidValue
+// for a kernel the set does not hold.
+struct ForwardKernels {
+  cudaError_t (*prepare)(const ForwardKernel& kernel, int* ctas_per_sm);
+  cudaError_t (*launch)(const ForwardLaunch& launch, const ForwardKernel& kernel, int grid,
+                        cudaStream_t stream);
+};
+// The library's set: block_n 128 and 256, with and without a wgmma group in flight.
+const ForwardKernels& production_forward_kernels();
+
+// Fills ForwardParams::row_destination of every rank; runs before each megakernel launch.
+cudaError_t launch_row_destinations(const ForwardLaunch& launch, int grid, cudaStream_t stream);
 
 }  // namespace mok::kern

@@ -1,0 +1,39 @@
+// The benchmarks' stage probes (kProbe*): the megakernel without its GEMM loads, without its MMAs,
+// or without both, for 256-wide tiles with either mainloop. Linked only into the tools that use
+// them (the CLI's bench, the probe test), never into the library.
+#include "kernels/moe_forward/forward_kernel.cuh"
+#include "kernels/moe_forward/forward_probes.hpp"
+
+namespace mok::kern {
+namespace {
+
+template <int kProbe, class F>
+void with_probe(bool mma_in_flight, F&& f) {
+  mma_in_flight ? f(ForwardVariant<256, true, kProbe>{}) : f(ForwardVariant<256, false, kProbe>{});
+}
+
+struct Probes {
+  template <class F>
+  static bool with_variant(const ForwardKernel& k, F&& f) {
+    if (k.block_n != 256) return false;
+    switch (k.probe) {
+      case kProbeNoGemmLoads:
+        with_probe<kProbeNoGemmLoads>(k.mma_in_flight, f);
+        return true;
+      case kProbeNoMma:
+        with_probe<kProbeNoMma>(k.mma_in_flight, f);
+        return true;
+      case kProbeNoGemmLoads | kProbeNoMma:
+        with_probe<kProbeNoGemmLoads | kProbeNoMma>(k.mma_in_flight, f);
+        return true;
+      default:
+        return false;
+    }
+  }
+};
+
+}  // namespace
+
+const ForwardKernels& probe_forward_kernels() { return ForwardKernelSet<Probes>::kernels; }
+
+}  // namespace mok::kern

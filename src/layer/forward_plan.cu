@@ -1,0 +1,124 @@
+#include "layer/forward_plan.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <string>
+
+#include "layer/forward_schedule.hpp"
+#include "mok/error.hpp"
+#include "mok/schedule/tile_order.hpp"
+
+namespace mok::gpu::detail {
+namespace {
+
+// The row path a forward runs (see RowPath::automatic). Under EP (EpForward even for a one-rank
+// group) the dispatch CTAs always run: they bring the peers' rows and the producers gather the
+// rank's own rows beside them; at EP = 1 an option or hook that needs the dispatch CTAs keeps
+// the copy.
+RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_parallel,
+                         bool needs_dispatch) {
+  if (o.row_path != RowPath::automatic) return o.row_path;
+  if (copy_rows_pays_off(c.max_tokens_per_rank, c.top_k, c.num_experts, c.ep_size, c.intermediate))
+    return RowPath::dispatch_copy;
+  return !expert_parallel && needs_dispatch ? RowPath::dispatch_copy : RowPath::producer_gather;
+}
+
+double wait_seconds(const ForwardOptions& o) {
+  double s = o.wait_seconds;
+  if (s == 0) {
+    const char* env = std::getenv("MOK_WAIT_SECONDS");
+    s = env ? std::atof(env) : 2.0;
+  }
+  require(s > 0 && s <= 600, ErrorCode::invalid_argument,
+          "wait_seconds must be in (0, 600], got " + std::to_string(s));
+  return s;
+}
+
+}  // namespace
+
+ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const ForwardHooks& h,
+                         Transport transport, const char* who) {
+  const std::string name(who);
+  require(c.precision == Precision::bf16, ErrorCode::unsupported,
+          std::string("precision ") + precision_name(c.precision) +
+              ": the GPU forward is BF16 only for now");
+  require(c.tile_rows == kTileRows, ErrorCode::unsupported,
+          name + ": tile_rows = " + std::to_string(c.tile_rows) + ": the GPU kernels pad every " +
+              "expert's rows to " + std::to_string(kTileRows) + " (the GEMM tile height), so " +
+              "the capacity must be computed for " + std::to_string(kTileRows));
+  const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width();
+  require(H % 64 == 0 && I % 64 == 0 && S % 64 == 0, ErrorCode::unsupported,
+          "the GPU forward needs hidden, intermediate and the shared width to be multiples of 64 "
+          "(one 128-byte TMA box of K); got H = " +
+              std::to_string(H) + ", I = " + std::to_string(I) + ", S = " + std::to_string(S));
+  require(o.overlap_rows >= 0 && o.overlap_rows % kTileRows == 0 &&
+              o.overlap_rows <= int64_t(kTileRows) * (1 << 20),
+          ErrorCode::invalid_argument,
+          name + ": overlap_rows = " + std::to_string(o.overlap_rows) +
+              ": allowed 0 (automatic) or a positive multiple of " + std::to_string(kTileRows));
+  require(o.dispatch_ctas >= 0 && o.max_ctas >= 0, ErrorCode::invalid_argument,
+          name + ": dispatch_ctas and max_ctas must be >= 0 (0: automatic), got " +
+              std::to_string(o.dispatch_ctas) + " and " + std::to_string(o.max_ctas));
+
+  ForwardPlan plan;
+  plan.transport = transport;
+  plan.ranks_in_launch = transport == Transport::emulated ? c.ep_size : 1;
+  const bool expert_parallel = transport != Transport::local;
+  const bool needs_dispatch = o.dispatch_ctas != 0 || h.needs_dispatch_role();
+  plan.row_path = resolve_row_path(c, o, expert_parallel, needs_dispatch);
+  require(expert_parallel || plan.row_path != RowPath::producer_gather || !needs_dispatch,
+          ErrorCode::invalid_argument,
+          name +
+              ": dispatch_ctas (and the dispatch test hooks) need the dispatch role: row_path "
+              "= dispatch_copy or automatic, not producer_gather (the GEMM producers gather "
+              "rows then and there are no dispatch CTAs)");
+
+  const bool wide_ok = I % 128 == 0 && S % 128 == 0;
+  plan.kernel.block_n = o.block_n == 0 ? (wide_ok ? 256 : 128) : o.block_n;
+  require(plan.kernel.block_n == 128 || (plan.kernel.block_n == 256 && wide_ok),
+          ErrorCode::invalid_argument,
+          "block_n = " + std::to_string(o.block_n) +
+              ": allowed 0 (automatic), 128, or 256 when I and S are multiples of 128");
+  // One wgmma group in flight with the dispatch copy (measured faster there, slower with the
+  // producer gather).
+  plan.kernel.mma_in_flight = plan.row_path == RowPath::dispatch_copy;
+  plan.kernel.probe = h.probe();
+  plan.kernels = h.kernels ? h.kernels : &kern::production_forward_kernels();
+  require(plan.kernel.probe == 0 || plan.kernel.block_n == 256, ErrorCode::invalid_argument,
+          name + ": the stage probes are built for block_n 256 only");
+  require(plan.kernel.probe == 0 || h.kernels != nullptr, ErrorCode::invalid_argument,
+          name + ": a stage probe needs the probe kernels (ForwardHooks::kernels)");
+  plan.group_blocks = o.overlap_rows == 0 ? sched::kTileGroupRows : int(o.overlap_rows / kTileRows);
+  plan.wait_seconds = wait_seconds(o);
+
+  int device = 0, sms = 0, clock_khz = 0, per_sm = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute");
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
+      clock_khz <= 0)
+    clock_khz = 2'000'000;
+  check_cuda(plan.kernels->prepare(plan.kernel, &per_sm), "preparing the forward kernel");
+  require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
+  // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.
+  plan.grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
+  const int share = plan.grid / plan.ranks_in_launch;
+  // Dispatch CTAs run unless a lone rank gathers all its rows itself and nothing needs them
+  // (under EP they bring the peers' rows).
+  const bool with_dispatch =
+      c.ep_size > 1 || plan.row_path != RowPath::producer_gather || needs_dispatch;
+  plan.dispatch_ctas = !with_dispatch ? 0
+                       : o.dispatch_ctas > 0
+                           ? o.dispatch_ctas
+                           : std::max(1, num_dispatch_ctas(share, c.intermediate));
+  require(share >= (with_dispatch ? 2 : 1) && plan.dispatch_ctas < share,
+          ErrorCode::invalid_argument,
+          name + ": a grid of " + std::to_string(plan.grid) + " CTAs gives each of " +
+              std::to_string(plan.ranks_in_launch) + " rank(s) " + std::to_string(share) +
+              " CTAs, too few for " + std::to_string(plan.dispatch_ctas) +
+              " dispatch CTAs and the GEMMs");
+  plan.wait_cycles = uint64_t(plan.wait_seconds * double(clock_khz) * 1e3);
+  return plan;
+}
+
+}  // namespace mok::gpu::detail
