@@ -137,8 +137,8 @@ class TokenRing {
         rows_(size_t(c.effective_ring_rows())),
         x_(size_t(c.effective_ring_rows() * c.hidden)),
         d_out_(backward ? size_t(c.effective_ring_rows() * c.hidden) : 0),
-        ready_(size_t(layout_.num_tiles)),
-        free_(size_t(layout_.num_tiles)) {}
+        filled_(size_t(c.capacity_rows() / c.tile_rows)),
+        released_(size_t(c.capacity_rows() / c.tile_rows)) {}
 
   sched::RingLayout layout() const { return layout_; }
   RingRow& row(int64_t routed_row) { return rows_[size_t(sched::ring_row(routed_row, layout_))]; }
@@ -148,19 +148,18 @@ class TokenRing {
   double* d_out(int64_t routed_row) {
     return &d_out_[size_t(sched::ring_row(routed_row, layout_) * hidden_)];
   }
-  std::atomic<uint32_t>& ready(int64_t tile) {
-    return ready_[size_t(sched::ring_tile(tile, layout_))];
-  }
-  std::atomic<uint32_t>& free(int64_t tile) {
-    return free_[size_t(sched::ring_tile(tile, layout_))];
-  }
+  // The protocol's counters of routed block `block` (mok/schedule/routing_layout.hpp); the
+  // simulation's expert role is each block's one reader.
+  static constexpr uint32_t kReaders = 1;
+  std::atomic<uint32_t>& filled(int64_t block) { return filled_[size_t(block)]; }
+  std::atomic<uint32_t>& released(int64_t block) { return released_[size_t(block)]; }
 
  private:
   sched::RingLayout layout_;
   int64_t hidden_;
   std::vector<RingRow> rows_;
   std::vector<double> x_, d_out_;
-  std::vector<std::atomic<uint32_t>> ready_, free_;
+  std::vector<std::atomic<uint32_t>> filled_, released_;
 };
 
 RankSchedule build_source_schedule(const Config& c, const Batch& b) {
@@ -214,13 +213,17 @@ void dispatch_role(Group& g, int rank, TokenRing& ring, bool backward) {
   const int64_t H = c.hidden, tiles = s.segment_begin[size_t(L)] / c.tile_rows;
   Delays delays(g.options, rank, 1);
   for (int64_t tile = 0; tile < tiles; ++tile) {
-    const uint32_t gen = sched::ring_generation(tile, ring.layout());
+    const int64_t previous = sched::ring_previous_block(tile, ring.layout());
     bounded_wait(
         g,
-        [&] { return sched::ring_may_fill(ring.free(tile).load(std::memory_order_acquire), gen); },
+        [&] {
+          return previous < 0 ||
+                 sched::ring_may_fill(ring.released(previous).load(std::memory_order_acquire),
+                                      TokenRing::kReaders);
+        },
         [&] {
           return "ring tile " + std::to_string(sched::ring_tile(tile, ring.layout())) +
-                 " to be freed (generation " + std::to_string(gen) + ")";
+                 " to be freed (by routed block " + std::to_string(previous) + ")";
         });
     for (int64_t row = tile * c.tile_rows; row < (tile + 1) * c.tile_rows; ++row) {
       const sched::RoutedRow loc = sched::locate_routed_row(
@@ -240,7 +243,7 @@ void dispatch_role(Group& g, int rank, TokenRing& ring, bool backward) {
       }
       delays.maybe_sleep();
     }
-    ring.ready(tile).store(sched::ring_published(gen), std::memory_order_release);
+    ring.filled(tile).store(sched::kRingFilled, std::memory_order_release);
   }
 }
 
@@ -271,13 +274,11 @@ void expert_role(Group& g, int rank, TokenRing& ring, const LayerParams& p, bool
   std::vector<const ref::RowBackward*> row_ptrs;
   std::vector<const double*> x_ptrs;
   for (int64_t tile = 0; tile < tiles; ++tile) {
-    const uint32_t gen = sched::ring_generation(tile, ring.layout());
     bounded_wait(
-        g,
-        [&] { return sched::ring_may_read(ring.ready(tile).load(std::memory_order_acquire), gen); },
+        g, [&] { return sched::ring_may_read(ring.filled(tile).load(std::memory_order_acquire)); },
         [&] {
           return "ring tile " + std::to_string(sched::ring_tile(tile, ring.layout())) +
-                 " to be filled (generation " + std::to_string(gen) + ")";
+                 " to be filled with routed block " + std::to_string(tile);
         });
     // Segments are padded to whole tiles, so a tile belongs to one expert.
     const int l = sched::locate_routed_row(tile * c.tile_rows, s.segment_begin.data(),
@@ -313,7 +314,7 @@ void expert_role(Group& g, int rank, TokenRing& ring, const LayerParams& p, bool
     }
     if (backward)
       acc->add_tile(row_ptrs.data(), x_ptrs.data(), int64_t(row_ptrs.size()), g.rounding);
-    ring.free(tile).store(sched::ring_published(gen), std::memory_order_release);
+    ring.released(tile).fetch_add(1, std::memory_order_release);
   }
   finish_expert();
   for (int q = 0; q < N; ++q)

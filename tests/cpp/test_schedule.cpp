@@ -78,36 +78,45 @@ TEST(Schedule, OwnershipAndSlots) {
   EXPECT_EQ(pad_to_tile(129, 128), 256);
 }
 
-// A producer and a consumer stepping in every interleaving a random scheduler picks: the counters
-// never let a tile be overwritten before it is read, and both always reach the end.
+// A producer and `readers` consumer parts stepping in every interleaving a random scheduler picks
+// (the GPU's gate/up warpgroups read a block in any order): the counters never let a tile be
+// overwritten before every part has read it, and all reach the end.
 TEST(Schedule, RingCountersNeverOverwriteAndNeverDeadlock) {
   std::mt19937 rng(3);
-  for (int trial = 0; trial < 200; ++trial) {
+  for (int trial = 0; trial < 300; ++trial) {
     const RingLayout ring{64, 1 + int64_t(rng() % 4)};
-    const int64_t tiles = rng() % 20;
-    std::vector<uint32_t> ready(size_t(ring.num_tiles), 0), free_count(size_t(ring.num_tiles), 0);
-    std::vector<int64_t> content(size_t(ring.num_tiles), -1);
-    int64_t produced = 0, consumed = 0;
-    while (consumed < tiles) {
+    const int64_t blocks = rng() % 20;
+    const uint32_t readers = 1 + uint32_t(rng() % 3);
+    std::vector<uint32_t> filled(size_t(blocks), 0), released(size_t(blocks), 0);
+    std::vector<int64_t> content(size_t(ring.num_tiles), -1);  // the block a ring tile holds
+    std::vector<int64_t> next_read(readers, 0);                // each part's next block
+    int64_t produced = 0;
+    for (;;) {
+      bool done = produced == blocks;
+      for (int64_t n : next_read) done = done && n == blocks;
+      if (done) break;
+      const int64_t previous = ring_previous_block(produced, ring);
       const bool can_fill =
-          produced < tiles && ring_may_fill(free_count[size_t(ring_tile(produced, ring))],
-                                            ring_generation(produced, ring));
-      const bool can_read =
-          consumed < produced &&
-          ring_may_read(ready[size_t(ring_tile(consumed, ring))], ring_generation(consumed, ring));
-      ASSERT_TRUE(can_fill || can_read) << "deadlock";
-      if (can_fill && (!can_read || rng() % 2)) {
-        const int64_t slot = ring_tile(produced, ring);
-        ASSERT_TRUE(content[size_t(slot)] == -1) << "overwrote an unread tile";
-        content[size_t(slot)] = produced;
-        ready[size_t(slot)] = ring_published(ring_generation(produced, ring));
+          produced < blocks && (previous < 0 || ring_may_fill(released[size_t(previous)], readers));
+      std::vector<uint32_t> can_read;
+      for (uint32_t part = 0; part < readers; ++part) {
+        const int64_t b = next_read[part];
+        if (b < blocks && ring_may_read(filled[size_t(b)])) can_read.push_back(part);
+      }
+      ASSERT_TRUE(can_fill || !can_read.empty()) << "deadlock";
+      if (can_fill && (can_read.empty() || rng() % 2)) {
+        const int64_t tile = ring_tile(produced, ring);
+        ASSERT_TRUE(content[size_t(tile)] == -1 ||
+                    released[size_t(content[size_t(tile)])] == readers)
+            << "overwrote a block not every part has read";
+        content[size_t(tile)] = produced;
+        filled[size_t(produced)] = kRingFilled;
         ++produced;
       } else {
-        const int64_t slot = ring_tile(consumed, ring);
-        ASSERT_EQ(content[size_t(slot)], consumed);
-        content[size_t(slot)] = -1;
-        free_count[size_t(slot)] = ring_published(ring_generation(consumed, ring));
-        ++consumed;
+        const uint32_t part = can_read[rng() % can_read.size()];
+        const int64_t b = next_read[part]++;
+        ASSERT_EQ(content[size_t(ring_tile(b, ring))], b) << "read a block that was overwritten";
+        ++released[size_t(b)];
       }
     }
     EXPECT_EQ(ring_row(ring.num_tiles * 64 + 5, ring), 5);

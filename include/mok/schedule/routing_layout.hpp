@@ -165,35 +165,33 @@ MOK_HD int64_t routed_row_slot(int64_t row, int expert, const int64_t* segment_b
   return offset < counts[expert] ? sorted[offsets[expert] + offset] : -1;
 }
 
-// ---- Token ring
-// ---------------------------------------------------------------------------------- Routed tile b
-// (tile_rows rows of the padded layout) lives in ring tile b % num_tiles during generation b /
-// num_tiles. Two counters per ring tile, both monotone:
-//   the producer may fill b once   free_count  >= generation      (the previous use was released)
-//   then publishes                 ready_count  = generation + 1   (release)
-//   the consumer may read b once   ready_count >= generation + 1  (acquire)
-//   then publishes                 free_count   = generation + 1   (release)
-// No tile is filled twice before it is consumed, and the consumer never waits on a tile the
-// producer cannot reach, so the pair cannot deadlock whatever the ring size.
+// ---- Token ring: the protocol the GPU kernels and the CPU simulation both run.
+// Routed row block b (tile_rows rows of the padded layout) lives in ring tile b % num_tiles. Two
+// monotone counters per routed block (not per ring tile, so no generations to compare):
+//   filled[b]    set to kRingFilled by the producer once b's rows are written    (release)
+//   released[b]  +1 by each of the `readers` parts that read b, once done        (release)
+// The producer may fill b once b is the tile's first use (ring_previous_block < 0) or
+// ring_may_fill(released[ring_previous_block(b)], readers); a reader may read b once
+// ring_may_read(filled[b]). On the GPU the readers are the warpgroups of b's gate/up tiles
+// (kConsumers per n-tile), whose released count is also what b's down tiles wait for.
+// No tile is filled before its previous block is read, and blocks are filled and read in
+// increasing order, so the pair cannot deadlock whatever the ring size.
 struct RingLayout {
   int tile_rows;
   int64_t num_tiles;
 };
+constexpr uint32_t kRingFilled = 1;
 
-MOK_HD int64_t ring_tile(int64_t routed_tile, RingLayout r) { return routed_tile % r.num_tiles; }
-MOK_HD uint32_t ring_generation(int64_t routed_tile, RingLayout r) {
-  return uint32_t(routed_tile / r.num_tiles);
-}
+MOK_HD int64_t ring_tile(int64_t block, RingLayout r) { return block % r.num_tiles; }
 MOK_HD int64_t ring_row(int64_t routed_row, RingLayout r) {
   return ring_tile(routed_row / r.tile_rows, r) * r.tile_rows + routed_row % r.tile_rows;
 }
-MOK_HD bool ring_may_fill(uint32_t free_count, uint32_t generation) {
-  return free_count >= generation;
+// The block whose rows block b overwrites in the ring; < 0 when b is its tile's first use.
+MOK_HD int64_t ring_previous_block(int64_t block, RingLayout r) { return block - r.num_tiles; }
+MOK_HD bool ring_may_fill(uint32_t released_previous, uint32_t readers) {
+  return released_previous >= readers;
 }
-MOK_HD bool ring_may_read(uint32_t ready_count, uint32_t generation) {
-  return ready_count >= generation + 1;
-}
-MOK_HD uint32_t ring_published(uint32_t generation) { return generation + 1; }
+MOK_HD bool ring_may_read(uint32_t filled) { return filled >= kRingFilled; }
 
 // Walks a row block's 16-byte vectors i, i + s, i + 2s, ... as (row, column) pairs of rows of
 // row_vecs vectors, by adding only (the dispatch copy: an integer division per vector, ~20

@@ -33,18 +33,21 @@ __device__ __forceinline__ void injected_delay(uint32_t max_ns, uint32_t seed, i
 constexpr int kDispatchUnroll = 16;
 
 // Before gathering block b, dispatch may have to wait for the GEMMs to free its place in the
-// token ring: block b goes into ring tile b % R, which block b - R frees once all its gate/up tiles
-// have published. The tile order keeps groups <= R blocks, so block b - R's tiles need only blocks
-// before b. No deadlock: the smallest block any dispatch CTA waits to gather waits only on tiles
-// of earlier blocks, which are all published or being copied (dispatch CTAs take blocks in
+// token ring (the protocol of mok/schedule/routing_layout.hpp): block b goes into ring tile
+// b % R, which block b - R frees once all its gate/up tiles have published (act_ready is the
+// released count). The tile order keeps groups <= R blocks, so block b - R's tiles need only
+// blocks before b. No deadlock: the smallest block any dispatch CTA waits to gather waits only on
+// tiles of earlier blocks, which are all published or being copied (dispatch CTAs take blocks in
 // increasing order).
 template <int kBlockN>
 __device__ __forceinline__ bool may_gather(const ForwardParams& p,
                                            const ForwardTiles<kBlockN>& tiles, int64_t b) {
-  if (b < p.ring_blocks) return true;
-  const uint32_t* freed = p.act_ready + (b - p.ring_blocks);
-  const uint32_t needed = uint32_t(kConsumers * tiles.gate_up_tiles);
-  return wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(freed) >= needed; });
+  const int64_t previous = sched::ring_previous_block(b, token_ring(p));
+  if (previous < 0) return true;
+  const uint32_t* released = p.act_ready + previous;
+  const uint32_t readers = uint32_t(kConsumers * tiles.gate_up_tiles);
+  return wait_unless_aborted(
+      p, [&] { return sched::ring_may_fill(dev::load_acquire_gpu(released), readers); });
 }
 
 // False when a bounded wait expired (recorded); every thread returns the same. Not inlined: the
@@ -90,8 +93,8 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
       copies = !gathered;
     }
     // The block as one flat run of vectors: consecutive threads move consecutive 16 bytes.
-    uint4* const dst =
-        reinterpret_cast<uint4*>(p.routed_x) + b % p.ring_blocks * int64_t(block_vecs);
+    uint4* const dst = reinterpret_cast<uint4*>(p.routed_x) +
+                       sched::ring_tile(b, token_ring(p)) * int64_t(block_vecs);
     const bool any_copies = __syncthreads_or(copies);
     const uint32_t copy_vecs =
         p.profile_flags & kProfileNoDispatchCopy || !any_copies ? 0 : block_vecs;
@@ -119,7 +122,7 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
       injected_delay(p.delay_ns, p.delay_seed, b);
       if (b != p.never_publish_block) {
         dev::fence_proxy_async_global();  // the readers are TMA loads (hopper-gemm.md, 13)
-        dev::add_release_gpu(p.x_ready + b, 1);
+        dev::add_release_gpu(p.x_ready + b, sched::kRingFilled);
       }
     }
   }

@@ -125,7 +125,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
         b_map = &maps.gate, b_up_map = &maps.up;
         // Gathering at EP = 1 needs no dispatch; under EP the peers' rows come through the ring.
         if (!gather || p.ep_size > 1)
-          ready = p.x_ready + w.m_block, needed = 1, role = kRoleGateUpProducer;
+          ready = p.x_ready + w.m_block, needed = sched::kRingFilled, role = kRoleGateUpProducer;
         break;
       case TileKind::shared_down:
         a_maps = maps.act_shared;
@@ -158,7 +158,7 @@ __device__ __forceinline__ void producer_role(const ForwardMaps& maps, const For
     if (!__all_sync(0xFFFFFFFFu, ok)) return;
     // Routed gate/up A rows live in the token ring; every other A is indexed by its block.
     const int64_t a_block =
-        w.kind == TileKind::routed_gate_up ? w.m_block % p.ring_blocks : w.m_block;
+        w.kind == TileKind::routed_gate_up ? sched::ring_tile(w.m_block, token_ring(p)) : w.m_block;
     const int32_t a_row = int32_t(a_block * kBlockM);
     GatherRows rows{};
     if (gather)

@@ -53,6 +53,12 @@ __device__ __forceinline__ int64_t routed_blocks(const ForwardParams& p) {
   return batch_ok(p) ? p.seg_begin[p.experts] / kBlockM : 0;
 }
 
+// The token ring of routed_x (mok/schedule/routing_layout.hpp's protocol: x_ready is each block's
+// filled count, act_ready its released count).
+__device__ __forceinline__ sched::RingLayout token_ring(const ForwardParams& p) {
+  return {kBlockM, p.ring_blocks};
+}
+
 // Routed row blocks per tile group (ForwardOptions::overlap_rows): at most the token ring's size
 // (tile_order.hpp).
 __device__ __forceinline__ int routed_group_rows(const ForwardParams& p) {
