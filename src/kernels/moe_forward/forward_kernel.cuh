@@ -20,9 +20,10 @@ static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRe
 
 // The grid is split into launch.ranks contiguous shares, one per logical rank (one share for a
 // real EP rank); inside a share the first dispatch_ctas CTAs dispatch, then join the others in the
-// GEMMs. kMmaInFlight: the consumers keep one wgmma group in flight (mma_tile).
-// kProbe: a benchmark's stage probe (kProbe*), 0 in every forward that computes.
-template <int kBlockN, bool kMmaInFlight, int kProbe>
+// GEMMs. kMmaInFlight: the consumers keep one wgmma group in flight (mma_tile). kKeepGateUp: a
+// training forward, which also keeps the SwiGLU inputs (store_gate_up). kProbe: a benchmark's
+// stage probe (kProbe*), 0 in every forward that computes.
+template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp, int kProbe>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
   const int per_rank = int(gridDim.x) / launch.ranks;
@@ -59,13 +60,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));
-  if (consumer_role<kBlockN, kMmaInFlight, kProbe>(p, ring, queue)) combine_role<kBlockN>(p);
+  if (consumer_role<kBlockN, kMmaInFlight, kKeepGateUp, kProbe>(p, ring, queue))
+    combine_role<kBlockN>(p);
 }
 
 // One instantiation, prepared and launched.
-template <int kBlockN, bool kMmaInFlight, int kProbe = 0>
+template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp = false, int kProbe = 0>
 struct ForwardVariant {
-  static constexpr auto kernel = moe_forward_kernel<kBlockN, kMmaInFlight, kProbe>;
+  static constexpr auto kernel = moe_forward_kernel<kBlockN, kMmaInFlight, kKeepGateUp, kProbe>;
   static constexpr int smem = TileShape<kBlockN>::kSmemBytes;
   static cudaError_t prepare(int* ctas_per_sm) {
     if (cudaError_t e =

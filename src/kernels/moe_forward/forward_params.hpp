@@ -80,9 +80,13 @@ struct ForwardParams {
   int64_t ring_blocks;        // >= 1; the capacity in blocks when the ring holds the whole batch
   __nv_bfloat16* act;         // [capacity, I]
   __nv_bfloat16* act_shared;  // [token_rows, S]
-  __nv_bfloat16* y_slots;     // [T * K, H]: expert output of each (token, k) slot
-  __nv_bfloat16* y_shared;    // [T, H]
-  __nv_bfloat16* out;         // [T, H]
+  // The SwiGLU inputs a training forward keeps for the backward (gpu::ForwardContext), or nullptr
+  // (inference: not written): each row's gate pre-activations, then its up pre-activations.
+  __nv_bfloat16* gate_up;         // [capacity, 2I]
+  __nv_bfloat16* gate_up_shared;  // [token_rows, 2S]
+  __nv_bfloat16* y_slots;         // [T * K, H]: expert output of each (token, k) slot
+  __nv_bfloat16* y_shared;        // [T, H]
+  __nv_bfloat16* out;             // [T, H]
   // Dataflow counters, zero at launch (one memset before each forward).
   uint32_t* x_ready;    // [capacity / 128]: 1 once dispatch wrote the row block
   uint32_t* act_ready;  // [capacity / 128]: +1 per warpgroup per gate/up tile; once complete the
@@ -145,6 +149,7 @@ constexpr int kProbeNoGemmLoads = 1, kProbeNoMma = 2;
 struct ForwardKernel {
   int block_n = 256;
   bool mma_in_flight = false;
+  bool keep_gate_up = false;  // a training forward: the SwiGLU inputs into ForwardParams::gate_up
   int probe = 0;
 };
 
@@ -166,7 +171,8 @@ struct ForwardKernels {
   cudaError_t (*launch)(const ForwardLaunch& launch, const ForwardKernel& kernel, int grid,
                         cudaStream_t stream);
 };
-// The library's set: block_n 128 and 256, with and without a wgmma group in flight.
+// The library's set: block_n 128 and 256, with and without a wgmma group in flight, with and
+// without keep_gate_up.
 const ForwardKernels& production_forward_kernels();
 
 // Fills ForwardParams::row_destination of every rank; runs before each megakernel launch.

@@ -244,15 +244,28 @@ __device__ __forceinline__ uint32_t* act_counter(const ForwardParams& p, const T
   return (w.kind == TileKind::routed_gate_up ? p.act_ready : p.act_shared_ready) + w.m_block;
 }
 
-// Gate/up epilogue of 64 rows from row0: SwiGLU into act (or act_shared).
-template <int kBlockN>
+// Gate/up epilogue of 64 rows from row0: SwiGLU into act (or act_shared); kKeepGateUp (a training
+// forward, its own instantiation: in the inference kernel the extra stores made ptxas spill) also
+// stores the pre-activations into gate_up (gate_up_shared): the tile's gate half at the row's
+// column n_tile * kBlockN / 2, its up half `width` columns further.
+template <int kBlockN, bool kKeepGateUp>
 __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const TileWork& w,
                                               const float (&d)[kBlockN / 2], int row0) {
   const int r = Fragment::mine().row_lo;
   const bool routed = w.kind == TileKind::routed_gate_up;
   const int64_t width = routed ? p.intermediate : p.shared_width;
-  __nv_bfloat16* out = (routed ? p.act : p.act_shared) + row0 * width + w.n_tile * (kBlockN / 2);
+  const int64_t col0 = int64_t(w.n_tile) * (kBlockN / 2);
+  __nv_bfloat16* out = (routed ? p.act : p.act_shared) + row0 * width + col0;
   swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
+  if constexpr (kKeepGateUp) {
+    using Half = const float(&)[kBlockN / 4];
+    __nv_bfloat16* g = (routed ? p.gate_up : p.gate_up_shared) + (row0 + r) * 2 * width + col0;
+    const int64_t down8 = 8 * 2 * width;
+    store_rows_vec16<kBlockN / 2>(reinterpret_cast<Half>(d[0]), g, g + down8, kBlockN / 2);
+    g += width;
+    store_rows_vec16<kBlockN / 2>(reinterpret_cast<Half>(d[kBlockN / 4]), g, g + down8,
+                                  kBlockN / 2);
+  }
 }
 
 // Where this thread's two rows of a down tile go (Fragment rows row_lo and row_lo + 8 from row0):
@@ -360,8 +373,8 @@ struct ConsumerTimes {
 };
 
 // Cooperative consumers: both warpgroups work on every tile, 64 rows each (kMmaInFlight: see
-// mma_tile).
-template <int kBlockN, bool kMmaInFlight, int kProbe = 0>
+// mma_tile; kKeepGateUp: see store_gate_up).
+template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp, int kProbe = 0>
 __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const SmemRing<kBlockN>& ring,
                                               const TileQueue& queue) {
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
@@ -412,7 +425,7 @@ __device__ __forceinline__ bool consumer_role(const ForwardParams& p, const Smem
     release_owed();
     const uint64_t epilogue_since = times.timer.now();
     if (is_gate_up(w)) {
-      store_gate_up<kBlockN>(p, w, d, row0);
+      store_gate_up<kBlockN, kKeepGateUp>(p, w, d, row0);
       const uint64_t publish_since = times.timer.now();
       publish_warpgroup(act_counter(p, w), wg);
       times.timer.add(kTimeConsumerPublish, publish_since);

@@ -1,5 +1,6 @@
 // The production instantiations of the forward megakernel (forward_kernel.cuh): tile width 128 or
-// 256, with or without one wgmma group in flight; and the row-destination kernel that runs first.
+// 256, with or without one wgmma group in flight, inference or training (keeping the SwiGLU
+// inputs); and the row-destination kernel that runs first.
 #include "kernels/moe_forward/forward_kernel.cuh"
 
 namespace mok::kern {
@@ -17,14 +18,22 @@ __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch lau
   }
 }
 
+template <int kBlockN, bool kKeepGateUp, class F>
+void with_mainloop(bool mma_in_flight, F&& f) {
+  mma_in_flight ? f(ForwardVariant<kBlockN, true, kKeepGateUp>{})
+                : f(ForwardVariant<kBlockN, false, kKeepGateUp>{});
+}
+
 struct Production {
   template <class F>
   static bool with_variant(const ForwardKernel& k, F&& f) {
     if (k.probe != 0) return false;
     if (k.block_n == 256)
-      k.mma_in_flight ? f(ForwardVariant<256, true>{}) : f(ForwardVariant<256, false>{});
+      k.keep_gate_up ? with_mainloop<256, true>(k.mma_in_flight, f)
+                     : with_mainloop<256, false>(k.mma_in_flight, f);
     else if (k.block_n == 128)
-      k.mma_in_flight ? f(ForwardVariant<128, true>{}) : f(ForwardVariant<128, false>{});
+      k.keep_gate_up ? with_mainloop<128, true>(k.mma_in_flight, f)
+                     : with_mainloop<128, false>(k.mma_in_flight, f);
     else
       return false;
     return true;

@@ -9,13 +9,14 @@ namespace {
 
 template <int kProbe, class F>
 void with_probe(bool mma_in_flight, F&& f) {
-  mma_in_flight ? f(ForwardVariant<256, true, kProbe>{}) : f(ForwardVariant<256, false, kProbe>{});
+  mma_in_flight ? f(ForwardVariant<256, true, false, kProbe>{})
+                : f(ForwardVariant<256, false, false, kProbe>{});
 }
 
 struct Probes {
   template <class F>
   static bool with_variant(const ForwardKernel& k, F&& f) {
-    if (k.block_n != 256) return false;
+    if (k.block_n != 256 || k.keep_gate_up) return false;
     switch (k.probe) {
       case kProbeNoGemmLoads:
         with_probe<kProbeNoGemmLoads>(k.mma_in_flight, f);
