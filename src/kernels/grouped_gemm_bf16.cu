@@ -1,9 +1,10 @@
-// BF16 grouped GEMM, sm_90a: the pipeline of kernels/gemm/bf16_pipeline.cuh (one producer thread,
+// BF16 grouped GEMM, sm_90a: the pipeline of kernels/gemm/pipeline.cuh (one producer thread,
 // two consumer warpgroups) over the routed-row layout, with a store or a SwiGLU epilogue.
 #include <algorithm>
 #include <mutex>
 
-#include "kernels/gemm/bf16_pipeline.cuh"
+#include "kernels/gemm/epilogue_sm90.cuh"
+#include "kernels/gemm/mainloop_sm90.cuh"
 #include "mok/device/tensor_map.hpp"
 #include "mok/gpu/grouped_gemm.hpp"
 

@@ -115,12 +115,12 @@ __global__ void __launch_bounds__(128, 1)
     return;
   }
   float d[64];
-  const uint64_t da = smem_desc_kmajor_sw128(smem_addr(a)),
-                 db = smem_desc_kmajor_sw128(smem_addr(b));
+  const uint64_t da = smem_desc<Major::K>(smem_addr(a)), db = smem_desc<Major::K>(smem_addr(b));
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < 4; ++k)  // 4 x k16 = 64: 32 bytes further along the 128-byte row each step
-    wgmma_m64n128k16_bf16(d, smem_desc_advance(da, 32 * k), smem_desc_advance(db, 32 * k), k > 0);
+    wgmma<__nv_bfloat16, 128>(d, smem_desc_advance(da, 32 * k), smem_desc_advance(db, 32 * k),
+                              k > 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_accumulators(d);

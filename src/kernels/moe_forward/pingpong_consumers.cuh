@@ -19,6 +19,44 @@ namespace mok::kern {
 // Per CTA: mainloop_done[wg], one arrival per warp of warpgroup wg when its tile's mainloop ends.
 constexpr uint32_t kMainloopDoneArrivals = 4;
 
+// ONE warpgroup computes all 128 rows of the tile, two m64 wgmmas per k-step (top: rows [0, 64),
+// bottom: [64, 128); without kBottom the bottom rows are padding and are not multiplied: a
+// separate instantiation, since a wgmma under a runtime branch makes ptxas serialize them all,
+// C7520). Each of its 4 warps releases each stage (empty_arrivals 4). BF16 K-major only.
+template <int kBlockN, bool kBottom>
+__device__ __forceinline__ bool mma_tile_128(float (&top)[kBlockN / 2],
+                                             float (&bottom)[kBlockN / 2],
+                                             const SmemRing<kBlockN>& ring,
+                                             dev::RingCursor<TileShape<kBlockN>::kStages>& c,
+                                             int k_blocks, uint64_t wait_cycles, bool timed,
+                                             uint64_t* waited_ns, bool gathered) {
+  using A = Bf16KMajor::A;
+  using B = Bf16KMajor::B;
+  constexpr int kK = Bf16KMajor::kInstrK;
+  const bool arrives = threadIdx.x % 32 == 0;
+  for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
+    if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, gathered)) return false;
+    const uint64_t da = A::desc(ring.a(c.stage));
+    const uint64_t da_bottom = A::desc(ring.a(c.stage) + A::row_offset(64));
+    const uint64_t db = B::desc(ring.b(c.stage));
+    dev::wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < Bf16KMajor::kBlockK / kK; ++k) {
+      Bf16KMajor::mma<kBlockN>(top, dev::smem_desc_advance(da, A::k_offset<kK>(k)),
+                               dev::smem_desc_advance(db, B::k_offset<kK>(k)), kb > 0 || k > 0);
+      if constexpr (kBottom)
+        Bf16KMajor::mma<kBlockN>(bottom, dev::smem_desc_advance(da_bottom, A::k_offset<kK>(k)),
+                                 dev::smem_desc_advance(db, B::k_offset<kK>(k)), kb > 0 || k > 0);
+    }
+    dev::wgmma_commit();
+    dev::wgmma_wait<0>();
+    dev::fence_accumulators(top);
+    if constexpr (kBottom) dev::fence_accumulators(bottom);
+    if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
+  }
+  return true;
+}
+
 template <int kBlockN>
 __device__ __forceinline__ bool pingpong_consumer_role(const ForwardParams& p,
                                                        const SmemRing<kBlockN>& ring,
