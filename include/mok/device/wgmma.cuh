@@ -45,7 +45,8 @@ enum class Swizzle : int { B128 = 1 };  // the descriptor's layout-type field
 //            bytes between the 128-byte-wide atoms along MN (unused when the instruction reads
 //            one).
 template <Major kMajor, Swizzle kSwizzle = Swizzle::B128>
-__device__ __forceinline__ uint64_t smem_desc(uint32_t smem_address, uint32_t mn_atom_stride = 0) {
+__host__ __device__ constexpr uint64_t smem_desc(uint32_t smem_address,
+                                                 uint32_t mn_atom_stride = 0) {
   static_assert(kSwizzle == Swizzle::B128, "only the 128-byte swizzle");
   const uint64_t lbo = kMajor == Major::K ? 1u : (mn_atom_stride & 0x3FFFFu) >> 4;
   return uint64_t((smem_address & 0x3FFFFu) >> 4) | (lbo << 16) | (64ull << 32) |
@@ -70,19 +71,21 @@ __device__ __forceinline__ uint64_t smem_desc_advance(uint64_t desc, uint32_t by
 #define MOK_WG_D10(M, x) MOK_WG_D8(M, x) M(x##8) M(x##9)
 #define MOK_WG_FIRST(M0, M) M0(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9)
 #define MOK_WG_ACC32(M0, M) MOK_WG_FIRST(M0, M) MOK_WG_D10(M, 1) MOK_WG_D10(M, 2) MOK_WG_D2(M, 3)
-#define MOK_WG_ACC64(M0, M)                                                            \
-  MOK_WG_FIRST(M0, M)                                                                  \
-  MOK_WG_D10(M, 1) MOK_WG_D10(M, 2) MOK_WG_D10(M, 3) MOK_WG_D10(M, 4) MOK_WG_D10(M, 5) \
-      MOK_WG_D4(M, 6)
+#define MOK_WG_ACC64(M0, M) \
+  MOK_WG_FIRST(M0, M)       \
+  MOK_WG_D10(M, 1)          \
+  MOK_WG_D10(M, 2) MOK_WG_D10(M, 3) MOK_WG_D10(M, 4) MOK_WG_D10(M, 5) MOK_WG_D4(M, 6)
 #define MOK_WG_ACC96(M0, M)                                                            \
   MOK_WG_FIRST(M0, M)                                                                  \
-  MOK_WG_D10(M, 1) MOK_WG_D10(M, 2) MOK_WG_D10(M, 3) MOK_WG_D10(M, 4) MOK_WG_D10(M, 5) \
-      MOK_WG_D10(M, 6) MOK_WG_D10(M, 7) MOK_WG_D10(M, 8) MOK_WG_D6(M, 9)
-#define MOK_WG_ACC128(M0, M)                                                                \
-  MOK_WG_FIRST(M0, M)                                                                       \
-  MOK_WG_D10(M, 1) MOK_WG_D10(M, 2) MOK_WG_D10(M, 3) MOK_WG_D10(M, 4) MOK_WG_D10(M, 5)      \
-      MOK_WG_D10(M, 6) MOK_WG_D10(M, 7) MOK_WG_D10(M, 8) MOK_WG_D10(M, 9) MOK_WG_D10(M, 10) \
-          MOK_WG_D10(M, 11) MOK_WG_D8(M, 12)
+  MOK_WG_D10(M, 1)                                                                     \
+  MOK_WG_D10(M, 2) MOK_WG_D10(M, 3) MOK_WG_D10(M, 4) MOK_WG_D10(M, 5) MOK_WG_D10(M, 6) \
+      MOK_WG_D10(M, 7) MOK_WG_D10(M, 8) MOK_WG_D6(M, 9)
+#define MOK_WG_ACC128(M0, M)                                                                 \
+  MOK_WG_FIRST(M0, M)                                                                        \
+  MOK_WG_D10(M, 1)                                                                           \
+  MOK_WG_D10(M, 2) MOK_WG_D10(M, 3) MOK_WG_D10(M, 4) MOK_WG_D10(M, 5) MOK_WG_D10(M, 6)       \
+      MOK_WG_D10(M, 7) MOK_WG_D10(M, 8) MOK_WG_D10(M, 9) MOK_WG_D10(M, 10) MOK_WG_D10(M, 11) \
+          MOK_WG_D8(M, 12)
 
 // One instruction: SHAPE_TYPES names it, ACC is its accumulator list, DA / DB / P the operand
 // numbers of the descriptors and of the scale-d flag (after the accumulators), TAIL the
