@@ -1,9 +1,10 @@
-// BF16 grouped GEMM, sm_90a: the pipeline of kernels/gemm/bf16_pipeline.cuh (one producer thread,
+// BF16 grouped GEMM, sm_90a: the pipeline of kernels/gemm/pipeline.cuh (one producer thread,
 // two consumer warpgroups) over the routed-row layout, with a store or a SwiGLU epilogue.
 #include <algorithm>
 #include <mutex>
 
-#include "kernels/gemm/bf16_pipeline.cuh"
+#include "kernels/gemm/epilogue_sm90.cuh"
+#include "kernels/gemm/mainloop_sm90.cuh"
 #include "mok/device/tensor_map.hpp"
 #include "mok/gpu/grouped_gemm.hpp"
 
@@ -131,16 +132,17 @@ cudaError_t device_setup(int* sms) {
 template <int kBlockN>
 cudaError_t launch(const GroupedGemmArgs& args, int sms, cudaStream_t stream) {
   const bool swiglu = args.epilogue == GemmEpilogue::swiglu;
-  const CUtensorMap a_map = dev::make_bf16_map_2d(args.a, uint64_t(args.rows), uint64_t(args.k),
-                                                  uint64_t(args.k), kBlockM);
+  const CUtensorMap a_map = dev::make_map_2d(dev::Dtype::bf16, args.a, uint64_t(args.rows),
+                                             uint64_t(args.k), uint64_t(args.k), kBlockM);
   // Swiglu: gate and up are [experts, n/2, k] each, read in boxes of N/2 rows.
   const uint64_t b_rows = swiglu ? uint64_t(args.n / 2) : uint64_t(args.n);
   const uint32_t b_box = swiglu ? kBlockN / 2 : kBlockN;
-  const CUtensorMap b_map =
-      dev::make_bf16_map_3d(args.b, uint64_t(args.experts), b_rows, uint64_t(args.k), b_box);
-  const CUtensorMap b_up_map = swiglu ? dev::make_bf16_map_3d(args.b_up, uint64_t(args.experts),
-                                                              b_rows, uint64_t(args.k), b_box)
-                                      : b_map;
+  const CUtensorMap b_map = dev::make_map_3d(dev::Dtype::bf16, args.b, uint64_t(args.experts),
+                                             b_rows, uint64_t(args.k), b_box);
+  const CUtensorMap b_up_map =
+      swiglu ? dev::make_map_3d(dev::Dtype::bf16, args.b_up, uint64_t(args.experts), b_rows,
+                                uint64_t(args.k), b_box)
+             : b_map;
   const int64_t tiles = (args.rows / kBlockM) * ((args.n + kBlockN - 1) / kBlockN);
   const int grid =
       int(std::min<int64_t>(tiles, args.max_ctas > 0 ? std::min(args.max_ctas, sms) : sms));

@@ -129,13 +129,15 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   timings = parts.timings ? reinterpret_cast<unsigned long long*>(zeroed + timings_at) : nullptr;
   for (int i = 0; i < 2; ++i) {  // boxes of 128 rows, then of 64 (kern::ForwardMaps)
     const uint32_t box = kern::a_box_rows(i);
-    routed_x_map[i] = dev::make_bf16_map_2d(routed_x, uint64_t(ring_blocks * kTileRows),
-                                            uint64_t(H), uint64_t(H), box);
-    act_map[i] =
-        dev::make_bf16_map_2d(act, uint64_t(sched.capacity), uint64_t(I), uint64_t(I), box);
-    act_shared_map[i] = S ? dev::make_bf16_map_2d(act_shared, uint64_t(sched.token_rows),
-                                                  uint64_t(S), uint64_t(S), box)
-                          : act_map[i];
+    routed_x_map[i] =
+        dev::make_map_2d(dev::Dtype::bf16, routed_x, uint64_t(ring_blocks * kTileRows), uint64_t(H),
+                         uint64_t(H), box);
+    act_map[i] = dev::make_map_2d(dev::Dtype::bf16, act, uint64_t(sched.capacity), uint64_t(I),
+                                  uint64_t(I), box);
+    act_shared_map[i] =
+        S ? dev::make_map_2d(dev::Dtype::bf16, act_shared, uint64_t(sched.token_rows), uint64_t(S),
+                             uint64_t(S), box)
+          : act_map[i];
   }
 }
 
@@ -163,17 +165,17 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
     maps.routed_x[i] = w.routed_x_map[i];
     maps.act[i] = w.act_map[i];
     maps.act_shared[i] = w.act_shared_map[i];
-    maps.x[i] = b.tokens > 0
-                    ? dev::make_bf16_map_2d(b.x, uint64_t(b.tokens), H, H, kern::a_box_rows(i))
-                    : w.routed_x_map[i];
+    maps.x[i] = b.tokens > 0 ? dev::make_map_2d(dev::Dtype::bf16, b.x, uint64_t(b.tokens), H, H,
+                                                kern::a_box_rows(i))
+                             : w.routed_x_map[i];
   }
-  maps.gate = dev::make_bf16_map_3d(wt.gate, El, I, H, bn / 2);
-  maps.up = dev::make_bf16_map_3d(wt.up, El, I, H, bn / 2);
-  maps.down = dev::make_bf16_map_3d(wt.down, El, H, I, bn);
+  maps.gate = dev::make_map_3d(dev::Dtype::bf16, wt.gate, El, I, H, bn / 2);
+  maps.up = dev::make_map_3d(dev::Dtype::bf16, wt.up, El, I, H, bn / 2);
+  maps.down = dev::make_map_3d(dev::Dtype::bf16, wt.down, El, H, I, bn);
   if (S > 0) {
-    maps.shared_gate = dev::make_bf16_map_3d(wt.shared_gate, 1, S, H, bn / 2);
-    maps.shared_up = dev::make_bf16_map_3d(wt.shared_up, 1, S, H, bn / 2);
-    maps.shared_down = dev::make_bf16_map_3d(wt.shared_down, 1, H, S, bn);
+    maps.shared_gate = dev::make_map_3d(dev::Dtype::bf16, wt.shared_gate, 1, S, H, bn / 2);
+    maps.shared_up = dev::make_map_3d(dev::Dtype::bf16, wt.shared_up, 1, S, H, bn / 2);
+    maps.shared_down = dev::make_map_3d(dev::Dtype::bf16, wt.shared_down, 1, H, S, bn);
   } else {
     maps.shared_gate = maps.shared_up = maps.gate;
     maps.shared_down = maps.down;

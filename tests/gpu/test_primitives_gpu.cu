@@ -115,12 +115,12 @@ __global__ void __launch_bounds__(128, 1)
     return;
   }
   float d[64];
-  const uint64_t da = smem_desc_kmajor_sw128(smem_addr(a)),
-                 db = smem_desc_kmajor_sw128(smem_addr(b));
+  const uint64_t da = smem_desc<Major::K>(smem_addr(a)), db = smem_desc<Major::K>(smem_addr(b));
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < 4; ++k)  // 4 x k16 = 64: 32 bytes further along the 128-byte row each step
-    wgmma_m64n128k16_bf16(d, smem_desc_advance(da, 32 * k), smem_desc_advance(db, 32 * k), k > 0);
+    wgmma<__nv_bfloat16, 128>(d, smem_desc_advance(da, 32 * k), smem_desc_advance(db, 32 * k),
+                              k > 0);
   wgmma_commit();
   wgmma_wait<0>();
   fence_accumulators(d);
@@ -253,7 +253,7 @@ TEST(PrimitivesGpu, TmaLoadsThroughAnMbarrierRingFollowTheSwizzle) {
   DeviceBuffer<uint16_t> g(src);
   DeviceBuffer<uint8_t> out(size_t(tiles) * kBoxBytes);
   DeviceBuffer<int> error(1, 0);
-  const CUtensorMap map = make_bf16_map_2d(g.ptr, rows, cols, cols, kBoxRows);
+  const CUtensorMap map = make_map_2d(Dtype::bf16, g.ptr, rows, cols, cols, kBoxRows);
   const int smem = 2 * kBoxBytes + 1024;
   MOK_CUDA_OK(cudaError_t(opt_in_smem((const void*)ring_load_kernel, smem)));
   ring_load_kernel<<<1, 64, smem>>>(map, tiles, 3, out.ptr, error.ptr);
@@ -274,7 +274,7 @@ TEST(PrimitivesGpu, TmaStoreWritesTheBoxAndNothingElse) {
   MOK_REQUIRE_GPU();
   const int rows = 3 * kBoxRows, cols = 3 * 64;
   DeviceBuffer<uint16_t> g(size_t(rows * cols), 0xAB);  // poisoned
-  const CUtensorMap map = make_bf16_map_2d(g.ptr, rows, cols, cols, kBoxRows);
+  const CUtensorMap map = make_map_2d(Dtype::bf16, g.ptr, rows, cols, cols, kBoxRows);
   MOK_CUDA_OK(cudaError_t(opt_in_smem((const void*)store_kernel, kBoxBytes + 1024)));
   store_kernel<<<1, 128, kBoxBytes + 1024>>>(map, 64, kBoxRows);
   MOK_CUDA_OK(cudaDeviceSynchronize());
@@ -298,8 +298,8 @@ TEST(PrimitivesGpu, WgmmaBf16MatchesTheCpuProduct) {
   DeviceBuffer<uint16_t> ga(a), gb(b);
   DeviceBuffer<float> d(64 * 128, 0xFF);  // NaN poison
   DeviceBuffer<int> error(1, 0);
-  const CUtensorMap ma = make_bf16_map_2d(ga.ptr, 64, 64, 64, 64);
-  const CUtensorMap mb = make_bf16_map_2d(gb.ptr, 128, 64, 64, 128);
+  const CUtensorMap ma = make_map_2d(Dtype::bf16, ga.ptr, 64, 64, 64, 64);
+  const CUtensorMap mb = make_map_2d(Dtype::bf16, gb.ptr, 128, 64, 64, 128);
   const int smem = (64 + 128) * 128 + 1024;
   MOK_CUDA_OK(cudaError_t(opt_in_smem((const void*)wgmma_kernel, smem)));
   wgmma_kernel<<<1, 128, smem>>>(ma, mb, d.ptr, error.ptr);

@@ -1,5 +1,5 @@
-// Host side of TMA: encoding tensor maps for K-major BF16 operands with the 128B swizzle, through
-// the driver entry point (no -lcuda).
+// Host side of TMA: encoding tensor maps for operands read in 128-byte-wide boxes with the 128B
+// swizzle, through the driver entry point (no -lcuda).
 #pragma once
 #include <cuda.h>
 
@@ -7,13 +7,20 @@
 
 namespace mok::dev {
 
-// A row-major [rows, cols] BF16 matrix (cols contiguous, row stride `row_stride_elems`), read in
-// boxes of box_rows x 64 columns (128 bytes, one swizzle span). Throws mok::Error on failure.
-CUtensorMap make_bf16_map_2d(const void* base, uint64_t rows, uint64_t cols,
-                             uint64_t row_stride_elems, uint32_t box_rows);
+// The element type of a map; a box row is 128 bytes of it (one swizzle span).
+enum class Dtype : int { bf16, e4m3, fp32 };
+constexpr uint32_t dtype_bytes(Dtype t) {
+  return t == Dtype::fp32 ? 4u : t == Dtype::bf16 ? 2u : 1u;
+}
+constexpr uint32_t box_cols(Dtype t) { return 128u / dtype_bytes(t); }
 
-// [batches, rows, cols] BF16 (experts' weights), boxes of box_rows x 64 in one batch.
-CUtensorMap make_bf16_map_3d(const void* base, uint64_t batches, uint64_t rows, uint64_t cols,
-                             uint32_t box_rows);
+// A row-major [rows, cols] matrix (cols contiguous, row stride `row_stride_elems`), read in boxes
+// of box_rows x box_cols(dtype). Throws mok::Error on failure.
+CUtensorMap make_map_2d(Dtype dtype, const void* base, uint64_t rows, uint64_t cols,
+                        uint64_t row_stride_elems, uint32_t box_rows);
+
+// [batches, rows, cols] (experts' weights), boxes of box_rows x box_cols(dtype) in one batch.
+CUtensorMap make_map_3d(Dtype dtype, const void* base, uint64_t batches, uint64_t rows,
+                        uint64_t cols, uint32_t box_rows);
 
 }  // namespace mok::dev

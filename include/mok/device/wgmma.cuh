@@ -1,8 +1,13 @@
-// wgmma (warpgroup MMA, sm_90a): fences, groups, shared-memory descriptors, and the BF16
-// m64n128k16 instruction with FP32 accumulators. A warpgroup (4 consecutive warps from a warp index
-// divisible by 4) issues each one; operands are K-major 128B-swizzled tiles (hopper-gemm.md, 6).
+// wgmma (warpgroup MMA, sm_90a): fences, groups, shared-memory descriptors, and
+// wgmma<Element, N, MajorA, MajorB>, m64nNk16 (BF16) or m64nNk32 (FP8 E4M3) with FP32 accumulators.
+// A warpgroup (4 consecutive warps from a warp index divisible by 4) issues each one; operands are
+// 128B-swizzled shared-memory tiles, K-major or MN-major (hopper-gemm.md, 6).
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
 #include <cstdint>
+#include <type_traits>
 
 namespace mok::dev {
 
@@ -26,89 +31,128 @@ __device__ __forceinline__ void fence_accumulators(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-// Descriptor of a K-major tile with the 128B swizzle from a 1024-byte aligned shared address:
-// start >> 4, leading offset 1 (unused for this layout), stride 1024 B between 8-row groups.
-__device__ __forceinline__ uint64_t smem_desc_kmajor_sw128(uint32_t smem_address) {
-  return uint64_t((smem_address & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+// Which dimension is contiguous in a shared-memory operand; the value is the instruction's
+// imm-trans-a / imm-trans-b (PTX ISA 9.7.15.5.1.2: 0 = K-major, 1 = M- or N-major).
+enum class Major : int { K = 0, MN = 1 };
+enum class Swizzle : int { B128 = 1 };  // the descriptor's layout-type field
+
+// Descriptor of a 128B-swizzled tile from a 1024-byte aligned shared address (PTX ISA
+// 9.7.15.5.1.2.1, canonical layouts; fields in 16-byte units, base offset 0):
+//  K-major,  ((8,m),(T,2k)):((8T,SBO),(1,T)): rows of 128 bytes along K, 8-row groups SBO = 1024 B
+//            apart; LBO is unused with a swizzle (1).
+//  MN-major, ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)): per K row 128 bytes along MN, 8 K rows per
+//            1024-byte swizzle atom; SBO = 1024 B between atoms along K, LBO = `mn_atom_stride`
+//            bytes between the 128-byte-wide atoms along MN (unused when the instruction reads
+//            one).
+template <Major kMajor, Swizzle kSwizzle = Swizzle::B128>
+__host__ __device__ constexpr uint64_t smem_desc(uint32_t smem_address,
+                                                 uint32_t mn_atom_stride = 0) {
+  static_assert(kSwizzle == Swizzle::B128, "only the 128-byte swizzle");
+  const uint64_t lbo = kMajor == Major::K ? 1u : (mn_atom_stride & 0x3FFFFu) >> 4;
+  return uint64_t((smem_address & 0x3FFFFu) >> 4) | (lbo << 16) | (64ull << 32) |
+         (uint64_t(kSwizzle) << 62);
 }
-// Moving a descriptor by `bytes` (a multiple of 16, staying below 256 KB): along K inside a row
-// (32 B per k16 step) or to another 1024-aligned tile.
+// Moving a descriptor by `bytes` (a multiple of 16, staying below 256 KB): along K (K-major: 32 B
+// per BF16 k16 step inside a row; MN-major: 2048 B, two atoms) or to another 1024-aligned tile.
 __device__ __forceinline__ uint64_t smem_desc_advance(uint64_t desc, uint32_t bytes) {
   return desc + (bytes >> 4);
 }
 
-// D[64x128] (+)= A[64x16] * B[128x16]^T, BF16 in, FP32 accumulate; accumulate = false overwrites.
-// Thread layout of d: warp w = (tid / 32) % 4, lane l, for j in 0..15:
-//   d[4j], d[4j+1] -> row 16w + l/4, cols 8j + 2(l%4) + {0, 1}; d[4j+2], d[4j+3] -> row + 8.
-__device__ __forceinline__ void wgmma_m64n128k16_bf16(float (&d)[64], uint64_t desc_a,
-                                                      uint64_t desc_b, bool accumulate) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %66, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63])
-      : "l"(desc_a), "l"(desc_b), "r"(uint32_t(accumulate))
-      : "memory");
+// The accumulator operands: "%0, %1, ..." in the instruction text and "+f"(d[i]) constraints,
+// written out by decade (the text needs decimal literals).
+#define MOK_WG_S0(n) "%" #n
+#define MOK_WG_S(n) ", %" #n
+#define MOK_WG_O0(n) "+f"(d[n])
+#define MOK_WG_O(n) , "+f"(d[n])
+#define MOK_WG_D2(M, x) M(x##0) M(x##1)
+#define MOK_WG_D4(M, x) MOK_WG_D2(M, x) M(x##2) M(x##3)
+#define MOK_WG_D6(M, x) MOK_WG_D4(M, x) M(x##4) M(x##5)
+#define MOK_WG_D8(M, x) MOK_WG_D6(M, x) M(x##6) M(x##7)
+#define MOK_WG_D10(M, x) MOK_WG_D8(M, x) M(x##8) M(x##9)
+#define MOK_WG_FIRST(M0, M) M0(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9)
+#define MOK_WG_ACC32(M0, M) MOK_WG_FIRST(M0, M) MOK_WG_D10(M, 1) MOK_WG_D10(M, 2) MOK_WG_D2(M, 3)
+#define MOK_WG_ACC64(M0, M) \
+  MOK_WG_FIRST(M0, M)       \
+  MOK_WG_D10(M, 1)          \
+  MOK_WG_D10(M, 2) MOK_WG_D10(M, 3) MOK_WG_D10(M, 4) MOK_WG_D10(M, 5) MOK_WG_D4(M, 6)
+#define MOK_WG_ACC96(M0, M)                                                            \
+  MOK_WG_FIRST(M0, M)                                                                  \
+  MOK_WG_D10(M, 1)                                                                     \
+  MOK_WG_D10(M, 2) MOK_WG_D10(M, 3) MOK_WG_D10(M, 4) MOK_WG_D10(M, 5) MOK_WG_D10(M, 6) \
+      MOK_WG_D10(M, 7) MOK_WG_D10(M, 8) MOK_WG_D6(M, 9)
+#define MOK_WG_ACC128(M0, M)                                                                 \
+  MOK_WG_FIRST(M0, M)                                                                        \
+  MOK_WG_D10(M, 1)                                                                           \
+  MOK_WG_D10(M, 2) MOK_WG_D10(M, 3) MOK_WG_D10(M, 4) MOK_WG_D10(M, 5) MOK_WG_D10(M, 6)       \
+      MOK_WG_D10(M, 7) MOK_WG_D10(M, 8) MOK_WG_D10(M, 9) MOK_WG_D10(M, 10) MOK_WG_D10(M, 11) \
+          MOK_WG_D8(M, 12)
+
+// One instruction: SHAPE_TYPES names it, ACC is its accumulator list, DA / DB / P the operand
+// numbers of the descriptors and of the scale-d flag (after the accumulators), TAIL the
+// immediates after scale-d (scale-a, scale-b and, for 16-bit types, the trans-a / trans-b
+// operands %P+1 / %P+2).
+#define MOK_WGMMA_ASM(SHAPE_TYPES, ACC, DA, DB, P, TAIL, ...)                         \
+  asm volatile("{\n .reg .pred p;\n setp.ne.b32 p, %" P                               \
+               ", 0;\n"                                                               \
+               " wgmma.mma_async.sync.aligned." SHAPE_TYPES                           \
+               " {" ACC(MOK_WG_S0, MOK_WG_S) "}, %" DA ", %" DB ", p, " TAIL ";\n}\n" \
+               : ACC(MOK_WG_O0, MOK_WG_O)                                             \
+               : "l"(desc_a), "l"(desc_b), "r"(uint32_t(accumulate))__VA_ARGS__       \
+               : "memory")
+#define MOK_WGMMA_BF16(N, ACC, DA, DB, P, TA, TB)                                       \
+  MOK_WGMMA_ASM("m64n" #N "k16.f32.bf16.bf16", ACC, DA, DB, P, "1, 1, %" TA ", %" TB, , \
+                "n"(int(kMajorA)), "n"(int(kMajorB)))
+#define MOK_WGMMA_E4M3(N, ACC, DA, DB, P) \
+  MOK_WGMMA_ASM("m64n" #N "k32.f32.e4m3.e4m3", ACC, DA, DB, P, "1, 1")
+
+// D[64xN] (+)= A[64xK] * B[NxK]^T with FP32 accumulators; K = 16 (BF16) or 32 (E4M3) per
+// instruction; accumulate = false overwrites. Thread layout of d: warp w = (tid / 32) % 4, lane l,
+// for j in 0..N/8-1: d[4j], d[4j+1] -> row 16w + l/4, cols 8j + 2(l%4) + {0, 1}; d[4j+2], d[4j+3]
+// -> row + 8.
+template <class Element, int N, Major kMajorA = Major::K, Major kMajorB = Major::K>
+__device__ __forceinline__ void wgmma(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
+                                      bool accumulate) {
+  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "m64n64, n128, n192 or n256");
+  if constexpr (std::is_same_v<Element, __nv_bfloat16>) {
+    if constexpr (N == 64)
+      MOK_WGMMA_BF16(64, MOK_WG_ACC32, "32", "33", "34", "35", "36");
+    else if constexpr (N == 128)
+      MOK_WGMMA_BF16(128, MOK_WG_ACC64, "64", "65", "66", "67", "68");
+    else if constexpr (N == 192)
+      MOK_WGMMA_BF16(192, MOK_WG_ACC96, "96", "97", "98", "99", "100");
+    else
+      MOK_WGMMA_BF16(256, MOK_WG_ACC128, "128", "129", "130", "131", "132");
+  } else {
+    static_assert(std::is_same_v<Element, __nv_fp8_e4m3>, "BF16 or FP8 E4M3 operands");
+    static_assert(kMajorA == Major::K && kMajorB == Major::K,
+                  "8-bit wgmma reads K-major operands only (no imm-trans)");
+    if constexpr (N == 64)
+      MOK_WGMMA_E4M3(64, MOK_WG_ACC32, "32", "33", "34");
+    else if constexpr (N == 128)
+      MOK_WGMMA_E4M3(128, MOK_WG_ACC64, "64", "65", "66");
+    else if constexpr (N == 192)
+      MOK_WGMMA_E4M3(192, MOK_WG_ACC96, "96", "97", "98");
+    else
+      MOK_WGMMA_E4M3(256, MOK_WG_ACC128, "128", "129", "130");
+  }
 }
 
-// D[64x256] (+)= A[64x16] * B[256x16]^T: as m64n128k16 with j in 0..31 (128 registers).
-__device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t desc_a,
-                                                      uint64_t desc_b, bool accumulate) {
-  asm volatile(
-      "{\n .reg .pred p;\n setp.ne.b32 p, %130, 0;\n"
-      " wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
-      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
-      "%27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
-      "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, "
-      "%63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, "
-      "%81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, "
-      "%99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, "
-      "%114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127}, %128, "
-      "%129, p, 1, 1, 0, 0;\n}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
-        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
-        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
-        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
-        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
-        "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]),
-        "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]),
-        "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]),
-        "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]),
-        "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]),
-        "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]),
-        "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]),
-        "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]),
-        "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]),
-        "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
-      : "l"(desc_a), "l"(desc_b), "r"(uint32_t(accumulate))
-      : "memory");
-}
-
-// The instruction for an N-wide tile.
-template <int N>
-__device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b,
-                                           bool accumulate) {
-  static_assert(N == 128 || N == 256, "m64n128k16 or m64n256k16");
-  if constexpr (N == 128)
-    wgmma_m64n128k16_bf16(d, desc_a, desc_b, accumulate);
-  else
-    wgmma_m64n256k16_bf16(d, desc_a, desc_b, accumulate);
-}
+#undef MOK_WGMMA_E4M3
+#undef MOK_WGMMA_BF16
+#undef MOK_WGMMA_ASM
+#undef MOK_WG_ACC128
+#undef MOK_WG_ACC96
+#undef MOK_WG_ACC64
+#undef MOK_WG_ACC32
+#undef MOK_WG_FIRST
+#undef MOK_WG_D10
+#undef MOK_WG_D8
+#undef MOK_WG_D6
+#undef MOK_WG_D4
+#undef MOK_WG_D2
+#undef MOK_WG_O
+#undef MOK_WG_O0
+#undef MOK_WG_S
+#undef MOK_WG_S0
 
 }  // namespace mok::dev

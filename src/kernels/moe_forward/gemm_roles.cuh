@@ -11,7 +11,8 @@
 
 #include <cstdint>
 
-#include "kernels/gemm/bf16_pipeline.cuh"
+#include "kernels/gemm/epilogue_sm90.cuh"
+#include "kernels/gemm/mainloop_sm90.cuh"
 #include "kernels/moe_forward/tile_schedule.cuh"
 #include "mok/device/cp_async.cuh"
 #include "mok/schedule/routing_layout.hpp"

@@ -18,8 +18,10 @@
 #pragma once
 #include <cstdint>
 
-#include "kernels/gemm/bf16_pipeline.cuh"
+#include "kernels/gemm/tile_geometry.cuh"
 #include "kernels/moe_forward/forward_params.hpp"
+#include "mok/device/mbarrier.cuh"
+#include "mok/device/sync.cuh"
 #include "mok/schedule/routing_layout.hpp"
 #include "mok/schedule/tile_order.hpp"
 
