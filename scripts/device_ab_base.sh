@@ -25,7 +25,7 @@ case "${1:-}" in
     # forward_digests (public API only) also builds against trees from before it existed.
     if ! grep -q forward_digests "$dir/CMakeLists.txt"; then
       cp tools/forward_digests.cu "$dir/tools/"
-      sed -n '/^# Output digests of the GPU forward/,$p;' CMakeLists.txt | sed '1i if(MOK_HAVE_CUDA)' \
+      sed -n '/^  # Output digests of the GPU forward/,$p' CMakeLists.txt | sed '1i if(MOK_HAVE_CUDA)' \
         >>"$dir/CMakeLists.txt"
     fi
     nccl_root="$(bash scripts/nccl_root.sh)"
