@@ -66,30 +66,38 @@ EmulatedEpForward::EmulatedEpForward(const Config& c, const ForwardOptions& opti
 
 EmulatedEpForward::~EmulatedEpForward() = default;
 
-void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
-                                const std::vector<DeviceLayerWeights>& weights,
-                                const std::vector<__nv_bfloat16*>& outs, cudaStream_t stream) {
-  detail::LayerRunner& runner = *runner_;
-  const Config& c = runner.config();
+namespace {
+template <class T>
+void require_per_rank(const std::vector<T>& v, int n, const char* what) {
+  require(int(v.size()) == n, ErrorCode::invalid_argument,
+          std::string("EmulatedEpForward: ") + what + ": one per rank (" + std::to_string(n) +
+              "), got " + std::to_string(v.size()));
+}
+}  // namespace
+
+void EmulatedEpForward::schedule_ranks(const std::vector<DeviceBatch>& batches,
+                                       const std::vector<detail::RankSchedule*>& schedules,
+                                       cudaStream_t stream) {
+  const Config& c = runner_->config();
   const int n = c.ep_size;
-  require(int(batches.size()) == n && int(weights.size()) == n && int(outs.size()) == n,
-          ErrorCode::invalid_argument,
-          "one batch, one set of weights and one output per rank (" + std::to_string(n) + ")");
-  for (int r = 0; r < n; ++r)
+  require_per_rank(batches, n, "batches");
+  for (int r = 0; r < n; ++r) {
     require(batches[size_t(r)].tokens >= 0 && batches[size_t(r)].tokens <= c.max_tokens_per_rank,
             ErrorCode::invalid_argument,
             "rank " + std::to_string(r) + ": tokens = " +
                 std::to_string(batches[size_t(r)].tokens) + " is outside [0, max_tokens_per_rank]");
+    schedules[size_t(r)]->require_config(c, "EmulatedEpForward::schedule");
+  }
   for (int r = 0; r < n; ++r)
-    detail::build_forward_schedule(batches[size_t(r)], c.top_k, c.num_experts, runner.rank(r).sched,
-                                   stream, /*owner_tables=*/false);
+    detail::build_forward_schedule(batches[size_t(r)], c.top_k, c.num_experts,
+                                   schedules[size_t(r)]->sched, stream, /*owner_tables=*/false);
   OwnerScheduleArgs a{};
   a.ranks = n;
   a.experts = c.num_experts;
-  a.capacity = runner.rank(0).sched.capacity;
-  a.capacity_blocks = runner.rank(0).capacity_blocks;
+  a.capacity = schedules[0]->sched.capacity;
+  a.capacity_blocks = schedules[0]->capacity_blocks;
   for (int r = 0; r < n; ++r) {
-    const detail::RankBuffers& w = runner.rank(r);
+    detail::RankSchedule& w = *schedules[size_t(r)];
     a.counts[r] = w.sched.counts;
     a.source_status[r] = w.sched.status;
     a.seg_begin[r] = w.owner_seg_begin;
@@ -97,12 +105,66 @@ void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
     a.source_begin[r] = w.owner_source_begin;
     a.tile_expert[r] = w.owner_tile_expert;
     a.group_status[r] = w.group_status;
+    w.owner_built = true;
+    w.tokens = batches[size_t(r)].tokens;
   }
   owner_schedule_kernel<<<n, detail::kOwnerTableThreads, 0, stream>>>(a);
   check_cuda(cudaGetLastError(), "the owner schedule kernel");
+}
+
+void EmulatedEpForward::forward_ranks(const std::vector<const detail::RankSchedule*>& schedules,
+                                      const std::vector<DeviceBatch>& batches,
+                                      const std::vector<DeviceLayerWeights>& weights,
+                                      const std::vector<__nv_bfloat16*>& outs,
+                                      const std::vector<const ForwardContext*>& contexts,
+                                      cudaStream_t stream) {
+  detail::LayerRunner& runner = *runner_;
+  const int n = runner.config().ep_size;
+  require_per_rank(batches, n, "batches");
+  require_per_rank(weights, n, "weights");
+  require_per_rank(outs, n, "outputs");
+  require(
+      contexts.empty() || int(contexts.size()) == n, ErrorCode::invalid_argument,
+      "EmulatedEpForward: contexts: none (inference) or one per rank (" + std::to_string(n) + ")");
+  std::vector<detail::LayerRunner::RankCall> calls;
+  for (int r = 0; r < n; ++r) {
+    const size_t i = size_t(r);
+    detail::require_forward_operands(runner.config(), batches[i], weights[i], outs[i]);
+    calls.push_back(
+        {batches[i], weights[i], outs[i], schedules[i], contexts.empty() ? nullptr : contexts[i]});
+  }
   for (int r = 0; r < n; ++r) runner.rank(r).reset(stream);
-  runner.launch(runner.make_launch(batches, weights, outs), stream,
-                "the forward megakernel (emulated EP)");
+  runner.launch(runner.make_launch(calls), stream, "the forward megakernel (emulated EP)");
+}
+
+void EmulatedEpForward::schedule(const std::vector<DeviceBatch>& batches,
+                                 const std::vector<Schedule*>& schedules, cudaStream_t stream) {
+  require_per_rank(schedules, runner_->config().ep_size, "schedules");
+  std::vector<detail::RankSchedule*> s;
+  for (Schedule* x : schedules) s.push_back(&x->state());
+  schedule_ranks(batches, s, stream);
+}
+
+void EmulatedEpForward::forward(const std::vector<Schedule*>& schedules,
+                                const std::vector<DeviceBatch>& batches,
+                                const std::vector<DeviceLayerWeights>& weights,
+                                const std::vector<__nv_bfloat16*>& outs,
+                                const std::vector<const ForwardContext*>& contexts,
+                                cudaStream_t stream) {
+  require_per_rank(schedules, runner_->config().ep_size, "schedules");
+  std::vector<const detail::RankSchedule*> s;
+  for (Schedule* x : schedules) s.push_back(&x->state());
+  forward_ranks(s, batches, weights, outs, contexts, stream);
+}
+
+void EmulatedEpForward::forward(const std::vector<DeviceBatch>& batches,
+                                const std::vector<DeviceLayerWeights>& weights,
+                                const std::vector<__nv_bfloat16*>& outs, cudaStream_t stream) {
+  const int n = runner_->config().ep_size;
+  std::vector<detail::RankSchedule*> own;
+  for (int r = 0; r < n; ++r) own.push_back(&runner_->rank(r).schedule);
+  schedule_ranks(batches, own, stream);
+  forward_ranks({own.begin(), own.end()}, batches, weights, outs, {}, stream);
 }
 
 void EmulatedEpForward::check(cudaStream_t stream) { runner_->check(stream); }

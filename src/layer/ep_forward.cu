@@ -211,14 +211,14 @@ EpForward::~EpForward() {
   cudaSetDevice(saved);
 }
 
-void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv_bfloat16* out,
-                        cudaStream_t stream) {
+void EpForward::schedule_rank(const DeviceBatch& b, detail::RankSchedule& s, cudaStream_t stream) {
   detail::LayerRunner& runner = *ws_->runner;
   const Config& c = runner.config();
-  detail::require_forward_operands(c, b, wt, out);
+  detail::require_token_count(b.tokens, c);
+  s.require_config(c, "EpForward::schedule");
+  require(b.tokens == 0 || b.x != nullptr, ErrorCode::invalid_argument, "x is null");
   DeviceGuard on(device_);
   Workspace& w = *ws_;
-  detail::RankBuffers& rank = runner.rank(0);
   const WindowLayout& L = w.layout;
   char* win = w.window->local;
   const int64_t T = b.tokens, H = c.hidden, K = c.top_k;
@@ -232,18 +232,17 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
                "cudaMemcpyAsync (x into the window)");
     check_cuda(cudaEventRecord(w.join, w.side), "cudaEventRecord");
   }
-  detail::build_forward_schedule(b, c.top_k, E, rank.sched, stream, /*owner_tables=*/false);
-  check_cuda(cudaMemcpyAsync(win + L.offsets, rank.sched.offsets, size_t(E + 1) * 4,
+  detail::build_forward_schedule(b, c.top_k, E, s.sched, stream, /*owner_tables=*/false);
+  check_cuda(cudaMemcpyAsync(win + L.offsets, s.sched.offsets, size_t(E + 1) * 4,
                              cudaMemcpyDeviceToDevice, stream),
              "cudaMemcpyAsync");
   if (T > 0)
-    check_cuda(cudaMemcpyAsync(win + L.sorted, rank.sched.sorted, size_t(T * K) * 4,
+    check_cuda(cudaMemcpyAsync(win + L.sorted, s.sched.sorted, size_t(T * K) * 4,
                                cudaMemcpyDeviceToDevice, stream),
                "cudaMemcpyAsync");
-  rank.reset(stream);
+  // Peers add to token_done only after the exchange below, which waits for this rank's flag.
   check_cuda(cudaMemsetAsync(win + L.token_done, 0, size_t(c.max_tokens_per_rank) * 4, stream),
              "cudaMemsetAsync");
-
   if (T > 0) check_cuda(cudaStreamWaitEvent(stream, w.join), "cudaStreamWaitEvent");
   ExchangeArgs a{};
   for (int q = 0; q < n; ++q) a.peer_base[q] = q == rank_ ? win : w.window->peer_base[q];
@@ -251,30 +250,68 @@ void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv
   a.ranks = n;
   a.me = rank_;
   a.experts = E;
-  a.capacity = rank.sched.capacity;
-  a.capacity_blocks = rank.capacity_blocks;
+  a.capacity = s.sched.capacity;
+  a.capacity_blocks = s.capacity_blocks;
   a.wait_cycles = runner.plan().wait_cycles;
   a.epoch = w.epoch;
-  a.counts = rank.sched.counts;
-  a.status = rank.sched.status;
-  a.out = {rank.owner_seg_begin, rank.owner_segment_rows, rank.owner_source_begin,
-           rank.owner_tile_expert, rank.group_status};
+  a.counts = s.sched.counts;
+  a.status = s.sched.status;
+  a.out = {s.owner_seg_begin, s.owner_segment_rows, s.owner_source_begin, s.owner_tile_expert,
+           s.group_status};
   exchange_kernel<<<1, detail::kOwnerTableThreads, 0, stream>>>(a);
   check_cuda(cudaGetLastError(), "the counts exchange kernel");
+  s.owner_built = true;
+  s.tokens = b.tokens;
+  s.exchanged = true;
+}
 
-  kern::ForwardLaunch launch = runner.make_launch({b}, {wt}, {out});
-  kern::ForwardParams& p = launch.params[0];
+void EpForward::forward_rank(const detail::RankSchedule& s, const DeviceBatch& b,
+                             const DeviceLayerWeights& wt, __nv_bfloat16* out,
+                             const ForwardContext* context, cudaStream_t stream) {
+  detail::LayerRunner& runner = *ws_->runner;
+  const Config& c = runner.config();
+  detail::require_forward_operands(c, b, wt, out);
+  // The window's copies and counters are the last schedule()'s: one forward per schedule.
+  require(s.exchanged, ErrorCode::invalid_argument,
+          "EpForward::forward: under expert parallelism each forward needs a fresh schedule() "
+          "(its counts exchange resets the window the peers write into)");
+  DeviceGuard on(device_);
+  Workspace& w = *ws_;
+  const WindowLayout& L = w.layout;
+  char* win = w.window->local;
+  const int n = c.ep_size;
+  runner.rank(0).reset(stream);
+  detail::LayerRunner::Launch launch = runner.make_launch({{b, wt, out, &s, context}});
+  kern::ForwardParams& p = launch.params.params[0];
   p.y_slots = reinterpret_cast<__nv_bfloat16*>(win + L.y_slots);
   p.token_done = reinterpret_cast<uint32_t*>(win + L.token_done);
   for (int q = 0; q < n; ++q) {
-    char* base = a.peer_base[q];
+    char* base = q == rank_ ? win : w.window->peer_base[q];
     p.peer_x[q] = reinterpret_cast<const __nv_bfloat16*>(base + L.x);
     p.peer_offsets[q] = reinterpret_cast<const int32_t*>(base + L.offsets);
     p.peer_sorted[q] = reinterpret_cast<const int32_t*>(base + L.sorted);
     p.peer_y_slots[q] = reinterpret_cast<__nv_bfloat16*>(base + L.y_slots);
     p.peer_token_done[q] = reinterpret_cast<uint32_t*>(base + L.token_done);
   }
+  s.exchanged = false;
   runner.launch(launch, stream, "the forward megakernel (EP over NCCL)");
+}
+
+void EpForward::schedule(const DeviceBatch& b, Schedule& s, cudaStream_t stream) {
+  schedule_rank(b, s.state(), stream);
+}
+
+void EpForward::forward(const Schedule& s, const DeviceBatch& b, const DeviceLayerWeights& wt,
+                        __nv_bfloat16* out, const ForwardContext* context, cudaStream_t stream) {
+  forward_rank(s.state(), b, wt, out, context, stream);
+}
+
+void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv_bfloat16* out,
+                        cudaStream_t stream) {
+  detail::require_forward_operands(ws_->runner->config(), b, wt, out);
+  detail::RankSchedule& own = ws_->runner->rank(0).schedule;
+  schedule_rank(b, own, stream);
+  forward_rank(own, b, wt, out, nullptr, stream);
 }
 
 void EpForward::check(cudaStream_t stream) {

@@ -100,6 +100,11 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
     clock_khz = 2'000'000;
   check_cuda(plan.kernels->prepare(plan.kernel, &per_sm), "preparing the forward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
+  if (plan.kernel.probe == 0) {  // the training instantiation, for forwards given a context
+    kern::ForwardKernel training = plan.kernel;
+    training.keep_gate_up = true;
+    check_cuda(plan.kernels->prepare(training, &per_sm), "preparing the training forward kernel");
+  }
   // Every CTA must be resident at once (CTAs wait on each other): at most one per SM.
   plan.grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   const int share = plan.grid / plan.ranks_in_launch;

@@ -13,10 +13,8 @@ LayerRunner::LayerRunner(const Config& c, const ForwardOptions& o, const Forward
   plan_ = plan_forward(c, o, h, transport, who);
   ranks_.resize(size_t(plan_.ranks_in_launch));
   for (auto& r : ranks_)
-    r.allocate(c, {.timings = h.wait_times,
-                   .owner_tables = transport != Transport::local,
-                   .y_slots = y_slots,
-                   .random_ring = h.without_dispatch_copy});
+    r.allocate(
+        c, {.timings = h.wait_times, .y_slots = y_slots, .random_ring = h.without_dispatch_copy});
 }
 
 LayerRunner::~LayerRunner() {
@@ -27,27 +25,49 @@ int LayerRunner::ep_rank(int r) const {
   return plan_.transport == Transport::emulated ? r : config_.ep_rank;
 }
 
-kern::ForwardLaunch LayerRunner::make_launch(const std::vector<DeviceBatch>& batches,
-                                             const std::vector<DeviceLayerWeights>& weights,
-                                             const std::vector<__nv_bfloat16*>& outs) const {
+LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls) {
   const int n = ranks();
   require(
-      int(batches.size()) == n && int(weights.size()) == n && int(outs.size()) == n,
-      ErrorCode::invalid_argument,
+      int(calls.size()) == n, ErrorCode::invalid_argument,
       who_ + ": one batch, one set of weights and one output per rank (" + std::to_string(n) + ")");
-  kern::ForwardLaunch launch{};
-  launch.ranks = n;
+  Launch l{};
+  l.params.ranks = n;
+  l.kernel = plan_.kernel;
+  l.kernel.keep_gate_up = calls[0].context != nullptr;
+  require(!l.kernel.keep_gate_up || plan_.kernel.probe == 0, ErrorCode::invalid_argument,
+          who_ + ": the stage probes run inference forwards only (no ForwardContext)");
   for (int r = 0; r < n; ++r) {
     const size_t i = size_t(r);
-    launch.maps[r] = rank_maps(ranks_[i], config_, batches[i], weights[i], plan_.kernel.block_n);
-    launch.params[r] = rank_params(ranks_[i], config_, batches[i], outs[i], plan_, hooks_,
-                                   ep_rank(r), ranks_[0].aborted);
+    const RankCall& call = calls[i];
+    const RankBuffers& w = ranks_[i];
+    const RankSchedule& s = call.schedule ? *call.schedule : w.schedule;
+    s.require_matches(config_, call.batch.tokens, who_.c_str());
+    Activations a{w.act, w.act_shared};
+    require((call.context != nullptr) == l.kernel.keep_gate_up, ErrorCode::invalid_argument,
+            who_ + ": a ForwardContext for every rank or for none");
+    if (const ForwardContext* ctx = call.context) {
+      require(ctx->capacity_rows() == s.sched.capacity && ctx->token_rows() == s.sched.token_rows &&
+                  ctx->intermediate() == config_.intermediate &&
+                  ctx->shared_width() == config_.shared_width(),
+              ErrorCode::invalid_argument,
+              who_ + ": the ForwardContext was made for another configuration (" +
+                  std::to_string(ctx->capacity_rows()) +
+                  " routed rows, I = " + std::to_string(ctx->intermediate()) +
+                  ", S = " + std::to_string(ctx->shared_width()) + "; this forward needs " +
+                  std::to_string(s.sched.capacity) + ", " + std::to_string(config_.intermediate) +
+                  ", " + std::to_string(config_.shared_width()) + ")");
+      a = {ctx->act(), ctx->act_shared(), ctx->gate_up(), ctx->gate_up_shared()};
+    }
+    if (r == 0) last_schedule_ = &s;
+    l.params.maps[r] = rank_maps(w, config_, call.batch, call.weights, a, plan_.kernel.block_n);
+    l.params.params[r] = rank_params(w, s, a, config_, call.batch, call.out, plan_, hooks_,
+                                     ep_rank(r), ranks_[0].aborted);
   }
   for (int r = 0; r < n; ++r)  // every rank reaches every other rank's buffers
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
-      const kern::ForwardParams& other = launch.params[q];
-      kern::ForwardParams& p = launch.params[r];
+      const kern::ForwardParams& other = l.params.params[q];
+      kern::ForwardParams& p = l.params.params[r];
       const int e = ep_rank(q);
       p.peer_x[e] = other.peer_x[e];
       p.peer_offsets[e] = other.peer_offsets[e];
@@ -55,25 +75,24 @@ kern::ForwardLaunch LayerRunner::make_launch(const std::vector<DeviceBatch>& bat
       p.peer_y_slots[e] = other.peer_y_slots[e];
       p.peer_token_done[e] = other.peer_token_done[e];
     }
-  return launch;
+  return l;
 }
 
-void LayerRunner::launch(const kern::ForwardLaunch& launch, cudaStream_t stream,
-                         const char* what) const {
+void LayerRunner::launch(const Launch& l, cudaStream_t stream, const char* what) const {
   if (hooks_.schedule_only) return;
-  check_cuda(kern::launch_row_destinations(launch, plan_.grid, stream),
+  check_cuda(kern::launch_row_destinations(l.params, plan_.grid, stream),
              "the row-destination kernel");
-  check_cuda(plan_.kernels->launch(launch, plan_.kernel, plan_.grid, stream), what);
+  check_cuda(plan_.kernels->launch(l.params, l.kernel, plan_.grid, stream), what);
 }
 
 void LayerRunner::check(cudaStream_t stream,
                         const std::function<void(const Status&)>& on_status) const {
   const int n = ranks();
-  const RankBuffers& first = ranks_[0];
+  const RankSchedule& schedule = last_schedule_ ? *last_schedule_ : ranks_[0].schedule;
   Status st{};
   std::vector<kern::ForwardFault> faults(static_cast<size_t>(n));
   static_assert(std::is_trivially_copyable_v<kern::ForwardFault>);
-  const Status* status = first.group_status ? first.group_status : first.sched.status;
+  const Status* status = schedule.status();
   check_cuda(cudaMemcpyAsync(&st, status, sizeof st, cudaMemcpyDeviceToHost, stream),
              "cudaMemcpyAsync");
   for (int r = 0; r < n; ++r)
@@ -82,7 +101,7 @@ void LayerRunner::check(cudaStream_t stream,
                "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
   if (on_status) on_status(st);
-  throw_on_status(st, config_.num_experts, first.sched.capacity, config_.ep_size);
+  throw_on_status(st, config_.num_experts, schedule.sched.capacity, config_.ep_size);
   // The rank whose most upstream stopped role is the furthest upstream is the cause.
   for (int role = 0; role < kern::kForwardRoles; ++role)
     for (int r = 0; r < n; ++r)

@@ -13,6 +13,7 @@
 #include "layer/forward_hooks.hpp"
 #include "layer/forward_plan.hpp"
 #include "layer/rank_forward.hpp"
+#include "mok/gpu/schedule.hpp"
 
 namespace mok::gpu::detail {
 
@@ -34,16 +35,28 @@ class LayerRunner {
   RankBuffers& rank(int r) { return ranks_[size_t(r)]; }
   const RankBuffers& rank(int r) const { return ranks_[size_t(r)]; }
 
-  // Maps and parameters of every rank held, with the peer tables filled across them (emulated:
-  // each rank reaches every other's buffers). batches, weights, outs: one per rank held.
-  kern::ForwardLaunch make_launch(const std::vector<DeviceBatch>& batches,
-                                  const std::vector<DeviceLayerWeights>& weights,
-                                  const std::vector<__nv_bfloat16*>& outs) const;
+  // One rank's part of a forward: its batch, weights and output, the schedule built for the batch
+  // (nullptr: the rank's own) and the context a training forward fills (nullptr: inference).
+  struct RankCall {
+    DeviceBatch batch;
+    DeviceLayerWeights weights;
+    __nv_bfloat16* out = nullptr;
+    const RankSchedule* schedule = nullptr;
+    const ForwardContext* context = nullptr;
+  };
+  struct Launch {
+    kern::ForwardLaunch params;
+    kern::ForwardKernel kernel;
+  };
+  // Maps and parameters of every rank held (one call per rank), with the peer tables filled across
+  // them (emulated: each rank reaches every other's buffers); checks each schedule and context
+  // against the configuration and the batch.
+  Launch make_launch(const std::vector<RankCall>& calls);
   // The row destinations, then the megakernel (neither with ForwardHooks::schedule_only).
-  void launch(const kern::ForwardLaunch& launch, cudaStream_t stream, const char* what) const;
+  void launch(const Launch& launch, cudaStream_t stream, const char* what) const;
 
-  // After the stream: throws for a failed batch or an expired wait, naming the rank under EP.
-  // `on_status` sees the status first (EpForward's missing peer).
+  // After the stream: throws for a failed batch (of the last forward's schedule) or an expired
+  // wait, naming the rank under EP. `on_status` sees the status first (EpForward's missing peer).
   void check(cudaStream_t stream,
              const std::function<void(const Status&)>& on_status = nullptr) const;
   // After the stream has finished; throws unless planned with ForwardHooks::wait_times.
@@ -56,6 +69,7 @@ class LayerRunner {
   ForwardHooks hooks_;
   ForwardPlan plan_;
   std::vector<RankBuffers> ranks_;  // an emulated group's aborted flag: ranks_[0].aborted
+  const RankSchedule* last_schedule_ = nullptr;  // rank 0's, of the last forward
 };
 
 }  // namespace mok::gpu::detail

@@ -36,14 +36,37 @@ MoeForward::MoeForward(const Config& c, const ForwardOptions& options,
 
 MoeForward::~MoeForward() = default;
 
+namespace {
+void schedule_rank(const Config& c, const DeviceBatch& b, detail::RankSchedule& s,
+                   cudaStream_t stream) {
+  detail::require_token_count(b.tokens, c);
+  s.require_config(c, "MoeForward::schedule");
+  detail::build_forward_schedule(b, c.top_k, c.num_experts, s.sched, stream);
+  s.owner_built = false;
+  s.tokens = b.tokens;
+}
+}  // namespace
+
+void MoeForward::schedule(const DeviceBatch& b, Schedule& s, cudaStream_t stream) {
+  schedule_rank(runner_->config(), b, s.state(), stream);
+}
+
+void MoeForward::forward(const Schedule& s, const DeviceBatch& b, const DeviceLayerWeights& wt,
+                         __nv_bfloat16* out, const ForwardContext* context, cudaStream_t stream) {
+  detail::LayerRunner& r = *runner_;
+  detail::require_forward_operands(r.config(), b, wt, out);
+  r.rank(0).reset(stream);
+  r.launch(r.make_launch({{b, wt, out, &s.state(), context}}), stream, "the forward megakernel");
+}
+
 void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv_bfloat16* out,
                          cudaStream_t stream) {
   detail::LayerRunner& r = *runner_;
-  const Config& c = r.config();
-  detail::require_forward_operands(c, b, wt, out);
-  detail::build_forward_schedule(b, c.top_k, c.num_experts, r.rank(0).sched, stream);
+  detail::require_forward_operands(r.config(), b, wt, out);
+  detail::RankSchedule& own = r.rank(0).schedule;
+  schedule_rank(r.config(), b, own, stream);
   r.rank(0).reset(stream);
-  r.launch(r.make_launch({b}, {wt}, {out}), stream, "the forward megakernel");
+  r.launch(r.make_launch({{b, wt, out, &own, nullptr}}), stream, "the forward megakernel");
 }
 
 void MoeForward::check(cudaStream_t stream) { runner_->check(stream); }

@@ -7,6 +7,7 @@
 #include "mok/device/tensor_map.hpp"
 #include "mok/error.hpp"
 #include "mok/gpu/random_fill.hpp"
+#include "mok/schedule/routing_layout.hpp"
 #include "mok/schedule/tile_order.hpp"
 
 namespace mok::gpu::detail {
@@ -88,28 +89,64 @@ const char* fault_role_name(int role) {
   }
 }
 
-void RankBuffers::allocate(const Config& c, const Parts& parts) {
-  const char* what = "cudaMalloc (forward workspace)";
-  const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width(), K = c.top_k,
-                max_t = c.max_tokens_per_rank, El = c.experts_per_rank();
+void RankSchedule::allocate(const Config& c) {
+  const char* what = "cudaMalloc (schedule)";
+  const int64_t El = c.experts_per_rank();
+  config = c;
   sched.allocate(c);
   capacity_blocks = sched.capacity / kTileRows;
   token_blocks = sched.token_rows / kTileRows;
+  owner_seg_begin = device_alloc<int64_t>(size_t(El + 1), what);
+  owner_segment_rows = device_alloc<int64_t>(size_t(El), what);
+  owner_source_begin = device_alloc<int64_t>(size_t(El * (c.ep_size + 1)), what);
+  owner_tile_expert = device_alloc<int32_t>(size_t(capacity_blocks), what);
+  group_status = device_alloc<Status>(1, what);
+  row_destination = device_alloc<int64_t>(size_t(sched.capacity), what);
+}
+
+void RankSchedule::release() {
+  sched.release();
+  for (void* p : {(void*)owner_seg_begin, (void*)owner_segment_rows, (void*)owner_source_begin,
+                  (void*)owner_tile_expert, (void*)group_status, (void*)row_destination})
+    cudaFree(p);
+  *this = RankSchedule{};
+}
+
+void RankSchedule::require_config(const Config& c, const char* who) const {
+  const std::string name(who);
+  require(config.num_experts == c.num_experts && config.top_k == c.top_k &&
+              config.ep_size == c.ep_size && config.max_tokens_per_rank == c.max_tokens_per_rank &&
+              sched.capacity == sched::pad_to_tile(c.capacity_rows(), kTileRows),
+          ErrorCode::invalid_argument,
+          name + ": the schedule was made for another configuration (" + config.describe() +
+              "), this forward's is " + c.describe());
+}
+
+void RankSchedule::require_matches(const Config& c, int64_t t, const char* who) const {
+  const std::string name(who);
+  require_config(c, who);
+  require(tokens >= 0, ErrorCode::invalid_argument,
+          name + ": the schedule holds no batch yet: call schedule(batch, s, stream) first");
+  require(tokens == t, ErrorCode::invalid_argument,
+          name + ": the schedule was built for a batch of " + std::to_string(tokens) +
+              " tokens, the forward got " + std::to_string(t));
+}
+
+void RankBuffers::allocate(const Config& c, const Parts& parts) {
+  const char* what = "cudaMalloc (forward workspace)";
+  const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width(), K = c.top_k,
+                max_t = c.max_tokens_per_rank;
+  schedule.allocate(c);
+  const ScheduleBuffers& sched = schedule.sched;
+  capacity_blocks = sched.capacity / kTileRows;
+  token_blocks = sched.token_rows / kTileRows;
   ring_blocks = std::clamp<int64_t>(c.effective_ring_rows() / kTileRows, 1, capacity_blocks);
-  if (parts.owner_tables) {
-    owner_seg_begin = device_alloc<int64_t>(size_t(El + 1), what);
-    owner_segment_rows = device_alloc<int64_t>(size_t(El), what);
-    owner_source_begin = device_alloc<int64_t>(size_t(El * (c.ep_size + 1)), what);
-    owner_tile_expert = device_alloc<int32_t>(size_t(capacity_blocks), what);
-    group_status = device_alloc<Status>(1, what);
-  }
   routed_x = device_alloc<__nv_bfloat16>(size_t(ring_blocks * kTileRows * H), what);
   if (parts.random_ring) {
     check_cuda(fill_uniform_bf16(routed_x, ring_blocks * kTileRows * H, 0x5eed, 1.0f, nullptr),
                "filling the token ring");
     check_cuda(cudaStreamSynchronize(nullptr), "filling the token ring");
   }
-  row_destination = device_alloc<int64_t>(size_t(sched.capacity), what);
   act = device_alloc<__nv_bfloat16>(size_t(sched.capacity * I), what);
   act_shared = S ? device_alloc<__nv_bfloat16>(size_t(sched.token_rows * S), what) : nullptr;
   y_slots = parts.y_slots ? device_alloc<__nv_bfloat16>(size_t(max_t * K * H), what) : nullptr;
@@ -127,25 +164,15 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   fault = reinterpret_cast<kern::ForwardFault*>(zeroed + fault_at);
   aborted = reinterpret_cast<int*>(zeroed + aborted_at);
   timings = parts.timings ? reinterpret_cast<unsigned long long*>(zeroed + timings_at) : nullptr;
-  for (int i = 0; i < 2; ++i) {  // boxes of 128 rows, then of 64 (kern::ForwardMaps)
-    const uint32_t box = kern::a_box_rows(i);
+  for (int i = 0; i < 2; ++i)  // boxes of 128 rows, then of 64 (kern::ForwardMaps)
     routed_x_map[i] =
         dev::make_map_2d(dev::Dtype::bf16, routed_x, uint64_t(ring_blocks * kTileRows), uint64_t(H),
-                         uint64_t(H), box);
-    act_map[i] = dev::make_map_2d(dev::Dtype::bf16, act, uint64_t(sched.capacity), uint64_t(I),
-                                  uint64_t(I), box);
-    act_shared_map[i] =
-        S ? dev::make_map_2d(dev::Dtype::bf16, act_shared, uint64_t(sched.token_rows), uint64_t(S),
-                             uint64_t(S), box)
-          : act_map[i];
-  }
+                         uint64_t(H), kern::a_box_rows(i));
 }
 
 void RankBuffers::release() {
-  sched.release();
-  for (void* p : {(void*)owner_seg_begin, (void*)owner_segment_rows, (void*)owner_source_begin,
-                  (void*)owner_tile_expert, (void*)group_status, (void*)row_destination,
-                  (void*)routed_x, (void*)act, (void*)act_shared, (void*)y_slots, (void*)y_shared,
+  schedule.release();
+  for (void* p : {(void*)routed_x, (void*)act, (void*)act_shared, (void*)y_slots, (void*)y_shared,
                   (void*)counters /* with fault, aborted and timings */})
     cudaFree(p);
   *this = RankBuffers{};
@@ -156,26 +183,30 @@ void RankBuffers::reset(cudaStream_t stream) const {
 }
 
 kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceBatch& b,
-                            const DeviceLayerWeights& wt, int block_n) {
+                            const DeviceLayerWeights& wt, const Activations& a, int block_n) {
   const uint64_t H = uint64_t(c.hidden), I = uint64_t(c.intermediate),
                  S = uint64_t(c.shared_width()), El = uint64_t(c.experts_per_rank());
+  const uint64_t capacity = uint64_t(w.capacity_blocks * kTileRows),
+                 token_rows = uint64_t(w.token_blocks * kTileRows);
   const uint32_t bn = uint32_t(block_n);
+  const dev::Dtype bf16 = dev::Dtype::bf16;
   kern::ForwardMaps maps;
   for (int i = 0; i < 2; ++i) {  // boxes of 128 rows, then of 64
+    const uint32_t box = kern::a_box_rows(i);
     maps.routed_x[i] = w.routed_x_map[i];
-    maps.act[i] = w.act_map[i];
-    maps.act_shared[i] = w.act_shared_map[i];
-    maps.x[i] = b.tokens > 0 ? dev::make_map_2d(dev::Dtype::bf16, b.x, uint64_t(b.tokens), H, H,
-                                                kern::a_box_rows(i))
+    maps.act[i] = dev::make_map_2d(bf16, a.act, capacity, I, I, box);
+    maps.act_shared[i] =
+        S ? dev::make_map_2d(bf16, a.act_shared, token_rows, S, S, box) : maps.act[i];
+    maps.x[i] = b.tokens > 0 ? dev::make_map_2d(bf16, b.x, uint64_t(b.tokens), H, H, box)
                              : w.routed_x_map[i];
   }
-  maps.gate = dev::make_map_3d(dev::Dtype::bf16, wt.gate, El, I, H, bn / 2);
-  maps.up = dev::make_map_3d(dev::Dtype::bf16, wt.up, El, I, H, bn / 2);
-  maps.down = dev::make_map_3d(dev::Dtype::bf16, wt.down, El, H, I, bn);
+  maps.gate = dev::make_map_3d(bf16, wt.gate, El, I, H, bn / 2);
+  maps.up = dev::make_map_3d(bf16, wt.up, El, I, H, bn / 2);
+  maps.down = dev::make_map_3d(bf16, wt.down, El, H, I, bn);
   if (S > 0) {
-    maps.shared_gate = dev::make_map_3d(dev::Dtype::bf16, wt.shared_gate, 1, S, H, bn / 2);
-    maps.shared_up = dev::make_map_3d(dev::Dtype::bf16, wt.shared_up, 1, S, H, bn / 2);
-    maps.shared_down = dev::make_map_3d(dev::Dtype::bf16, wt.shared_down, 1, H, S, bn);
+    maps.shared_gate = dev::make_map_3d(bf16, wt.shared_gate, 1, S, H, bn / 2);
+    maps.shared_up = dev::make_map_3d(bf16, wt.shared_up, 1, S, H, bn / 2);
+    maps.shared_down = dev::make_map_3d(bf16, wt.shared_down, 1, H, S, bn);
   } else {
     maps.shared_gate = maps.shared_up = maps.gate;
     maps.shared_down = maps.down;
@@ -211,23 +242,24 @@ void require_forward_operands(const Config& c, const DeviceBatch& b, const Devic
   }
 }
 
-kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const DeviceBatch& b,
-                                __nv_bfloat16* out, const ForwardPlan& plan,
-                                const ForwardHooks& hooks, int ep_rank, int* aborted) {
+kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, const Activations& a,
+                                const Config& c, const DeviceBatch& b, __nv_bfloat16* out,
+                                const ForwardPlan& plan, const ForwardHooks& hooks, int ep_rank,
+                                int* aborted) {
   kern::ForwardParams p{};
   p.ep_size = c.ep_size;
   p.ep_rank = ep_rank;
   p.peer_x[ep_rank] = b.x;
-  p.peer_offsets[ep_rank] = w.sched.offsets;
-  p.peer_sorted[ep_rank] = w.sched.sorted;
+  p.peer_offsets[ep_rank] = s.sched.offsets;
+  p.peer_sorted[ep_rank] = s.sched.sorted;
   p.peer_y_slots[ep_rank] = w.y_slots;
-  const bool owner_tables = w.owner_tile_expert != nullptr;
-  p.seg_begin = owner_tables ? w.owner_seg_begin : w.sched.seg_begin;
-  p.segment_rows = owner_tables ? w.owner_segment_rows : w.sched.segment_rows;
-  p.source_begin = owner_tables ? w.owner_source_begin : w.sched.source_begin;
-  p.tile_expert = owner_tables ? w.owner_tile_expert : w.sched.tile_expert;
-  p.row_destination = w.row_destination;
-  p.status = owner_tables ? &w.group_status->code : &w.sched.status->code;
+  const bool owner = s.owner_built;
+  p.seg_begin = owner ? s.owner_seg_begin : s.sched.seg_begin;
+  p.segment_rows = owner ? s.owner_segment_rows : s.sched.segment_rows;
+  p.source_begin = owner ? s.owner_source_begin : s.sched.source_begin;
+  p.tile_expert = owner ? s.owner_tile_expert : s.sched.tile_expert;
+  p.row_destination = s.row_destination;
+  p.status = &s.status()->code;
   p.aborted = aborted;
   p.topk_weights = b.topk_weights;
   p.tokens = b.tokens;
@@ -238,8 +270,10 @@ kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const Dev
   p.experts = c.experts_per_rank();
   p.routed_x = w.routed_x;
   p.ring_blocks = w.ring_blocks;
-  p.act = w.act;
-  p.act_shared = w.act_shared;
+  p.act = a.act;
+  p.act_shared = a.act_shared;
+  p.gate_up = a.gate_up;
+  p.gate_up_shared = a.gate_up_shared;
   p.y_slots = w.y_slots;
   p.y_shared = w.y_shared;
   p.out = out;

@@ -12,13 +12,40 @@
 
 namespace mok::gpu::detail {
 
-struct RankBuffers {
-  ScheduleBuffers sched;  // the rank's source schedule (and at EP = 1 its owner tables)
-  // Owner tables at EP > 1 (built from every source's counts by ep_schedule.cu).
+// gpu::Schedule's device buffers: the rank's source schedule (at EP = 1 with its own owner
+// tables), the owner tables built from every source's counts (EP groups, and EpForward even at
+// ep_size 1), and each routed row's destination.
+struct RankSchedule {
+  Config config;
+  ScheduleBuffers sched;
   int64_t *owner_seg_begin = nullptr, *owner_segment_rows = nullptr, *owner_source_begin = nullptr;
   int32_t* owner_tile_expert = nullptr;
   Status* group_status = nullptr;      // the group's outcome: any rank's failure fails every rank
   int64_t* row_destination = nullptr;  // [capacity]: kern::ForwardParams::row_destination
+  int64_t capacity_blocks = 0, token_blocks = 0;
+  int64_t tokens = -1;       // of the batch last scheduled (host side: a forward checks its batch)
+  bool owner_built = false;  // the owner tables (not sched's) hold this batch's segments
+  // EpForward: the counts exchange of this schedule ran and no forward has used it yet.
+  mutable bool exchanged = false;
+
+  void allocate(const Config& c);
+  void release();
+  const Status* status() const { return owner_built ? group_status : sched.status; }
+  // Throws unless the buffers were made for `c` (the forward's configuration) ...
+  void require_config(const Config& c, const char* who) const;
+  // ... and they hold the schedule of a batch of `tokens` tokens.
+  void require_matches(const Config& c, int64_t tokens, const char* who) const;
+};
+
+// Where a forward's activations go: the workspace's own (inference), or a ForwardContext's, which
+// also takes the SwiGLU inputs (a training forward).
+struct Activations {
+  __nv_bfloat16 *act = nullptr, *act_shared = nullptr;
+  __nv_bfloat16 *gate_up = nullptr, *gate_up_shared = nullptr;  // nullptr: inference
+};
+
+struct RankBuffers {
+  RankSchedule schedule;  // used when the caller passes none
   __nv_bfloat16 *routed_x = nullptr, *act = nullptr, *act_shared = nullptr, *y_slots = nullptr,
                 *y_shared = nullptr;
   uint32_t* counters = nullptr;  // x_ready | act_ready | act_shared_ready | token_done |
@@ -30,12 +57,11 @@ struct RankBuffers {
   unsigned long long* timings = nullptr;
   size_t zeroed_bytes = 0;  // counters, fault record, aborted and timings together
   int64_t capacity_blocks = 0, ring_blocks = 0, token_blocks = 0;
-  CUtensorMap routed_x_map[2]{}, act_map[2]{}, act_shared_map[2]{};  // boxes of 128, 64 rows
+  CUtensorMap routed_x_map[2]{};  // boxes of 128, 64 rows
 
-  // Owner tables: built from every source's counts (EP groups, and EpForward even at ep_size 1).
   // Without y_slots the caller provides them (EpForward: in its symmetric window).
   struct Parts {
-    bool timings = false, owner_tables = false, y_slots = true;
+    bool timings = false, y_slots = true;
     // profile_without_dispatch_copy: the GEMMs then read whatever the ring holds, so it holds
     // random values like x's, not the zeros of fresh memory (zero operands draw less power and
     // the GPU is power-capped: the variant could look faster than skipping the copy makes it).
@@ -47,9 +73,9 @@ struct RankBuffers {
   void reset(cudaStream_t stream) const;
 };
 
-// Tensor maps of rank `w` for this batch and its local experts' weights.
+// Tensor maps of rank `w` for this batch, its activations and its local experts' weights.
 kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceBatch& b,
-                            const DeviceLayerWeights& wt, int block_n);
+                            const DeviceLayerWeights& wt, const Activations& a, int block_n);
 
 // Checks a forward's operands (token count, null or misaligned pointers) with clear errors.
 void require_forward_operands(const Config& c, const DeviceBatch& b, const DeviceLayerWeights& wt,
@@ -57,9 +83,10 @@ void require_forward_operands(const Config& c, const DeviceBatch& b, const Devic
 
 // Parameters of rank `ep_rank` (buffers `w`) with its own buffers in every peer-table entry of its
 // rank; the caller fills the other ranks' entries. `aborted`: the group's flag.
-kern::ForwardParams rank_params(const RankBuffers& w, const Config& c, const DeviceBatch& b,
-                                __nv_bfloat16* out, const ForwardPlan& plan,
-                                const ForwardHooks& hooks, int ep_rank, int* aborted);
+kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, const Activations& a,
+                                const Config& c, const DeviceBatch& b, __nv_bfloat16* out,
+                                const ForwardPlan& plan, const ForwardHooks& hooks, int ep_rank,
+                                int* aborted);
 
 // Turns the fault records of a forward into mok::Error(peer_timeout): the most upstream wait is
 // the cause, the others gave up because of it. `prefix` goes first ("rank 1: "). Nothing if no

@@ -12,8 +12,9 @@ using namespace ep_test;
 namespace {
 
 // Runs the global batch at EP = 1 and split over the ranks; expects every rank's rows bitwise
-// equal (the EP = 1 output itself is checked against the CPU reference).
-void expect_ep_equals_ep1(int ranks, const EpCase& k) {
+// equal (the EP = 1 output itself is checked against the CPU reference). training: through
+// caller-owned schedules, with a ForwardContext per rank.
+void expect_ep_equals_ep1(int ranks, const EpCase& k, bool training = false) {
   const GlobalBatch g = make_global_batch(ranks, k);
   const std::vector<double> want = ep1_output(g);
   const mok::Config c = rank_config(g, ranks, k);
@@ -46,7 +47,22 @@ void expect_ep_equals_ep1(int ranks, const EpCase& k) {
     outs.push_back(reinterpret_cast<__nv_bfloat16*>(out.ptr) + first * H);
     first += t;
   }
-  ep.forward(batches, weights, outs, nullptr);
+  std::vector<std::unique_ptr<mok::gpu::Schedule>> schedules;
+  std::vector<std::unique_ptr<mok::gpu::ForwardContext>> contexts;
+  std::vector<mok::gpu::Schedule*> s;
+  std::vector<const mok::gpu::ForwardContext*> ctx;
+  if (training) {
+    for (int r = 0; r < ranks; ++r) {
+      schedules.push_back(std::make_unique<mok::gpu::Schedule>(c));
+      contexts.push_back(std::make_unique<mok::gpu::ForwardContext>(c));
+      s.push_back(schedules.back().get());
+      ctx.push_back(contexts.back().get());
+    }
+    ep.schedule(batches, s, nullptr);
+    ep.forward(s, batches, weights, outs, ctx, nullptr);
+  } else {
+    ep.forward(batches, weights, outs, nullptr);
+  }
   ep.check(nullptr);
   MOK_CUDA_OK(cudaDeviceSynchronize());
   std::vector<double> got;
@@ -65,6 +81,7 @@ TEST(EmulatedEpGpu, EveryRankEqualsTheSingleGpuForwardBitForBit) {
     for (size_t i = 0; i < cases.size(); ++i) {
       SCOPED_TRACE("ranks " + std::to_string(ranks) + ", case " + std::to_string(i));
       expect_ep_equals_ep1(ranks, cases[i]);
+      if (ranks == 2) expect_ep_equals_ep1(ranks, cases[i], /*training=*/true);
     }
   }
 }

@@ -14,6 +14,7 @@
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/random_fill.hpp"
 #include "mok/gpu/staged_forward.hpp"
+#include "mok/schedule/routing_layout.hpp"
 
 using namespace fwd_test;
 using mok::gpu::ForwardOptions;
@@ -424,3 +425,141 @@ INSTANTIATE_TEST_SUITE_P(DesignShapes, StandardShape,
                            std::replace(n.begin(), n.end(), '-', '_');
                            return n;
                          });
+
+namespace {
+
+// Device pointers to host bytes (test-sized).
+template <class T>
+std::vector<T> download(const T* p, size_t n) {
+  std::vector<T> h(n);
+  if (n) EXPECT_EQ(cudaMemcpy(h.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
+  return h;
+}
+
+// |got - want| within BF16 rounding of the result plus FP32 accumulation over `terms` products of
+// magnitude sum_abs.
+void expect_close(double got, double want, double sum_abs, const std::string& where) {
+  const double tol = std::ldexp(std::abs(want), -7) + 1e-5 * sum_abs + 1e-6;
+  ASSERT_LE(std::abs(got - want), tol) << where << ": got " << got << ", want " << want;
+}
+
+}  // namespace
+
+// A training forward (a Schedule built once, a ForwardContext given) writes the same output bits
+// as inference, and keeps each routed row's gate and up pre-activations and SwiGLU output in the
+// schedule's row order, and the shared experts' per token: checked against FP64 products of the
+// BF16 inputs, row by row through the schedule's row destinations. The schedule serves several
+// forwards; schedules, batches and contexts of another shape are refused.
+TEST(MoeForwardGpu, TrainingForwardKeepsTheSwiGLUInputsAndChangesNoOutputBit) {
+  MOK_REQUIRE_GPU();
+  for (const mok::Config& c : {odd_config(1), mok::preset("tiny")}) {
+    for (const RowPath path : {RowPath::dispatch_copy, RowPath::producer_gather}) {
+      SCOPED_TRACE("H = " + std::to_string(c.hidden) + ", " + mok::gpu::row_path_name(path));
+      const mok::LayerParams p = mok::tools::random_params(c, 61);
+      const GpuLayer layer(p);
+      const int64_t T = 200, H = c.hidden, I = c.intermediate, S = c.shared_width(), K = c.top_k;
+      const mok::Batch b = mok::tools::random_batch(c, T, 62);
+      DeviceBuffer<uint16_t> x(to_bf16(b.x));
+      DeviceBuffer<int32_t> ids(b.topk_ids);
+      DeviceBuffer<float> w(std::vector<float>(b.topk_weights.begin(), b.topk_weights.end()));
+      const mok::gpu::DeviceBatch batch{T, reinterpret_cast<const __nv_bfloat16*>(x.ptr), ids.ptr,
+                                        w.ptr};
+      DeviceBuffer<uint16_t> trained(size_t(T * H), 0xFF), inferred(size_t(T * H), 0xFF);
+      ForwardOptions o;
+      o.row_path = path;
+      if (c.intermediate % 128) o.block_n = 128;
+      MoeForward f(c, o);
+      mok::gpu::Schedule s(c);
+      mok::gpu::ForwardContext ctx(c);
+      MOK_CUDA_OK(cudaMemset(ctx.gate_up(), 0xFF, size_t(ctx.capacity_rows() * 2 * I) * 2));
+      MOK_CUDA_OK(cudaMemset(ctx.act(), 0xFF, size_t(ctx.capacity_rows() * I) * 2));
+      f.schedule(batch, s, nullptr);
+      EXPECT_EQ(s.tokens(), T);
+      f.forward(s, batch, layer.weights(), reinterpret_cast<__nv_bfloat16*>(trained.ptr), &ctx,
+                nullptr);
+      f.check(nullptr);
+      f.forward(s, batch, layer.weights(), reinterpret_cast<__nv_bfloat16*>(inferred.ptr), nullptr,
+                nullptr);
+      f.check(nullptr);
+      const std::vector<double> got = from_bf16(trained.to_host());
+      expect_matches_reference(c, p, b, got);
+      EXPECT_TRUE(same_bits(got, from_bf16(inferred.to_host())));
+      MoeForward plain(c, o);
+      EXPECT_TRUE(same_bits(got, gpu_forward(plain, c, layer, b)));
+
+      // The kept activations, row by row.
+      const std::vector<double> xb = from_bf16(to_bf16(b.x)), gate = from_bf16(to_bf16(p.gate)),
+                                up = from_bf16(to_bf16(p.up)),
+                                sgate = from_bf16(to_bf16(p.shared_gate)),
+                                sup = from_bf16(to_bf16(p.shared_up));
+      auto dot = [&](const double* a, const double* v, double* sum_abs) {
+        double acc = 0, abs_sum = 0;
+        for (int64_t h = 0; h < H; ++h) acc += a[h] * v[h], abs_sum += std::abs(a[h] * v[h]);
+        *sum_abs = abs_sum;
+        return acc;
+      };
+      auto check_row = [&](const std::vector<uint16_t>& gu, const std::vector<uint16_t>& act,
+                           int64_t row, int64_t width, const double* xr, const double* g0,
+                           const double* u0, const std::string& what) {
+        for (int64_t i = 0; i < width; ++i) {
+          double sg = 0, su = 0;
+          const double g = dot(xr, g0 + i * H, &sg), u = dot(xr, u0 + i * H, &su);
+          const std::string at =
+              what + " row " + std::to_string(row) + " column " + std::to_string(i);
+          expect_close(mok::fmt::bf16_to_float(gu[size_t(row * 2 * width + i)]), g, sg, at + " g");
+          expect_close(mok::fmt::bf16_to_float(gu[size_t(row * 2 * width + width + i)]), u, su,
+                       at + " u");
+          const double silu = g / (1 + std::exp(-g));
+          expect_close(mok::fmt::bf16_to_float(act[size_t(row * width + i)]), silu * u,
+                       std::abs(silu) * su + std::abs(u) * sg, at + " act");
+        }
+      };
+      const mok::gpu::detail::RankSchedule& st = s.state();
+      const int64_t routed_rows =
+          download(st.sched.seg_begin + c.num_experts, 1)[0];  // the padded segments' end
+      const std::vector<int64_t> dest = download(st.row_destination, size_t(routed_rows));
+      const std::vector<uint16_t> gu = download(reinterpret_cast<uint16_t*>(ctx.gate_up()),
+                                                size_t(ctx.capacity_rows() * 2 * I)),
+                                  act = download(reinterpret_cast<uint16_t*>(ctx.act()),
+                                                 size_t(ctx.capacity_rows() * I));
+      int64_t checked = 0;
+      for (int64_t row = 0; row < routed_rows; ++row) {
+        const int64_t slot = mok::sched::RowDestination::slot(dest[size_t(row)]);
+        if (slot < 0) continue;
+        const int64_t t = slot / K, e = b.topk_ids[size_t(slot)];
+        check_row(gu, act, row, I, &xb[size_t(t * H)], &gate[size_t(e * I * H)],
+                  &up[size_t(e * I * H)], "routed (token " + std::to_string(t) + ")");
+        ++checked;
+      }
+      EXPECT_EQ(checked, T * K);  // every (token, k) slot has its row
+      if (S > 0) {
+        const std::vector<uint16_t> sgu =
+                                        download(reinterpret_cast<uint16_t*>(ctx.gate_up_shared()),
+                                                 size_t(ctx.token_rows() * 2 * S)),
+                                    sact = download(reinterpret_cast<uint16_t*>(ctx.act_shared()),
+                                                    size_t(ctx.token_rows() * S));
+        for (int64_t t = 0; t < T; ++t)
+          check_row(sgu, sact, t, S, &xb[size_t(t * H)], sgate.data(), sup.data(), "shared");
+      }
+
+      // Mismatches are errors, not wrong answers.
+      const mok::gpu::DeviceBatch shorter{T - 1, batch.x, batch.topk_ids, batch.topk_weights};
+      EXPECT_THROW(f.forward(s, shorter, layer.weights(),
+                             reinterpret_cast<__nv_bfloat16*>(trained.ptr), nullptr, nullptr),
+                   mok::Error);
+      mok::Config other = c;
+      other.max_tokens_per_rank += 128;
+      mok::gpu::Schedule wrong_schedule(other);
+      EXPECT_THROW(f.schedule(batch, wrong_schedule, nullptr), mok::Error);
+      mok::gpu::ForwardContext wrong_context(other);
+      EXPECT_THROW(
+          f.forward(s, batch, layer.weights(), reinterpret_cast<__nv_bfloat16*>(trained.ptr),
+                    &wrong_context, nullptr),
+          mok::Error);
+      mok::gpu::Schedule empty(c);
+      EXPECT_THROW(f.forward(empty, batch, layer.weights(),
+                             reinterpret_cast<__nv_bfloat16*>(trained.ptr), nullptr, nullptr),
+                   mok::Error);
+    }
+  }
+}

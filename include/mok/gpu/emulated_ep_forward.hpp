@@ -13,6 +13,7 @@
 #include "mok/config.hpp"
 #include "mok/gpu/device_layer.hpp"
 #include "mok/gpu/moe_forward.hpp"
+#include "mok/gpu/schedule.hpp"
 
 namespace mok::gpu {
 
@@ -28,8 +29,17 @@ class EmulatedEpForward {
   EmulatedEpForward(const EmulatedEpForward&) = delete;
   EmulatedEpForward& operator=(const EmulatedEpForward&) = delete;
 
+  // Every rank's schedule (schedules[r] for batches[r]), as MoeForward::schedule.
+  void schedule(const std::vector<DeviceBatch>& batches, const std::vector<Schedule*>& schedules,
+                cudaStream_t stream);
   // batches[r], weights[r] (rank r's local experts: gate/up [E/ep, I, H], down [E/ep, H, I], and
-  // the shared experts) and outs[r] for every rank r. Asynchronous; no host synchronisation.
+  // the shared experts) and outs[r] for every rank r, with the schedules built for the batches;
+  // contexts: one per rank (training) or none (inference). Asynchronous; no host synchronisation.
+  void forward(const std::vector<Schedule*>& schedules, const std::vector<DeviceBatch>& batches,
+               const std::vector<DeviceLayerWeights>& weights,
+               const std::vector<__nv_bfloat16*>& outs,
+               const std::vector<const ForwardContext*>& contexts, cudaStream_t stream);
+  // Inference with schedules of its own.
   void forward(const std::vector<DeviceBatch>& batches,
                const std::vector<DeviceLayerWeights>& weights,
                const std::vector<__nv_bfloat16*>& outs, cudaStream_t stream);
@@ -42,6 +52,13 @@ class EmulatedEpForward {
   const detail::LayerRunner& runner() const { return *runner_; }  // tests and benchmarks
 
  private:
+  void schedule_ranks(const std::vector<DeviceBatch>& batches,
+                      const std::vector<detail::RankSchedule*>& schedules, cudaStream_t stream);
+  void forward_ranks(const std::vector<const detail::RankSchedule*>& schedules,
+                     const std::vector<DeviceBatch>& batches,
+                     const std::vector<DeviceLayerWeights>& weights,
+                     const std::vector<__nv_bfloat16*>& outs,
+                     const std::vector<const ForwardContext*>& contexts, cudaStream_t stream);
   std::unique_ptr<detail::LayerRunner> runner_;
 };
 

@@ -26,6 +26,7 @@
 #include "mok/config.hpp"
 #include "mok/gpu/device_layer.hpp"
 #include "mok/gpu/moe_forward.hpp"
+#include "mok/gpu/schedule.hpp"
 
 namespace mok::gpu {
 
@@ -53,9 +54,17 @@ class EpForward {
   EpForward(const EpForward&) = delete;
   EpForward& operator=(const EpForward&) = delete;
 
-  // This rank's batch (T <= c.max_tokens_per_rank), its local experts' weights (gate/up
-  // [E/ep, I, H], down [E/ep, H, I], and the shared experts) and its output [T, H]. Asynchronous on
-  // `stream` (on this rank's device); every rank of the group must call it, once per step.
+  // This rank's schedule for its batch b (T <= c.max_tokens_per_rank): copies x, its slots and
+  // counts into the window and exchanges the counts with every peer (a collective: every rank
+  // calls it, once per step). s: a Schedule of this rank's configuration.
+  void schedule(const DeviceBatch& b, Schedule& s, cudaStream_t stream);
+  // The forward of the batch scheduled into s, once per schedule() (a collective): its local
+  // experts' weights (gate/up [E/ep, I, H], down [E/ep, H, I], and the shared experts), its output
+  // [T, H], and a context for a training forward (nullptr: inference). Asynchronous on `stream`
+  // (on this rank's device).
+  void forward(const Schedule& s, const DeviceBatch& b, const DeviceLayerWeights& local_weights,
+               __nv_bfloat16* out, const ForwardContext* context, cudaStream_t stream);
+  // Inference with a schedule of its own: schedule(), then forward().
   void forward(const DeviceBatch& b, const DeviceLayerWeights& local_weights, __nv_bfloat16* out,
                cudaStream_t stream);
   // Synchronises `stream`; throws mok::Error for a failed batch of any rank (naming it), a peer
@@ -72,6 +81,10 @@ class EpForward {
   struct Workspace;
   EpForward(const Config& c, const ForwardOptions& options, const detail::ForwardHooks& hooks,
             int rank, int device);
+  void schedule_rank(const DeviceBatch& b, detail::RankSchedule& s, cudaStream_t stream);
+  void forward_rank(const detail::RankSchedule& s, const DeviceBatch& b,
+                    const DeviceLayerWeights& local_weights, __nv_bfloat16* out,
+                    const ForwardContext* context, cudaStream_t stream);
   int rank_ = 0, device_ = 0;
   std::vector<int> group_devices_;  // one process driving the group: every rank's device
   Workspace* ws_ = nullptr;

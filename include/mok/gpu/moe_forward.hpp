@@ -12,6 +12,7 @@
 
 #include "mok/config.hpp"
 #include "mok/gpu/device_layer.hpp"
+#include "mok/gpu/schedule.hpp"
 
 namespace mok::gpu {
 
@@ -60,8 +61,16 @@ class MoeForward {
   MoeForward(const MoeForward&) = delete;
   MoeForward& operator=(const MoeForward&) = delete;
 
-  // out [T, H] BF16. Asynchronous on `stream`; capturable in a CUDA graph. Throws mok::Error for
-  // T out of range and for pointers that are null or not 16-byte aligned.
+  // The routing schedule of `batch` into s (a Schedule of this configuration), on the device.
+  void schedule(const DeviceBatch& batch, Schedule& s, cudaStream_t stream);
+  // out [T, H] BF16 for the batch scheduled into s (any number of forwards may share it). With a
+  // context (a training forward) it also keeps what the backward needs there; nullptr: inference.
+  // Asynchronous on `stream`; capturable in a CUDA graph. Throws mok::Error for T out of range,
+  // a schedule or context of another configuration or batch, and pointers that are null or not
+  // 16-byte aligned.
+  void forward(const Schedule& s, const DeviceBatch& batch, const DeviceLayerWeights& w,
+               __nv_bfloat16* out, const ForwardContext* context, cudaStream_t stream);
+  // Inference with a schedule of its own: schedule() into it, then forward().
   void forward(const DeviceBatch& batch, const DeviceLayerWeights& w, __nv_bfloat16* out,
                cudaStream_t stream);
   // After the stream has finished: throws mok::Error if the last forward found an expert id out of

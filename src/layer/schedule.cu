@@ -1,0 +1,44 @@
+// gpu::Schedule and gpu::ForwardContext: caller-owned device buffers (mok/gpu/schedule.hpp).
+#include "mok/gpu/schedule.hpp"
+
+#include "layer/rank_forward.hpp"
+#include "mok/schedule/routing_layout.hpp"
+
+namespace mok::gpu {
+
+Schedule::Schedule(const Config& c) : state_(std::make_unique<detail::RankSchedule>()) {
+  c.validate();
+  state_->allocate(c);
+}
+Schedule::~Schedule() {
+  if (state_) state_->release();
+}
+int64_t Schedule::capacity_rows() const { return state_->sched.capacity; }
+int64_t Schedule::tokens() const { return state_->tokens; }
+
+int64_t ForwardContext::bytes_per_token(const Config& c) {
+  return 6 * int64_t(c.top_k) * c.intermediate + 6 * int64_t(c.shared_width());
+}
+
+ForwardContext::ForwardContext(const Config& c) {
+  c.validate();
+  const char* what = "cudaMalloc (ForwardContext)";
+  capacity_rows_ = sched::pad_to_tile(c.capacity_rows(), detail::kTileRows);
+  token_rows_ = sched::pad_to_tile(c.max_tokens_per_rank, detail::kTileRows);
+  intermediate_ = c.intermediate;
+  shared_width_ = c.shared_width();
+  const int64_t I = c.intermediate, S = c.shared_width();
+  act_ = detail::device_alloc<__nv_bfloat16>(size_t(capacity_rows_ * I), what);
+  gate_up_ = detail::device_alloc<__nv_bfloat16>(size_t(capacity_rows_ * 2 * I), what);
+  if (S > 0) {
+    act_shared_ = detail::device_alloc<__nv_bfloat16>(size_t(token_rows_ * S), what);
+    gate_up_shared_ = detail::device_alloc<__nv_bfloat16>(size_t(token_rows_ * 2 * S), what);
+  }
+}
+
+ForwardContext::~ForwardContext() {
+  for (void* p : {(void*)act_, (void*)gate_up_, (void*)act_shared_, (void*)gate_up_shared_})
+    cudaFree(p);
+}
+
+}  // namespace mok::gpu
