@@ -92,7 +92,7 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
   const bool ok = batch_ok(p);
   const uint32_t expected = token_contributions<kBlockN>(p);
   const float nan = __int_as_float(0x7FC00000);
-  RoleTimer timer(p);  // lane 0 reports
+  RoleTimer<kForwardTimes> timer(p);  // lane 0 reports
   timer.on = timer.on && lane == 0;
   const uint64_t start = timer.now();
   int64_t t = 0;

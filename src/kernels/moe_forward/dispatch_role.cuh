@@ -63,7 +63,7 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
   __shared__ int ring_ok;
   const ForwardTiles<kBlockN> tiles = ForwardTiles<kBlockN>::make(p);
   const int64_t blocks = routed_blocks(p);
-  RoleTimer timer(p);  // thread 0 reports
+  RoleTimer<kForwardTimes> timer(p);  // thread 0 reports
   timer.on = timer.on && threadIdx.x == 0;
   const uint64_t start = timer.now();
   const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row

@@ -1,12 +1,12 @@
 // The BF16 forward megakernel, sm_90a: one persistent launch with three roles (dispatch, GEMM,
-// combine) that hand work to each other through counters in global memory. Read the roles in
-// dispatch_role.cuh, gemm_roles.cuh and combine_role.cuh, and the tile order (with the argument
-// that it cannot deadlock) in tile_schedule.cuh. The instantiations live in moe_forward_bf16.cu
-// (production) and moe_forward_probes.cu (the benchmarks' stage probes).
+// combine) that hand work to each other through counters in global memory. The engine
+// (megakernel/engine.cuh) runs the roles; the forward's tile program (forward_program.cuh) says
+// which tiles exist, with the tile order and its deadlock argument in tile_schedule.cuh and the
+// row movers in dispatch_role.cuh and combine_role.cuh. The instantiations live in
+// moe_forward_bf16.cu (production) and moe_forward_probes.cu (the benchmarks' stage probes).
 #pragma once
-#include "kernels/moe_forward/combine_role.cuh"
-#include "kernels/moe_forward/dispatch_role.cuh"
-#include "kernels/moe_forward/gemm_roles.cuh"
+#include "kernels/megakernel/engine.cuh"
+#include "kernels/moe_forward/forward_program.cuh"
 
 namespace mok::kern {
 
@@ -18,50 +18,15 @@ static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRe
                   kThreads * 168,
               "setmaxnreg budget");
 
-// The grid is split into launch.ranks contiguous shares, one per logical rank (one share for a
-// real EP rank); inside a share the first dispatch_ctas CTAs dispatch, then join the others in the
-// GEMMs. kMmaInFlight: the consumers keep one wgmma group in flight (mma_tile). kKeepGateUp: a
-// training forward, which also keeps the SwiGLU inputs (store_gate_up). kProbe: a benchmark's
-// stage probe (kProbe*), 0 in every forward that computes.
+// The forward megakernel: the engine running the forward's tile program. kMmaInFlight: the
+// consumers keep one wgmma group in flight (mma_tile). kKeepGateUp: a training forward, which also
+// keeps the SwiGLU inputs (store_gate_up). kProbe: a benchmark's stage probe (kProbe*), 0 in every
+// forward that computes.
 template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp, int kProbe>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
-  const int per_rank = int(gridDim.x) / launch.ranks;
-  const int rank = min(int(blockIdx.x) / per_rank, launch.ranks - 1);
-  const int cta = int(blockIdx.x) - rank * per_rank;  // the last rank also takes the remainder
-  const ForwardParams& p = launch.params[rank];
-  const ForwardMaps& maps = launch.maps[rank];
-  if (cta < p.dispatch_ctas) {
-    // Once its blocks are copied a dispatch CTA joins the GEMMs: its SM would otherwise only wait
-    // for the combine (dispatch spans a third of the forward or less). It claims tiles from the
-    // same counter, so the tile order's deadlock argument holds; dispatch itself never waits on
-    // this CTA. A dispatch whose wait expired has recorded the fault: the CTA stops.
-    if (batch_ok(p) && !dispatch_role<kBlockN>(p, cta, p.dispatch_ctas)) return;
-    if (p.timings && threadIdx.x == 0) atomicAdd(p.timings + kDispatchCtasJoined, 1ull);
-  }
-  extern __shared__ uint8_t smem_raw[];
-  __shared__ uint64_t full[TileShape<kBlockN>::kStages], empty[TileShape<kBlockN>::kStages];
-  __shared__ int64_t queue_index[kTileQueueDepth];
-  __shared__ uint64_t queue_full[kTileQueueDepth], queue_empty[kTileQueueDepth];
-  // Producer: one warp (its lane 0 arrives), or with gather_rows the whole warpgroup (every thread
-  // arrives on every stage; warps 1-3 read the tile queue too).
-  const bool gather = p.gather_rows != 0;
-  const auto ring =
-      SmemRing<kBlockN>::make(smem_raw, full, empty, gather ? kGatherFullArrivals : 1);
-  const TileQueue queue{queue_index, queue_full, queue_empty};
-  if (threadIdx.x == 0) {
-    queue.init(gather ? kGatherWarps - 1 : 0);
-    dev::mbar_fence_init();
-  }
-  __syncthreads();
-  if (threadIdx.x / 128 == kConsumers) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kForwardProducerRegs));
-    if (gather || threadIdx.x % 128 < 32) producer_role<kBlockN, kProbe>(maps, p, ring, queue);
-    return;
-  }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kForwardConsumerRegs));
-  if (consumer_role<kBlockN, kMmaInFlight, kKeepGateUp, kProbe>(p, ring, queue))
-    combine_role<kBlockN>(p);
+  run_megakernel<ForwardProgram<kBlockN, kMmaInFlight, kKeepGateUp, kProbe>, kForwardProducerRegs,
+                 kForwardConsumerRegs>(launch);
 }
 
 // One instantiation, prepared and launched.

@@ -8,6 +8,8 @@
 
 #include <cstdint>
 
+#include "kernels/megakernel/engine_params.hpp"
+
 namespace mok::kern {
 
 // Roles that wait on other CTAs, upstream first: when a wait can never be satisfied, every role
@@ -24,10 +26,7 @@ enum ForwardRole : int {
 };
 
 struct ForwardFault {
-  struct Record {
-    int seen, cta;
-    long long what;
-  } records[kForwardRoles];  // the first wait of each role that gave up
+  FaultRecord records[kForwardRoles];  // the first wait of each role that gave up
 };
 
 // Every operand is a TMA tensor map: K-major, 128B swizzle, boxes of 64 columns.
@@ -110,27 +109,19 @@ struct ForwardParams {
   unsigned long long* timings;  // benchmarks only: [kForwardTimings] ns, or nullptr
 };
 
-// Where the roles' time goes (benchmarks): nanoseconds summed over every CTA, warpgroup or warp
-// that plays the role, one atomic add per participant at its end.
+// Where the forward's own roles' time goes (benchmarks), after the engine's slots.
 enum ForwardTiming : int {
-  kTimeGateUpWaitsDispatch = 0,    // gate/up producers waiting for dispatched row blocks
-  kTimeDownWaitsGateUp = 1,        // down producers waiting for a row block's activations
-  kTimeProducerWaitsRing = 2,      // producers waiting for a free stage (the consumers are busy)
-  kTimeConsumerWaitsLoads = 3,     // consumer warpgroups waiting for stages to land (starved)
-  kTimeConsumerTotal = 4,          // consumer warpgroups from their first tile to their last
-  kTimeDispatchCopying = 5,        // dispatch CTAs gathering rows
-  kTimeDispatchTotal = 6,          // dispatch CTAs from start to their last published block
-  kTimeCombineWaits = 7,           // combine warps waiting for a token's expert outputs
-  kTimeCombineTotal = 8,           // combine warps from their first token to the empty queue
-  kTimeConsumerStarvedFirst = 9,   // part of kTimeConsumerWaitsLoads: on a tile's first stage
-  kTimeConsumerEpilogue = 10,      // consumer warpgroups storing and publishing tiles
-  kTimeConsumerWaitsTile = 11,     // consumer warpgroups waiting for the next tile's index
-  kTimeConsumerEpilogueDown = 12,  // part of kTimeConsumerEpilogue: down tiles' stores and counts
-  kTimeConsumerPublish = 13,  // part of kTimeConsumerEpilogue: gate/up tiles' act counter release
-  kTimeConsumerCycles = 14,   // SM clock cycles (clock64), not ns, over kTimeConsumerTotal's span
-  kForwardTimes = 15,         // the sums above (what a RoleTimer sums)
-  kDispatchCtasJoined = 15,   // a count, not a time: dispatch CTAs that went on to the GEMMs
-  kForwardTimings = 16,       // the buffer: times and the count
+  kTimeGateUpWaitsDispatch = kEngineTimes,  // gate/up producers waiting for dispatched row blocks
+  kTimeDownWaitsGateUp,                     // down producers waiting for a row block's activations
+  kTimeDispatchCopying,                     // dispatch CTAs gathering rows
+  kTimeDispatchTotal,         // dispatch CTAs from start to their last published block
+  kTimeCombineWaits,          // combine warps waiting for a token's expert outputs
+  kTimeCombineTotal,          // combine warps from their first token to the empty queue
+  kTimeConsumerEpilogueDown,  // part of kTimeConsumerEpilogue: down tiles' stores and counts
+  kTimeConsumerPublish,       // part of kTimeConsumerEpilogue: gate/up tiles' act counter release
+  kForwardTimes,              // the sums above (what a RoleTimer sums)
+  kDispatchCtasJoined = kForwardTimes,  // a count, not a time: dispatch CTAs that joined the GEMMs
+  kForwardTimings,                      // the buffer: times and the count
 };
 
 // Stages a benchmark may drop (the output is then wrong): the dispatch copy (blocks are published

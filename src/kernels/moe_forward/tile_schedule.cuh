@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "kernels/gemm/tile_geometry.cuh"
+#include "kernels/megakernel/waits.cuh"
 #include "kernels/moe_forward/forward_params.hpp"
 #include "mok/device/mbarrier.cuh"
 #include "mok/device/sync.cuh"
@@ -139,62 +140,11 @@ struct ForwardTiles {
   }
 };
 
-// A CTA's producer claims tiles and hands their indices to its consumers through a small queue in
-// shared memory (an index < 0 ends the sequence).
-constexpr int kTileQueueDepth = 4;
-struct TileQueue {
-  int64_t* index;
-  uint64_t* full;   // the producer's arrival (release at CTA scope) after writing the index
-  uint64_t* empty;  // every consumer thread arrives after reading it (and producer_readers more)
-  __device__ void init(uint32_t producer_readers) const {
-    for (int s = 0; s < kTileQueueDepth; ++s) {
-      dev::mbar_init(&full[s], 1);
-      dev::mbar_init(&empty[s], kConsumers * 128 + producer_readers);
-    }
-  }
-};
-
-// Profiling (ForwardParams::timings): a participant's sums, added to the totals once at its end.
-struct RoleTimer {
-  bool on;
-  uint64_t sums[kForwardTimes] = {};
-  __device__ explicit RoleTimer(const ForwardParams& p) : on(p.timings != nullptr) {}
-  __device__ uint64_t now() const { return on ? dev::global_ns() : 0; }
-  __device__ void add(ForwardTiming what, uint64_t since) {
-    if (on) sums[what] += dev::global_ns() - since;
-  }
-  __device__ void flush(const ForwardParams& p) const {
-    if (!on) return;
-#pragma unroll
-    for (int i = 0; i < kForwardTimes; ++i)
-      if (sums[i]) atomicAdd(p.timings + i, static_cast<unsigned long long>(sums[i]));
-  }
-};
-
 // Per token, the down tiles that write one of its rows: each of its K slots and its shared row,
 // times the n-tiles of H. The combine starts on a token once its counter reaches this.
 template <int kBlockN>
 __device__ __forceinline__ uint32_t token_contributions(const ForwardParams& p) {
   return uint32_t((p.top_k + (p.shared_width > 0 ? 1 : 0)) * ((p.hidden + kBlockN - 1) / kBlockN));
-}
-
-// A bounded wait that also gives up as soon as another wait has expired.
-template <class Ready>
-__device__ __forceinline__ bool wait_unless_aborted(const ForwardParams& p, Ready ready) {
-  const volatile int* aborted = p.aborted;
-  return dev::spin_until([&] { return ready() || *aborted != 0; }, p.wait_cycles) && ready();
-}
-
-// A wait of `role` gave up (its own bound expired, or another one's did): keep the first record of
-// each role, and stop every other wait.
-__device__ __forceinline__ void record_fault(const ForwardParams& p, ForwardRole role,
-                                             long long what) {
-  ForwardFault::Record& r = p.fault->records[role];
-  if (atomicCAS(&r.seen, 0, 1) == 0) {
-    r.cta = int(blockIdx.x);
-    r.what = what;
-  }
-  atomicExch(p.aborted, 1);
 }
 
 }  // namespace mok::kern

@@ -1,0 +1,381 @@
+// The megakernel engine, whatever tile program it runs (the forward's: moe_forward/
+// forward_program.cuh): the CTA's roles and register split, the tile claim and its queue, the
+// GEMM producer and consumers over the shared-memory stage ring, bounded waits and fault records,
+// and the role timers. It knows nothing of which tiles exist: the Program says that, and what
+// each tile waits on, which operands it loads and which epilogue stores it.
+//
+// A Program provides (all static, __device__ unless noted):
+//   Params, Maps, Work, Tiles (Tiles::make(p), count(), at(t, p) -> Work; Work::k_blocks)
+//   kBlockN, kMmaInFlight, kMultiply, kLoads, kTimings (its RoleTimer slots),
+//   kDispatchJoinedSlot (its timings slot counting dispatch CTAs that joined the GEMMs),
+//   kRoleRing, kRoleConsumer (its fault roles for the engine's waits)
+//   inputs(maps, p, tiles, w) -> TileInputs            what a tile loads and waits on
+//   gather_row(p, w, a_row, r) -> const bf16*          a gathered A row (nullptr: zeros)
+//   gathering_warpgroup(p), inputs_gathered(p, w)      whether the CTA's / a tile's A is gathered
+//   all_padding(p, w, row0)                            rows [row0, row0 + 64) hold nothing
+//   prefetch(p, w, row0) -> Prefetch                   loaded before the mainloop
+//   epilogue(p, w, d, row0, wg, prefetch, owed, timer) stores the tile, publishes, may leave
+//                                                      Owed (released after the next mainloop)
+//   release(p, owed, timer, since)                     releases what an epilogue left owed
+//   skipped(p, w, wg)                                  a warpgroup's all-padding rows' publish
+//   dispatch(p, cta, ctas) -> bool, combine(p)         the row movers (engine's CTA split)
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/gemm/epilogue_sm90.cuh"
+#include "kernels/gemm/mainloop_sm90.cuh"
+#include "kernels/gemm/tile_geometry.cuh"
+#include "kernels/megakernel/engine_params.hpp"
+#include "kernels/megakernel/waits.cuh"
+#include "mok/device/cp_async.cuh"
+#include "mok/device/mbarrier.cuh"
+#include "mok/device/sync.cuh"
+#include "mok/device/tma.cuh"
+
+namespace mok::kern {
+
+// ---- The tile claim: one global counter (Params: tile_next), a queue per CTA in shared memory
+
+// A CTA's producer claims tiles and hands their indices to its consumers through a small queue in
+// shared memory (an index < 0 ends the sequence).
+constexpr int kTileQueueDepth = 4;
+struct TileQueue {
+  int64_t* index;
+  uint64_t* full;   // the producer's arrival (release at CTA scope) after writing the index
+  uint64_t* empty;  // every consumer thread arrives after reading it (and producer_readers more)
+  __device__ void init(uint32_t producer_readers) const {
+    for (int s = 0; s < kTileQueueDepth; ++s) {
+      dev::mbar_init(&full[s], 1);
+      dev::mbar_init(&empty[s], kConsumers * 128 + producer_readers);
+    }
+  }
+};
+
+// The next tile index for this producer warp: warp 0's lane 0 claims it from the global counter
+// and publishes it in the queue (for the consumers and the other producer warps); the other warps'
+// lane 0 read it there. -1 ends the sequence, -2: a bounded wait expired.
+template <class P>
+__device__ __forceinline__ int64_t next_producer_tile(const P& p, const TileQueue& queue,
+                                                      const dev::RingCursor<kTileQueueDepth>& q,
+                                                      int64_t tile_count, int warp, int ring_role) {
+  int64_t t = 0;
+  if (threadIdx.x % 32 == 0) {
+    if (warp == 0) {
+      t = atomicAdd(p.tile_next, 1u);
+      if (t >= tile_count) t = -1;
+      if (!dev::mbar_wait(&queue.empty[q.stage], q.phase ^ 1u, p.wait_cycles)) {
+        record_fault(p, ring_role, t);
+        t = -2;
+      } else {
+        queue.index[q.stage] = t;
+        dev::mbar_arrive(&queue.full[q.stage]);
+      }
+    } else if (!dev::mbar_wait(&queue.full[q.stage], q.phase, p.wait_cycles)) {
+      record_fault(p, ring_role, -1);
+      t = -2;
+    } else {
+      t = queue.index[q.stage];
+      dev::mbar_arrive(&queue.empty[q.stage]);
+    }
+  }
+  return __shfl_sync(0xFFFFFFFFu, t, 0);
+}
+
+// The next tile index from the producer's queue (every consumer thread reads every entry);
+// false: the bounded wait expired (recorded).
+template <class P>
+__device__ __forceinline__ bool next_consumer_tile(const P& p, const TileQueue& queue,
+                                                   const dev::RingCursor<kTileQueueDepth>& q,
+                                                   int64_t* t, int consumer_role) {
+  if (!dev::mbar_wait(&queue.full[q.stage], q.phase, p.wait_cycles)) {
+    record_fault(p, consumer_role, -1);
+    return false;
+  }
+  *t = queue.index[q.stage];
+  dev::mbar_arrive(&queue.empty[q.stage]);
+  return true;
+}
+
+// ---- The GEMM producer
+
+// What a tile's producer loads and waits on (Program::inputs): A from a_maps[0] (boxes of 128
+// rows) or a_maps[1] (64) at a_row, or gathered; B from b_map at b_row of batch b_batch, or, with
+// b_up_map, block_n / 2 rows from each (gate and up rows of the same outputs). Before loading:
+// *ready >= needed (nullptr: nothing to wait for), a wait of fault role `role`, timed in `timing`.
+struct TileInputs {
+  const CUtensorMap* a_maps;
+  const CUtensorMap *b_map, *b_up_map;
+  int32_t a_row, b_row, b_batch;
+  const uint32_t* ready;
+  uint32_t needed;
+  int role, timing;
+  bool gather;     // the producer warpgroup gathers A (Program::gather_row)
+  long long what;  // the fault record's "what" for the ready wait
+};
+
+// With gathered A the whole producer warpgroup runs: warp w gathers rows [32w, 32w + 32) of the
+// tile into the stage's 128B-swizzled layout; a null source row is zero-filled. Per k-block a row
+// is one 128-byte line: lane l copies 16-byte chunk l % 8 of rows 32w + 4i + l / 8, i = 0..7, so
+// each warp instruction reads 4 whole lines (one lane per row would fetch a 32-byte sector per 16
+// bytes). Without gathering only warp 0 runs and only its lane 0 arrives.
+constexpr int kGatherWarps = 4;
+constexpr uint32_t kGatherFullArrivals = kGatherWarps * 32;
+constexpr int kGatherRowsPerThread = kBlockM / (kGatherWarps * 4);
+static_assert(kBlockK * 2 == 8 * 16, "a k-block of a row: eight 16-byte chunks, one per lane");
+
+struct GatherRows {
+  const __nv_bfloat16* src[kGatherRowsPerThread];  // rows 32w + 4i + l / 8 (nullptr: padding)
+  __device__ static int row(int i) {
+    return int(threadIdx.x % 128) / 32 * 32 + 4 * i + int(threadIdx.x % 32) / 8;
+  }
+  __device__ void copy(uint8_t* tile_a, int kb) const {
+    const uint32_t chunk = threadIdx.x % 8;
+#pragma unroll
+    for (int i = 0; i < kGatherRowsPerThread; ++i) {
+      const __nv_bfloat16* from = src[i] ? src[i] + kb * kBlockK + chunk * 8 : nullptr;
+      dev::cp_async_16(tile_a + dev::swizzle128_offset(uint32_t(row(i)), chunk * 16u),
+                       from ? static_cast<const void*>(from) : static_cast<const void*>(tile_a),
+                       from ? 16u : 0u);
+    }
+  }
+};
+
+// Warp 0's lane 0 (the leader) claims tiles, hands them on, waits for their inputs and issues the
+// TMA loads. Gathering threads copy their A rows and arrive on every stage (kGatherFullArrivals):
+// on the stages of other tiles they simply arrive. A gathering thread's arrival is counted by
+// cp.async (noinc) when its copies land; the leader's copies get an extra (uncounted) arrival
+// before its arrive_expect_tx for B, so the phase cannot complete before they land either.
+// gathering_warpgroup: the CTA's producer runs as a whole warpgroup (some tiles gather).
+template <class Program>
+__device__ __forceinline__ void producer_role(const typename Program::Maps& maps,
+                                              const typename Program::Params& p,
+                                              const SmemRing<Program::kBlockN>& ring,
+                                              const TileQueue& queue, bool gathering_warpgroup) {
+  constexpr int kBlockN = Program::kBlockN;
+  const typename Program::Tiles tiles = Program::Tiles::make(p);
+  dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
+  const int lane = int(threadIdx.x % 32);
+  const bool leader = threadIdx.x % 128 == 0;
+  RoleTimer<Program::kTimings> timer(p);
+  timer.on = timer.on && leader;
+  for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
+    // The warp index read afresh: kept through the loop, ptxas spilled it (96 registers).
+    const int64_t t = next_producer_tile(
+        p, queue, q, tiles.count(), int(dev::thread_index_here() % 128 / 32), Program::kRoleRing);
+    if (t == -2) return;
+    if (t < 0) {
+      timer.flush(p);
+      return;
+    }
+    const typename Program::Work w = tiles.at(t, p);
+    const TileInputs in = Program::inputs(maps, p, tiles, w);
+    bool ok = true;  // a failed wait ends the warp (lanes stay converged for the shuffles); the
+                     // other producer warps and the consumers stop at their own bounded waits
+    // The leader waits for its TMA loads; when gathering, every warp's lane 0 acquires for its
+    // warp's copies (the warp's lanes are ordered after it by the __syncwarp below).
+    if (in.ready && (leader || (in.gather && lane == 0))) {
+      const uint64_t since = timer.now();
+      ok = wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(in.ready) >= in.needed; });
+      if (!ok) record_fault(p, in.role, in.what);
+      timer.add(in.timing, since);
+      dev::fence_proxy_async_global();  // generic writes of other CTAs -> this thread's TMA reads
+    }
+    __syncwarp();  // memory order: lane 0's acquire before its lanes' cp.async reads of the rows
+    if (!__all_sync(0xFFFFFFFFu, ok)) return;
+    GatherRows rows{};
+    if (in.gather)
+#pragma unroll
+      for (int i = 0; i < kGatherRowsPerThread; ++i)
+        rows.src[i] = Program::gather_row(p, w, in.a_row, GatherRows::row(i));
+    // Nothing multiplies rows 64-127 of a tile that holds no token there (the second consumer
+    // warpgroup skips the tile), so their A rows are not loaded (the 64-row box): those
+    // shared-memory rows keep stale data that nothing reads.
+    static_assert(kBlockM == 2 * 64 && kTileBytesA % 2 == 0);
+    const bool a_top_only = !in.gather && Program::all_padding(p, w, int(w.m_block * kBlockM) + 64);
+    const CUtensorMap* a_map = in.a_maps + (a_top_only ? 1 : 0);
+    const uint32_t bytes = (in.gather    ? 0u
+                            : a_top_only ? kTileBytesA / 2
+                                         : kTileBytesA) +
+                           TileShape<kBlockN>::kBytesB;
+    for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
+      if (!leader && !gathering_warpgroup) continue;  // only the leader arrives
+      const uint64_t since = timer.now();
+      if (!dev::mbar_wait(&ring.empty[cursor.stage], cursor.phase ^ 1u, p.wait_cycles)) {
+        record_fault(p, Program::kRoleRing, t);
+        ok = false;
+        break;
+      }
+      timer.add(kTimeProducerWaitsRing, since);
+      uint64_t* bar = &ring.full[cursor.stage];
+      if (in.gather) {
+        if constexpr (Program::kLoads) rows.copy(ring.a(cursor.stage), kb);
+        if (leader)
+          dev::cp_async_arrive_extra(bar);
+        else
+          dev::cp_async_arrive_counted(bar);
+      } else if (!leader) {
+        dev::mbar_arrive(bar);
+      }
+      if (!leader) continue;
+      if constexpr (!Program::kLoads) {  // a stage probe: arrive, load nothing
+        dev::mbar_arrive(bar);
+        continue;
+      }
+      dev::mbar_arrive_expect_tx(bar, bytes);
+      uint8_t* tile_b = ring.b(cursor.stage);
+      if (!in.gather) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, in.a_row);
+      if (in.b_up_map) {  // block_n / 2 gate rows, then the up rows of the same outputs
+        dev::tma_load_3d(tile_b, in.b_map, bar, kb * kBlockK, in.b_row, in.b_batch);
+        dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, in.b_up_map, bar, kb * kBlockK,
+                         in.b_row, in.b_batch);
+      } else {
+        dev::tma_load_3d(tile_b, in.b_map, bar, kb * kBlockK, in.b_row, in.b_batch);
+      }
+    }
+    if (!__all_sync(0xFFFFFFFFu, ok)) return;
+  }
+}
+
+// ---- The GEMM consumers
+
+// After a warpgroup's epilogue stores: its 128 threads meet, then one releases the counter (by
+// `add`: a tile counts kConsumers, whether two warpgroups or one finished it).
+__device__ __forceinline__ void publish_warpgroup(uint32_t* counter, int wg, uint32_t add = 1) {
+  dev::named_barrier_sync(1 + wg, 128);
+  if (threadIdx.x % 128 == 0) {
+    dev::fence_proxy_async_global();  // cheap; the reader's fence is the one that matters
+    dev::add_release_gpu(counter, add);
+  }
+}
+
+// A consumer warpgroup's profile (one thread per warpgroup reports): time starved for loads (and
+// the part of it on tiles' first stages), and first tile to the end of the sequence.
+// Its SM clock cycles over the same span give the clock the SM ran at (the GPU is power-capped).
+template <int kSlots>
+struct ConsumerTimes {
+  RoleTimer<kSlots> timer;
+  uint64_t start = 0, start_cycles = 0, starved = 0, starved_first = 0;
+  template <class P>
+  __device__ explicit ConsumerTimes(const P& p) : timer(p) {
+    timer.on = timer.on && threadIdx.x % 128 == 0;
+    start = timer.now();
+    start_cycles = timer.on ? clock64() : 0;
+  }
+  template <class P>
+  __device__ void finish(const P& p) {
+    timer.sums[kTimeConsumerWaitsLoads] = starved;
+    timer.sums[kTimeConsumerStarvedFirst] = starved_first;
+    if (timer.on) timer.sums[kTimeConsumerCycles] = uint64_t(clock64()) - start_cycles;
+    timer.add(kTimeConsumerTotal, start);
+    timer.flush(p);
+  }
+};
+
+// Both consumer warpgroups work on every tile, 64 rows each. A tile's epilogue may leave work
+// owed (Program::Owed, e.g. counts whose fence would stall the tensor cores): it is released
+// after the next tile's mainloop, or at the end. Returns false if a bounded wait expired.
+template <class Program>
+__device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
+                                              const SmemRing<Program::kBlockN>& ring,
+                                              const TileQueue& queue) {
+  constexpr int kBlockN = Program::kBlockN;
+  const typename Program::Tiles tiles = Program::Tiles::make(p);
+  dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
+  const int wg = threadIdx.x / 128;
+  float d[kBlockN / 2];
+  ConsumerTimes<Program::kTimings> times(p);
+  typename Program::Owed owed;
+  auto release_owed = [&] {
+    const uint64_t since = times.timer.now();
+    Program::release(p, owed, times.timer, since);
+    times.timer.add(kTimeConsumerEpilogue, since);
+  };
+  for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
+    int64_t t = 0;
+    const uint64_t queue_since = times.timer.now();
+    if (!next_consumer_tile(p, queue, q, &t, Program::kRoleConsumer)) return false;
+    times.timer.add(kTimeConsumerWaitsTile, queue_since);
+    if (t < 0) {
+      release_owed();
+      times.finish(p);
+      return true;
+    }
+    const typename Program::Work w = tiles.at(t, p);
+    int row0 = int(w.m_block * kBlockM + wg * 64);
+    if (Program::all_padding(p, w, row0)) {
+      if (!skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles)) {
+        record_fault(p, Program::kRoleConsumer, t);
+        return false;
+      }
+      release_owed();
+      Program::skipped(p, w, wg);
+      continue;
+    }
+    const bool gathered = Program::inputs_gathered(p, w);
+    // Loaded before the mainloop: with the L2 saturated their latency would otherwise open the
+    // epilogue while the tensor cores idle.
+    const typename Program::Prefetch prefetch = Program::prefetch(p, w, row0);
+    if (!mma_tile<kBlockN, Program::kMmaInFlight, Program::kMultiply>(
+            d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on, &times.starved,
+            gathered, &times.starved_first)) {
+      record_fault(p, Program::kRoleConsumer, t);
+      return false;
+    }
+    asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
+    release_owed();
+    const uint64_t epilogue_since = times.timer.now();
+    Program::epilogue(p, w, d, row0, wg, prefetch, owed, times.timer);
+    times.timer.add(kTimeConsumerEpilogue, epilogue_since);
+  }
+}
+
+// ---- The kernel body
+
+// The persistent megakernel's CTA: the grid is split into launch.ranks contiguous shares, one per
+// logical rank (one share for a real EP rank); inside a share the first dispatch_ctas CTAs move
+// rows (Program::dispatch), then join the others in the GEMMs; the consumers then combine. The
+// producer warpgroup keeps kProducerRegs registers, the consumers kConsumerRegs.
+template <class Program, int kProducerRegs, int kConsumerRegs, class Launch>
+__device__ __forceinline__ void run_megakernel(const Launch& launch) {
+  constexpr int kBlockN = Program::kBlockN;
+  const int per_rank = int(gridDim.x) / launch.ranks;
+  const int rank = min(int(blockIdx.x) / per_rank, launch.ranks - 1);
+  const int cta = int(blockIdx.x) - rank * per_rank;  // the last rank also takes the remainder
+  const typename Program::Params& p = launch.params[rank];
+  const typename Program::Maps& maps = launch.maps[rank];
+  if (cta < p.dispatch_ctas) {
+    // Once its rows are moved a dispatch CTA joins the GEMMs: its SM would otherwise only wait
+    // for the combine. It claims tiles from the same counter, so the tile order's deadlock
+    // argument holds; dispatch itself never waits on this CTA. A dispatch whose wait expired has
+    // recorded the fault: the CTA stops.
+    if (!Program::dispatch(p, cta, p.dispatch_ctas)) return;
+    if (p.timings && threadIdx.x == 0) atomicAdd(p.timings + Program::kDispatchJoinedSlot, 1ull);
+  }
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ uint64_t full[TileShape<kBlockN>::kStages], empty[TileShape<kBlockN>::kStages];
+  __shared__ int64_t queue_index[kTileQueueDepth];
+  __shared__ uint64_t queue_full[kTileQueueDepth], queue_empty[kTileQueueDepth];
+  // Producer: one warp (its lane 0 arrives), or when the program gathers rows the whole
+  // warpgroup (every thread arrives on every stage; warps 1-3 read the tile queue too).
+  const bool gather = Program::gathering_warpgroup(p);
+  const auto ring =
+      SmemRing<kBlockN>::make(smem_raw, full, empty, gather ? kGatherFullArrivals : 1);
+  const TileQueue queue{queue_index, queue_full, queue_empty};
+  if (threadIdx.x == 0) {
+    queue.init(gather ? kGatherWarps - 1 : 0);
+    dev::mbar_fence_init();
+  }
+  __syncthreads();
+  if (threadIdx.x / 128 == kConsumers) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+    if (gather || threadIdx.x % 128 < 32) producer_role<Program>(maps, p, ring, queue, gather);
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+  if (consumer_role<Program>(p, ring, queue)) Program::combine(p);
+}
+
+}  // namespace mok::kern

@@ -1,0 +1,249 @@
+// The forward's tile program on the megakernel engine (megakernel/engine.cuh): which tiles exist
+// and in which order (tile_schedule.cuh), what each waits on and loads, and its epilogues:
+//   shared / routed gate/up: A = x (routed: the token ring, or rows gathered from x), B = gate | up
+//     rows of the same outputs; waits for the row block's dispatch (routed, unless gathered at
+//     EP = 1); epilogue SwiGLU into act (training: also g | u), then +1 on the block's act counter
+//     per warpgroup;
+//   shared / routed down: A = act, B = down; waits for every gate/up tile of its row block;
+//     epilogue each row into its (token, k) slot of y_slots on its source rank (shared:
+//     y_shared), then, after the next tile's mainloop, +1 on the token's counter, which the
+//     combine waits for.
+// Dispatch (dispatch_role.cuh) and combine (combine_role.cuh) are its row movers.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/megakernel/engine.cuh"
+#include "kernels/moe_forward/combine_role.cuh"
+#include "kernels/moe_forward/dispatch_role.cuh"
+#include "kernels/moe_forward/tile_schedule.cuh"
+#include "mok/schedule/routing_layout.hpp"
+
+namespace mok::kern {
+
+__device__ __forceinline__ bool is_gate_up(const TileWork& w) {
+  return w.kind == TileKind::routed_gate_up || w.kind == TileKind::shared_gate_up;
+}
+
+// The row block's act counter that a gate/up tile publishes.
+__device__ __forceinline__ uint32_t* act_counter(const ForwardParams& p, const TileWork& w) {
+  return (w.kind == TileKind::routed_gate_up ? p.act_ready : p.act_shared_ready) + w.m_block;
+}
+
+// Gate/up epilogue of 64 rows from row0: SwiGLU into act (or act_shared); kKeepGateUp (a training
+// forward, its own instantiation: in the inference kernel the extra stores made ptxas spill) also
+// stores the pre-activations into gate_up (gate_up_shared): the tile's gate half at the row's
+// column n_tile * kBlockN / 2, its up half `width` columns further.
+template <int kBlockN, bool kKeepGateUp>
+__device__ __forceinline__ void store_gate_up(const ForwardParams& p, const TileWork& w,
+                                              const float (&d)[kBlockN / 2], int row0) {
+  const int r = Fragment::mine().row_lo;
+  const bool routed = w.kind == TileKind::routed_gate_up;
+  const int64_t width = routed ? p.intermediate : p.shared_width;
+  const int64_t col0 = int64_t(w.n_tile) * (kBlockN / 2);
+  __nv_bfloat16* out = (routed ? p.act : p.act_shared) + row0 * width + col0;
+  swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
+  if constexpr (kKeepGateUp) {
+    using Half = const float(&)[kBlockN / 4];
+    __nv_bfloat16* g = (routed ? p.gate_up : p.gate_up_shared) + (row0 + r) * 2 * width + col0;
+    const int64_t down8 = 8 * 2 * width;
+    store_rows_vec16<kBlockN / 2>(reinterpret_cast<Half>(d[0]), g, g + down8, kBlockN / 2);
+    g += width;
+    store_rows_vec16<kBlockN / 2>(reinterpret_cast<Half>(d[kBlockN / 4]), g, g + down8,
+                                  kBlockN / 2);
+  }
+}
+
+// Where this thread's two rows of a down tile go (Fragment rows row_lo and row_lo + 8 from row0):
+// sched::RowDestination, source rank and (token, k) slot (shared rows: this rank's token); -1
+// for padding.
+struct DownRows {
+  int64_t lo, hi;
+};
+__device__ __forceinline__ DownRows down_rows(const ForwardParams& p, const TileWork& w, int row0) {
+  const int row = row0 + Fragment::mine().row_lo;
+  auto at = [&](int r) -> int64_t {
+    if (w.kind == TileKind::routed_down) return p.row_destination[r];
+    return r < p.tokens ? sched::RowDestination::pack(p.ep_rank, r) : -1;
+  };
+  return {at(row), at(row + 8)};
+}
+
+// +1 on the token counter of a stored down row on its source rank (padding: nothing), which the
+// combine waits for. Relaxed: DownRowCounts::release fences once before both of a thread's rows.
+__device__ __forceinline__ void count_down_row(const ForwardParams& p, bool routed,
+                                               int64_t destination) {
+  const int src = sched::RowDestination::rank(destination);
+  if (src < 0) return;
+  const int64_t slot = sched::RowDestination::slot(destination);
+  uint32_t* done = p.peer_token_done[src] + (routed ? slot / p.top_k : slot);
+  if (p.ep_size > 1)
+    dev::add_relaxed_sys(done, 1);  // the source may be another GPU
+  else
+    dev::add_relaxed_gpu(done, 1);
+}
+
+// The token counts a thread owes for the rows of its last down tile (down_rows; its quad's first
+// lane counts them). The fence before them waits until the tile's stores have landed, under EP
+// across NVLink, while the tensor cores idle; nothing but the combine reads the counts, so the
+// cooperative consumers release them after their next tile's mainloop, by which time the stores
+// have drained. No deadlock: no tile waits on a token counter.
+struct DownRowCounts {
+  DownRows rows{-1, -1};
+  bool routed = false;
+  // By the whole warp, converged.
+  __device__ __forceinline__ void release(const ForwardParams& p) {
+    __syncwarp();  // memory order: a row's stores (its quad's) before the quad's first lane's fence
+    if (threadIdx.x % 4 == 0 && (rows.lo >= 0 || rows.hi >= 0)) {
+      if (p.ep_size > 1)
+        dev::fence_acq_rel_sys();
+      else
+        dev::fence_acq_rel_gpu();
+      count_down_row(p, routed, rows.lo);
+      count_down_row(p, routed, rows.hi);
+    }
+    rows = {-1, -1};
+  }
+};
+
+// Down epilogue of this thread's rows (down_rows): each row into its (token, k) slot on its
+// source rank (shared rows: y_shared). Returns the token counts the rows then owe (a row lives in
+// one quad of lanes: all its stores, and its count by the quad's first lane).
+template <int kBlockN>
+__device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, const TileWork& w,
+                                                    const float (&d)[kBlockN / 2], DownRows rows) {
+  const int64_t col0 = int64_t(w.n_tile) * kBlockN;
+  auto row_ptr = [&](int64_t destination) -> __nv_bfloat16* {
+    const int src = sched::RowDestination::rank(destination);
+    if (src < 0) return nullptr;
+    __nv_bfloat16* base = w.kind == TileKind::routed_down ? p.peer_y_slots[src] : p.y_shared;
+    return base + sched::RowDestination::slot(destination) * p.hidden + col0;
+  };
+  static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
+  store_rows_vec16<kBlockN>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0));
+  return {rows, w.kind == TileKind::routed_down};
+}
+
+// The program: kMmaInFlight (mma_tile), kKeepGateUp (store_gate_up), kProbe (a stage probe).
+template <int kBlockN_, bool kMmaInFlight_, bool kKeepGateUp, int kProbe>
+struct ForwardProgram {
+  using Params = ForwardParams;
+  using Maps = ForwardMaps;
+  using Work = TileWork;
+  using Tiles = ForwardTiles<kBlockN_>;
+  using Prefetch = DownRows;
+  using Owed = DownRowCounts;
+  static constexpr int kBlockN = kBlockN_;
+  static constexpr bool kMmaInFlight = kMmaInFlight_;
+  static constexpr bool kMultiply = !(kProbe & kProbeNoMma);
+  static constexpr bool kLoads = !(kProbe & kProbeNoGemmLoads);
+  static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
+  static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
+
+  __device__ static bool dispatch(const Params& p, int cta, int ctas) {
+    return !batch_ok(p) || dispatch_role<kBlockN>(p, cta, ctas);
+  }
+  __device__ static void combine(const Params& p) { combine_role<kBlockN>(p); }
+
+  // The producer warpgroup gathers routed gate/up rows (cp.async into the swizzled stage): this
+  // rank's from x, peers' (EP > 1) from the token ring, where the dispatch CTAs copied them.
+  __device__ static bool gathering_warpgroup(const Params& p) { return p.gather_rows != 0; }
+  __device__ static bool inputs_gathered(const Params& p, const Work& w) {
+    return gathers_rows(p, w);
+  }
+  __device__ static const __nv_bfloat16* gather_row(const Params& p, const Work& w, int32_t a_row,
+                                                    int r) {
+    const int64_t d = p.row_destination[w.m_block * kBlockM + r];
+    const int src = sched::RowDestination::rank(d);
+    if (src < 0) return nullptr;
+    if (src == p.ep_rank)
+      return p.peer_x[src] + sched::slot_token(sched::RowDestination::slot(d), p.top_k) * p.hidden;
+    return p.routed_x + (int64_t(a_row) + r) * p.hidden;
+  }
+
+  // True when rows [row0, row0 + 64) of the tile hold no token (routed: past the expert's count).
+  __device__ static bool all_padding(const Params& p, const Work& w, int row0) {
+    if (w.kind == TileKind::shared_gate_up || w.kind == TileKind::shared_down)
+      return row0 >= p.tokens;
+    return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
+  }
+
+  __device__ static TileInputs inputs(const Maps& maps, const Params& p, const Tiles& tiles,
+                                      const Work& w) {
+    TileInputs in{};
+    in.gather = gathers_rows(p, w);
+    in.role = kRoleGateUpProducer;
+    in.timing = kTimeGateUpWaitsDispatch;
+    in.what = w.m_block;
+    in.b_batch = w.expert;
+    switch (w.kind) {
+      case TileKind::shared_gate_up:
+        in.a_maps = maps.x;
+        in.b_map = &maps.shared_gate, in.b_up_map = &maps.shared_up;
+        break;
+      case TileKind::routed_gate_up:
+        in.a_maps = maps.routed_x;
+        in.b_map = &maps.gate, in.b_up_map = &maps.up;
+        // Gathering at EP = 1 needs no dispatch; under EP the peers' rows come through the ring.
+        if (!in.gather || p.ep_size > 1)
+          in.ready = p.x_ready + w.m_block, in.needed = sched::kRingFilled;
+        break;
+      case TileKind::shared_down:
+        in.a_maps = maps.act_shared;
+        in.b_map = &maps.shared_down;
+        in.ready = p.act_shared_ready + w.m_block;
+        in.needed = uint32_t(kConsumers * tiles.shared_gate_up_tiles);
+        in.role = kRoleSharedDownProducer, in.timing = kTimeDownWaitsGateUp;
+        break;
+      case TileKind::routed_down:
+        in.a_maps = maps.act;
+        in.b_map = &maps.down;
+        in.ready = p.act_ready + w.m_block;
+        in.needed = uint32_t(kConsumers * tiles.gate_up_tiles);
+        in.role = kRoleDownProducer, in.timing = kTimeDownWaitsGateUp;
+        break;
+    }
+    // Routed gate/up A rows live in the token ring; every other A is indexed by its block.
+    const int64_t a_block =
+        w.kind == TileKind::routed_gate_up ? sched::ring_tile(w.m_block, token_ring(p)) : w.m_block;
+    in.a_row = int32_t(a_block * kBlockM);
+    in.b_row = in.b_up_map ? w.n_tile * (kBlockN / 2) : w.n_tile * kBlockN;
+    return in;
+  }
+
+  // A down tile's row destinations, loaded before its mainloop.
+  __device__ static Prefetch prefetch(const Params& p, const Work& w, int row0) {
+    return is_gate_up(w) ? DownRows{-1, -1} : down_rows(p, w, row0);
+  }
+
+  template <class Timer>
+  __device__ static void epilogue(const Params& p, const Work& w, const float (&d)[kBlockN / 2],
+                                  int row0, int wg, const Prefetch& destinations, Owed& owed,
+                                  Timer& timer) {
+    const uint64_t since = timer.now();
+    if (is_gate_up(w)) {
+      store_gate_up<kBlockN, kKeepGateUp>(p, w, d, row0);
+      const uint64_t publish_since = timer.now();
+      publish_warpgroup(act_counter(p, w), wg);
+      timer.add(kTimeConsumerPublish, publish_since);
+    } else {
+      owed = store_down<kBlockN>(p, w, d, destinations);
+      timer.add(kTimeConsumerEpilogueDown, since);
+    }
+  }
+
+  template <class Timer>
+  __device__ static void release(const Params& p, Owed& owed, Timer& timer, uint64_t since) {
+    owed.release(p);
+    timer.add(kTimeConsumerEpilogueDown, since);
+  }
+
+  // A gate/up tile's all-padding rows stay unwritten (only skipped down rows would read them),
+  // but the block's act counter still counts the warpgroup.
+  __device__ static void skipped(const Params& p, const Work& w, int wg) {
+    if (is_gate_up(w)) publish_warpgroup(act_counter(p, w), wg);
+  }
+};
+
+}  // namespace mok::kern
