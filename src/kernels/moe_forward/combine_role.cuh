@@ -15,6 +15,15 @@ namespace mok::kern {
 
 constexpr int kMaxTopK = 16;  // Config::validate's bound on top_k
 
+// The forward's sums: out[t] = y_shared[t] + sum_k w[t, k] y_slots[t, k]. The backward's combine
+// of input gradients is another Sums over the same role (weights 1: dx rows come weighted).
+struct ForwardCombineSums {
+  __device__ static const float* weights(const ForwardParams& p) { return p.topk_weights; }
+  __device__ static const __nv_bfloat16* slots(const ForwardParams& p) { return p.y_slots; }
+  __device__ static const __nv_bfloat16* shared(const ForwardParams& p) { return p.y_shared; }
+  __device__ static __nv_bfloat16* out(const ForwardParams& p) { return p.out; }
+};
+
 // Acquire at system scope when other GPUs' down epilogues add to the counter.
 __device__ __forceinline__ uint32_t token_done(const ForwardParams& p, int64_t t) {
   return p.ep_size > 1 ? dev::load_acquire_sys(p.token_done + t)
@@ -40,15 +49,17 @@ __device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
 // One token's reduction, kVecs 16-byte column groups per lane per step: all (K + 1) * kVecs loads
 // of a step are issued before the first FMA, so a step costs one memory latency, not K + 1. The
 // sum's order (shared, then k = 0..K-1, per column) does not depend on kVecs.
-template <int kMaxK, int kVecs>
+template <class Sums, int kMaxK, int kVecs>
 __device__ __forceinline__ void reduce_token(const ForwardParams& p, int64_t t, int lane) {
   float w[kMaxK];
+  const float* weights = Sums::weights(p);
 #pragma unroll
-  for (int k = 0; k < kMaxK; ++k) w[k] = k < p.top_k ? p.topk_weights[t * p.top_k + k] : 0.0f;
+  for (int k = 0; k < kMaxK; ++k)
+    w[k] = k >= p.top_k ? 0.0f : weights ? weights[t * p.top_k + k] : 1.0f;
   const int vecs = p.hidden / 8;  // H is a multiple of 64: a multiple of 8 vectors
-  const uint4* y = reinterpret_cast<const uint4*>(p.y_slots + t * p.top_k * p.hidden);
-  const uint4* shared = reinterpret_cast<const uint4*>(p.y_shared + t * p.hidden);
-  uint4* out = reinterpret_cast<uint4*>(p.out + t * p.hidden);
+  const uint4* y = reinterpret_cast<const uint4*>(Sums::slots(p) + t * p.top_k * p.hidden);
+  const uint4* shared = reinterpret_cast<const uint4*>(Sums::shared(p) + t * p.hidden);
+  uint4* out = reinterpret_cast<uint4*>(Sums::out(p) + t * p.hidden);
   for (int v0 = lane; v0 < vecs; v0 += 32 * kVecs) {
     // Each slot is read once: streaming (evict-first) loads.
     uint4 rows[kVecs][kMaxK], shared_row[kVecs];
@@ -85,7 +96,7 @@ __device__ __forceinline__ void reduce_token(const ForwardParams& p, int64_t t, 
 
 // Run by the consumer warps (200 registers) after their last tile: two column groups per lane per
 // step where K <= 8.
-template <int kBlockN>
+template <int kBlockN, class Sums = ForwardCombineSums>
 __device__ __forceinline__ void combine_role(const ForwardParams& p) {
   if (p.profile_flags & kProfileNoCombine) return;
   const int lane = threadIdx.x % 32;
@@ -120,13 +131,13 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
     if (ok) {
       (void)token_done(p, t);  // each lane orders its own reads
       if (p.top_k <= 8)
-        reduce_token<8, 2>(p, t, lane);
+        reduce_token<Sums, 8, 2>(p, t, lane);
       else
-        reduce_token<kMaxTopK, 1>(p, t, lane);
+        reduce_token<Sums, kMaxTopK, 1>(p, t, lane);
     } else {
       const float nans[8] = {nan, nan, nan, nan, nan, nan, nan, nan};
       for (int v = lane; v < p.hidden / 8; v += 32)
-        reinterpret_cast<uint4*>(p.out + t * p.hidden)[v] = pack8(nans);
+        reinterpret_cast<uint4*>(Sums::out(p) + t * p.hidden)[v] = pack8(nans);
     }
     t = __shfl_sync(0xFFFFFFFFu, next, 0);
   }

@@ -32,6 +32,26 @@ __device__ __forceinline__ void injected_delay(uint32_t max_ns, uint32_t seed, i
 // memory latency (one row per warp at a time moved only ~30 GB/s per SM).
 constexpr int kDispatchUnroll = 16;
 
+// The forward's row source and sink: token rows of x on their source rank (through the peer
+// tables) into the token ring routed_x, whose blocks' filled counts are x_ready and released
+// counts act_ready (the warpgroups of each block's gate/up tiles). The backward's dispatch of
+// output gradients is another Rows over the same role.
+template <int kBlockN>
+struct ForwardDispatchRows {
+  __device__ static const uint4* source(const ForwardParams& p, int rank, int64_t slot) {
+    return reinterpret_cast<const uint4*>(p.peer_x[rank] +
+                                          sched::slot_token(slot, p.top_k) * p.hidden);
+  }
+  __device__ static uint4* ring(const ForwardParams& p) {
+    return reinterpret_cast<uint4*>(p.routed_x);
+  }
+  __device__ static uint32_t* filled(const ForwardParams& p) { return p.x_ready; }
+  __device__ static const uint32_t* released(const ForwardParams& p) { return p.act_ready; }
+  __device__ static uint32_t readers(const ForwardTiles<kBlockN>& tiles) {
+    return uint32_t(kConsumers * tiles.gate_up_tiles);
+  }
+};
+
 // Before gathering block b, dispatch may have to wait for the GEMMs to free its place in the
 // token ring (the protocol of mok/schedule/routing_layout.hpp): block b goes into ring tile
 // b % R, which block b - R frees once all its gate/up tiles have published (act_ready is the
@@ -39,13 +59,13 @@ constexpr int kDispatchUnroll = 16;
 // blocks before b. No deadlock: the smallest block any dispatch CTA waits to gather waits only on
 // tiles of earlier blocks, which are all published or being copied (dispatch CTAs take blocks in
 // increasing order).
-template <int kBlockN>
+template <int kBlockN, class Rows>
 __device__ __forceinline__ bool may_gather(const ForwardParams& p,
                                            const ForwardTiles<kBlockN>& tiles, int64_t b) {
   const int64_t previous = sched::ring_previous_block(b, token_ring(p));
   if (previous < 0) return true;
-  const uint32_t* released = p.act_ready + previous;
-  const uint32_t readers = uint32_t(kConsumers * tiles.gate_up_tiles);
+  const uint32_t* released = Rows::released(p) + previous;
+  const uint32_t readers = Rows::readers(tiles);
   return wait_unless_aborted(
       p, [&] { return sched::ring_may_fill(dev::load_acquire_gpu(released), readers); });
 }
@@ -53,7 +73,7 @@ __device__ __forceinline__ bool may_gather(const ForwardParams& p,
 // False when a bounded wait expired (recorded); every thread returns the same. Not inlined: the
 // dispatch CTAs run the GEMM roles afterwards, and inlined into that path ptxas spilled ~1 KB in
 // the 128 x 256 kernel; as a call it keeps its own registers (0 spills, ptxas -v).
-template <int kBlockN>
+template <int kBlockN, class Rows = ForwardDispatchRows<kBlockN>>
 __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int ctas) {
   // Per row of the block: where it starts on its source rank (nullptr: padding, written as zeros),
   // and whether it is copied at all (not when the producers gather it). Resolved once per block,
@@ -71,7 +91,7 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
   const sched::VectorWalk walk = sched::VectorWalk::make(blockDim.x, row_vecs);
   for (int64_t b = cta; b < blocks; b += ctas) {
     if (threadIdx.x == 0) {
-      ring_ok = may_gather(p, tiles, b);
+      ring_ok = may_gather<kBlockN, Rows>(p, tiles, b);
       if (!ring_ok) record_fault(p, kRoleDispatchRing, b);
     }
     __syncthreads();
@@ -86,15 +106,11 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
       const bool gathered = p.gather_rows && (src < 0 || src == p.ep_rank);
       row_copied[threadIdx.x] = !gathered;
       row_source[threadIdx.x] =
-          src >= 0 && !gathered
-              ? reinterpret_cast<const uint4*>(p.peer_x[src]) +
-                    sched::slot_token(sched::RowDestination::slot(d), p.top_k) * row_vecs
-              : nullptr;
+          src >= 0 && !gathered ? Rows::source(p, src, sched::RowDestination::slot(d)) : nullptr;
       copies = !gathered;
     }
     // The block as one flat run of vectors: consecutive threads move consecutive 16 bytes.
-    uint4* const dst = reinterpret_cast<uint4*>(p.routed_x) +
-                       sched::ring_tile(b, token_ring(p)) * int64_t(block_vecs);
+    uint4* const dst = Rows::ring(p) + sched::ring_tile(b, token_ring(p)) * int64_t(block_vecs);
     const bool any_copies = __syncthreads_or(copies);
     const uint32_t copy_vecs =
         p.profile_flags & kProfileNoDispatchCopy || !any_copies ? 0 : block_vecs;
@@ -122,7 +138,7 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
       injected_delay(p.delay_ns, p.delay_seed, b);
       if (b != p.never_publish_block) {
         dev::fence_proxy_async_global();  // the readers are TMA loads (hopper-gemm.md, 13)
-        dev::add_release_gpu(p.x_ready + b, sched::kRingFilled);
+        dev::add_release_gpu(Rows::filled(p) + b, sched::kRingFilled);
       }
     }
   }
