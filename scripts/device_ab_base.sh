@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A/B baselines on the GPU machine. The device's copy of .git may not know this session's commits
+# A/B baselines on the GPU machine. The device's copy of .git may not know the latest commits
 # (a `git worktree add` of one fails there), so the baseline travels as a patch:
 #   here:   bash scripts/device_ab_base.sh make BASE [NAME]  (writes .device/NAME.diff: BASE ->
 #                                                            HEAD; NAME defaults to base)

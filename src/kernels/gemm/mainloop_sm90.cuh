@@ -30,9 +30,8 @@ __device__ __forceinline__ bool wait_stage_full(
 // kInFlight: one k-block of wgmma stays in flight while the next stage is awaited and issued (the
 // tensor pipe does not drain at every stage boundary), and a stage is released only once the next
 // group has been issued and wait_group 1 says its own is done, so the producer runs one stage
-// less ahead. Measured (docs/benchmarks.md, eleventh session): 0.6-2% faster where the rows come
-// by TMA (the dispatch copy; dsv3 at EP = 2 1-9%), up to 2.5% slower with the producer gather
-// (mok-default); the forward megakernel picks it with the dispatch copy.
+// less ahead. It pays where the rows come by TMA, not with the producer gather (lever index, "row
+// path by rows per expert; one wgmma group in flight"): the forward picks it with the copy.
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
 // timed / waited_ns / gathered: as for wait_stage_full; first_waited_ns also gets the first
 // stage's wait (starved at the tile boundary).

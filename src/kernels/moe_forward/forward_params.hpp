@@ -32,8 +32,8 @@ struct ForwardFault {
 // Every operand is a TMA tensor map: K-major, 128B swizzle, boxes of 64 columns.
 // A operands come as two maps each, [0] with boxes of 128 rows, [1] with boxes of 64 (one consumer
 // warpgroup's rows): a tile whose last 64 rows hold no token (an expert's short last row block)
-// loads only its first 64 rows. One map with 64-row boxes for every tile (two loads per full stage)
-// made the EP = 2 gather shapes ~2% slower (docs/benchmarks.md, fifteenth session).
+// loads only its first 64 rows (one map with 64-row boxes for every tile, two loads per full
+// stage, was slower: lever index, "64-row A maps").
 constexpr int kRowsPerBoxA = 64;
 constexpr uint32_t a_box_rows(int map) { return map == 0 ? 2 * kRowsPerBoxA : kRowsPerBoxA; }
 struct ForwardMaps {
