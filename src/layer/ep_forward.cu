@@ -282,7 +282,7 @@ void EpForward::forward_rank(const detail::RankSchedule& s, const DeviceBatch& b
   const int n = c.ep_size;
   runner.rank(0).reset(stream);
   detail::LayerRunner::Launch launch = runner.make_launch({{b, wt, out, &s, context}});
-  kern::ForwardParams& p = launch.params.params[0];
+  kern::ForwardParams& p = launch.ranks[0].params;
   p.y_slots = reinterpret_cast<__nv_bfloat16*>(win + L.y_slots);
   p.token_done = reinterpret_cast<uint32_t*>(win + L.token_done);
   for (int q = 0; q < n; ++q) {

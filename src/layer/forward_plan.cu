@@ -83,6 +83,7 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   // producer gather).
   plan.kernel.mma_in_flight = plan.row_path == RowPath::dispatch_copy;
   plan.kernel.probe = h.probe();
+  plan.kernel.group = plan.ranks_in_launch > 1;
   plan.kernels = h.kernels ? h.kernels : &kern::production_forward_kernels();
   require(plan.kernel.probe == 0 || plan.kernel.block_n == 256, ErrorCode::invalid_argument,
           name + ": the stage probes are built for block_n 256 only");

@@ -12,6 +12,9 @@ LayerRunner::LayerRunner(const Config& c, const ForwardOptions& o, const Forward
   c.validate();
   plan_ = plan_forward(c, o, h, transport, who);
   ranks_.resize(size_t(plan_.ranks_in_launch));
+  if (plan_.ranks_in_launch > 1)
+    group_shares_ = device_alloc<kern::RankLaunch>(size_t(plan_.ranks_in_launch),
+                                                   "cudaMalloc (the group's launch parameters)");
   for (auto& r : ranks_)
     r.allocate(
         c, {.timings = h.wait_times, .y_slots = y_slots, .random_ring = h.without_dispatch_copy});
@@ -19,6 +22,7 @@ LayerRunner::LayerRunner(const Config& c, const ForwardOptions& o, const Forward
 
 LayerRunner::~LayerRunner() {
   for (auto& r : ranks_) r.release();
+  cudaFree(group_shares_);
 }
 
 int LayerRunner::ep_rank(int r) const {
@@ -31,9 +35,10 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
       int(calls.size()) == n, ErrorCode::invalid_argument,
       who_ + ": one batch, one set of weights and one output per rank (" + std::to_string(n) + ")");
   Launch l{};
-  l.params.ranks = n;
+  l.ranks.resize(size_t(n));
   l.kernel = plan_.kernel;
   l.kernel.keep_gate_up = calls[0].context != nullptr;
+  l.kernel.group = n > 1;
   require(!l.kernel.keep_gate_up || plan_.kernel.probe == 0, ErrorCode::invalid_argument,
           who_ + ": the stage probes run inference forwards only (no ForwardContext)");
   for (int r = 0; r < n; ++r) {
@@ -59,15 +64,15 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
       a = {ctx->act(), ctx->act_shared(), ctx->gate_up(), ctx->gate_up_shared()};
     }
     if (r == 0) last_schedule_ = &s;
-    l.params.maps[r] = rank_maps(w, config_, call.batch, call.weights, a, plan_.kernel.block_n);
-    l.params.params[r] = rank_params(w, s, a, config_, call.batch, call.out, plan_, hooks_,
-                                     ep_rank(r), ranks_[0].aborted);
+    l.ranks[i].maps = rank_maps(w, config_, call.batch, call.weights, a, plan_.kernel.block_n);
+    l.ranks[i].params = rank_params(w, s, a, config_, call.batch, call.out, plan_, hooks_,
+                                    ep_rank(r), ranks_[0].aborted);
   }
   for (int r = 0; r < n; ++r)  // every rank reaches every other rank's buffers
     for (int q = 0; q < n; ++q) {
       if (q == r) continue;
-      const kern::ForwardParams& other = l.params.params[q];
-      kern::ForwardParams& p = l.params.params[r];
+      const kern::ForwardParams& other = l.ranks[size_t(q)].params;
+      kern::ForwardParams& p = l.ranks[size_t(r)].params;
       const int e = ep_rank(q);
       p.peer_x[e] = other.peer_x[e];
       p.peer_offsets[e] = other.peer_offsets[e];
@@ -80,9 +85,18 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
 
 void LayerRunner::launch(const Launch& l, cudaStream_t stream, const char* what) const {
   if (hooks_.schedule_only) return;
-  check_cuda(kern::launch_row_destinations(l.params, plan_.grid, stream),
+  kern::ForwardLaunch params{};
+  params.ranks = int(l.ranks.size());
+  if (params.ranks == 1) {
+    params.local = l.ranks[0];
+  } else {
+    params.group = group_shares_;
+    check_cuda(kern::launch_group_copies(l.ranks.data(), params, stream),
+               "copying the group's launch parameters");
+  }
+  check_cuda(kern::launch_row_destinations(params, plan_.grid, stream),
              "the row-destination kernel");
-  check_cuda(plan_.kernels->launch(l.params, l.kernel, plan_.grid, stream), what);
+  check_cuda(plan_.kernels->launch(params, l.kernel, plan_.grid, stream), what);
 }
 
 void LayerRunner::check(cudaStream_t stream,

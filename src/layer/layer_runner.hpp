@@ -45,7 +45,7 @@ class LayerRunner {
     const ForwardContext* context = nullptr;
   };
   struct Launch {
-    kern::ForwardLaunch params;
+    std::vector<kern::RankLaunch> ranks;  // every rank's share (maps and parameters)
     kern::ForwardKernel kernel;
   };
   // Maps and parameters of every rank held (one call per rank), with the peer tables filled across
@@ -68,7 +68,8 @@ class LayerRunner {
   Config config_;
   ForwardHooks hooks_;
   ForwardPlan plan_;
-  std::vector<RankBuffers> ranks_;  // an emulated group's aborted flag: ranks_[0].aborted
+  std::vector<RankBuffers> ranks_;            // an emulated group's aborted flag: ranks_[0].aborted
+  kern::RankLaunch* group_shares_ = nullptr;  // an emulated group: the shares in device memory
   const RankSchedule* last_schedule_ = nullptr;  // rank 0's, of the last forward
 };
 

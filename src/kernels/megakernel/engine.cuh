@@ -337,15 +337,21 @@ __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
 // The persistent megakernel's CTA: the grid is split into launch.ranks contiguous shares, one per
 // logical rank (one share for a real EP rank); inside a share the first dispatch_ctas CTAs move
 // rows (Program::dispatch), then join the others in the GEMMs; the consumers then combine. The
-// producer warpgroup keeps kProducerRegs registers, the consumers kConsumerRegs.
-template <class Program, int kProducerRegs, int kConsumerRegs, class Launch>
+// producer warpgroup keeps kProducerRegs registers, the consumers kConsumerRegs. kGroup: the
+// ranks' shares (maps, params) are in device memory at launch.group, else launch.local.
+template <class Program, int kProducerRegs, int kConsumerRegs, bool kGroup, class Launch>
 __device__ __forceinline__ void run_megakernel(const Launch& launch) {
   constexpr int kBlockN = Program::kBlockN;
   const int per_rank = int(gridDim.x) / launch.ranks;
   const int rank = min(int(blockIdx.x) / per_rank, launch.ranks - 1);
   const int cta = int(blockIdx.x) - rank * per_rank;  // the last rank also takes the remainder
-  const typename Program::Params& p = launch.params[rank];
-  const typename Program::Maps& maps = launch.maps[rank];
+  const auto& share = [&]() -> const auto& {
+    if constexpr (kGroup) return launch.group[rank];
+    return launch.local;  // kernel parameters: the constant bank
+  }
+  ();
+  const typename Program::Params& p = share.params;
+  const typename Program::Maps& maps = share.maps;
   if (cta < p.dispatch_ctas) {
     // Once its rows are moved a dispatch CTA joins the GEMMs: its SM would otherwise only wait
     // for the combine. It claims tiles from the same counter, so the tile order's deadlock
@@ -371,6 +377,12 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
   __syncthreads();
   if (threadIdx.x / 128 == kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+    if constexpr (kGroup) {  // the maps were written by launch_group_copies' kernels
+      static_assert(sizeof(maps) % sizeof(CUtensorMap) == 0, "Maps: tensor maps only");
+      const CUtensorMap* m = reinterpret_cast<const CUtensorMap*>(&maps);
+      for (int i = 0; i < int(sizeof(maps) / sizeof(CUtensorMap)); ++i)
+        dev::fence_tensormap_acquire(m + i);
+    }
     if (gather || threadIdx.x % 128 < 32) producer_role<Program>(maps, p, ring, queue, gather);
     return;
   }

@@ -8,6 +8,8 @@
 #include "kernels/megakernel/engine.cuh"
 #include "kernels/moe_forward/forward_program.cuh"
 
+#include <type_traits>
+
 namespace mok::kern {
 
 // The producer walks a richer tile sequence than the plain grouped GEMM's (four tile kinds, their
@@ -22,17 +24,19 @@ static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRe
 // consumers keep one wgmma group in flight (mma_tile). kKeepGateUp: a training forward, which also
 // keeps the SwiGLU inputs (store_gate_up). kProbe: a benchmark's stage probe (kProbe*), 0 in every
 // forward that computes.
-template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp, int kProbe>
+template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp, int kProbe, bool kGroup>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
   run_megakernel<ForwardProgram<kBlockN, kMmaInFlight, kKeepGateUp, kProbe>, kForwardProducerRegs,
-                 kForwardConsumerRegs>(launch);
+                 kForwardConsumerRegs, kGroup>(launch);
 }
 
 // One instantiation, prepared and launched.
-template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp = false, int kProbe = 0>
+template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp = false, int kProbe = 0,
+          bool kGroup = false>
 struct ForwardVariant {
-  static constexpr auto kernel = moe_forward_kernel<kBlockN, kMmaInFlight, kKeepGateUp, kProbe>;
+  static constexpr auto kernel =
+      moe_forward_kernel<kBlockN, kMmaInFlight, kKeepGateUp, kProbe, kGroup>;
   static constexpr int smem = TileShape<kBlockN>::kSmemBytes;
   static cudaError_t prepare(int* ctas_per_sm) {
     if (cudaError_t e =
@@ -45,6 +49,32 @@ struct ForwardVariant {
     kernel<<<grid, kThreads, smem, stream>>>(l);
   }
 };
+
+// The production set's instantiations of one kind (lone or group), for ForwardKernel k: calls f
+// with its ForwardVariant; false when there is none.
+template <bool kGroup, class F>
+bool with_production_variant(const ForwardKernel& k, F&& f) {
+  if (k.probe != 0) return false;
+  auto pick = [&](auto block_n) {
+    constexpr int kBlockN = decltype(block_n)::value;
+    if (k.keep_gate_up)
+      k.mma_in_flight ? f(ForwardVariant<kBlockN, true, true, 0, kGroup>{})
+                      : f(ForwardVariant<kBlockN, false, true, 0, kGroup>{});
+    else
+      k.mma_in_flight ? f(ForwardVariant<kBlockN, true, false, 0, kGroup>{})
+                      : f(ForwardVariant<kBlockN, false, false, 0, kGroup>{});
+  };
+  if (k.block_n == 256)
+    pick(std::integral_constant<int, 256>{});
+  else if (k.block_n == 128)
+    pick(std::integral_constant<int, 128>{});
+  else
+    return false;
+  return true;
+}
+
+// The group set (moe_forward_group_bf16.cu), which production_forward_kernels() dispatches to.
+const ForwardKernels& group_forward_kernels();
 
 // A ForwardKernels over `with_variant(kernel, f)`, which calls f with the ForwardVariant of
 // `kernel` and returns false when the set has no such instantiation.

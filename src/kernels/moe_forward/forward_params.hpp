@@ -139,6 +139,7 @@ constexpr int kProbeNoGemmLoads = 1, kProbeNoMma = 2;
 // and a stage probe (benchmarks only: a set of its own, forward_probes.hpp).
 struct ForwardKernel {
   int block_n = 256;
+  bool group = false;  // the ranks' shares in device memory (ForwardLaunch::group)
   bool mma_in_flight = false;
   bool keep_gate_up = false;  // a training forward: the SwiGLU inputs into ForwardParams::gate_up
   int probe = 0;
@@ -146,12 +147,21 @@ struct ForwardKernel {
 
 // What one launch runs: `ranks` logical ranks (1 for a real EP rank, ep_size when the group is
 // emulated on one GPU), each on its own contiguous share of the grid.
+// A lone rank's share travels by value (kernel parameters: the constant bank); an emulated group's
+// shares live in device memory (`group`, written by launch_group_copies before the kernels), so the
+// kernel parameters stay one share whatever the group size, and a backward launch, whose share
+// is about twice the forward's, fits the parameter limit too.
+struct RankLaunch {
+  ForwardMaps maps;
+  ForwardParams params;
+};
 struct ForwardLaunch {
-  ForwardMaps maps[kMaxRanks];
-  ForwardParams params[kMaxRanks];
+  RankLaunch local;   // ranks == 1
+  RankLaunch* group;  // ranks > 1: [ranks] in device memory
   int ranks;
 };
-static_assert(sizeof(ForwardLaunch) <= 32764, "kernel parameters (CUDA 12.1+, sm_70+)");
+static_assert(sizeof(ForwardLaunch) <= 4096, "one share of kernel parameters (limit 32764 B)");
+static_assert(alignof(RankLaunch) >= 64, "tensor maps in device memory are 64-byte aligned");
 
 // A set of megakernel instantiations. prepare: once per device, before launches, the
 // shared-memory opt-in and how many CTAs fit on one SM (the persistent grid needs every CTA
@@ -168,5 +178,9 @@ const ForwardKernels& production_forward_kernels();
 
 // Fills ForwardParams::row_destination of every rank; runs before each megakernel launch.
 cudaError_t launch_row_destinations(const ForwardLaunch& launch, int grid, cudaStream_t stream);
+// An emulated group: copies each rank's share into launch.group (one small kernel per rank, whose
+// parameter is the share: capturable in a CUDA graph, no host buffer to outlive the launch).
+cudaError_t launch_group_copies(const RankLaunch* shares, const ForwardLaunch& launch,
+                                cudaStream_t stream);
 
 }  // namespace mok::kern

@@ -1,6 +1,7 @@
-// The production instantiations of the forward megakernel (forward_kernel.cuh): tile width 128 or
-// 256, with or without one wgmma group in flight, inference or training (keeping the SwiGLU
-// inputs); and the row-destination kernel that runs first.
+// The production instantiations of the forward megakernel for a lone rank (forward_kernel.cuh):
+// tile width 128 or 256, with or without one wgmma group in flight, inference or training
+// (keeping the SwiGLU inputs); the production set over both TUs; and the kernels that run first
+// (row destinations, an emulated group's shares).
 #include "kernels/moe_forward/forward_kernel.cuh"
 
 namespace mok::kern {
@@ -10,7 +11,8 @@ namespace {
 // source schedules, so that the down epilogue looks it up with one load instead of a chain of
 // dependent ones while the tensor cores wait (under EP some of them cross NVLink).
 __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch launch) {
-  const ForwardParams& p = launch.params[blockIdx.y];
+  const ForwardParams& p =
+      launch.ranks == 1 ? launch.local.params : launch.group[blockIdx.y].params;
   const int64_t rows = routed_blocks(p) * kBlockM;
   for (int64_t row = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; row < rows;
        row += int64_t(gridDim.x) * blockDim.x) {
@@ -18,31 +20,46 @@ __global__ void row_destination_kernel(const __grid_constant__ ForwardLaunch lau
   }
 }
 
-template <int kBlockN, bool kKeepGateUp, class F>
-void with_mainloop(bool mma_in_flight, F&& f) {
-  mma_in_flight ? f(ForwardVariant<kBlockN, true, kKeepGateUp>{})
-                : f(ForwardVariant<kBlockN, false, kKeepGateUp>{});
-}
-
-struct Production {
+// The lone rank's set (kernel parameters by value); the group's is moe_forward_group_bf16.cu.
+struct Lone {
   template <class F>
   static bool with_variant(const ForwardKernel& k, F&& f) {
-    if (k.probe != 0) return false;
-    if (k.block_n == 256)
-      k.keep_gate_up ? with_mainloop<256, true>(k.mma_in_flight, f)
-                     : with_mainloop<256, false>(k.mma_in_flight, f);
-    else if (k.block_n == 128)
-      k.keep_gate_up ? with_mainloop<128, true>(k.mma_in_flight, f)
-                     : with_mainloop<128, false>(k.mma_in_flight, f);
-    else
-      return false;
-    return true;
+    return !k.group && with_production_variant<false>(k, f);
   }
 };
 
+cudaError_t prepare_any(const ForwardKernel& k, int* ctas_per_sm) {
+  return (k.group ? group_forward_kernels() : ForwardKernelSet<Lone>::kernels)
+      .prepare(k, ctas_per_sm);
+}
+cudaError_t launch_any(const ForwardLaunch& l, const ForwardKernel& k, int grid,
+                       cudaStream_t stream) {
+  return (k.group ? group_forward_kernels() : ForwardKernelSet<Lone>::kernels)
+      .launch(l, k, grid, stream);
+}
+constexpr ForwardKernels kProduction{&prepare_any, &launch_any};
+
+// Before a group's kernels: one rank's share into device memory, then the release that lets the
+// megakernel's TMA read the maps in it.
+__global__ void group_copy_kernel(const __grid_constant__ RankLaunch share, RankLaunch* to) {
+  const uint32_t* from = reinterpret_cast<const uint32_t*>(&share);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(to);
+  for (uint32_t i = threadIdx.x; i < sizeof(RankLaunch) / 4; i += blockDim.x) dst[i] = from[i];
+  __syncthreads();
+  if (threadIdx.x == 0) dev::fence_tensormap_release();
+}
+
 }  // namespace
 
-const ForwardKernels& production_forward_kernels() { return ForwardKernelSet<Production>::kernels; }
+const ForwardKernels& production_forward_kernels() { return kProduction; }
+
+cudaError_t launch_group_copies(const RankLaunch* shares, const ForwardLaunch& launch,
+                                cudaStream_t stream) {
+  if (launch.ranks < 2 || launch.ranks > kMaxRanks || !launch.group) return cudaErrorInvalidValue;
+  for (int r = 0; r < launch.ranks; ++r)
+    group_copy_kernel<<<1, 128, 0, stream>>>(shares[r], launch.group + r);
+  return cudaGetLastError();
+}
 
 cudaError_t launch_row_destinations(const ForwardLaunch& launch, int grid, cudaStream_t stream) {
   if (launch.ranks < 1 || launch.ranks > kMaxRanks || grid < launch.ranks)

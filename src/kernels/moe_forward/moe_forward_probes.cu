@@ -16,7 +16,7 @@ void with_probe(bool mma_in_flight, F&& f) {
 struct Probes {
   template <class F>
   static bool with_variant(const ForwardKernel& k, F&& f) {
-    if (k.block_n != 256 || k.keep_gate_up) return false;
+    if (k.block_n != 256 || k.keep_gate_up || k.group) return false;
     switch (k.probe) {
       case kProbeNoGemmLoads:
         with_probe<kProbeNoGemmLoads>(k.mma_in_flight, f);
