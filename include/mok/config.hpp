@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "mok/formats.hpp"
+#include "mok/schedule/routing_layout.hpp"
 
 namespace mok {
 
@@ -26,9 +27,10 @@ struct Config {
   int ep_rank = 0;
   Precision precision = Precision::bf16;
   MxScaleRule mx_scale_rule = MxScaleRule::rceil;
-  int tile_rows = 128;               // routed rows per tile; each expert's segment is padded to it
-  int64_t routed_capacity_rows = 0;  // padded routed rows a rank can hold; 0: the dropless bound
-  int64_t ring_rows = 0;             // rows of the token ring; 0: as many as the capacity
+  int tile_rows = sched::kGpuTileRows;  // routed rows per tile; each expert's segment is padded to
+                                        // it (the GPU takes sched::kGpuTileRows only)
+  int64_t routed_capacity_rows = 0;     // padded routed rows a rank can hold; 0: the dropless bound
+  int64_t ring_rows = 0;                // rows of the token ring; 0: as many as the capacity
 
   int experts_per_rank() const { return num_experts / ep_size; }
   int shared_width() const { return num_shared_experts * shared_intermediate; }

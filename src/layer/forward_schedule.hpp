@@ -15,7 +15,7 @@
 
 namespace mok::gpu::detail {
 
-constexpr int kTileRows = 128;  // routed rows per m-tile: the GEMMs' BLOCK_M
+constexpr int kTileRows = sched::kGpuTileRows;
 
 // kPeerMissing (real EP only): rank `rank` did not publish its counts for forward `needed_rows`.
 enum StatusCode : int { kOk = 0, kBadExpertId = 1, kCapacityExceeded = 2, kPeerMissing = 3 };

@@ -22,6 +22,11 @@ MOK_HD int64_t combine_slot(int64_t token, int k, int top_k) { return token * to
 MOK_HD int64_t slot_token(int64_t slot, int top_k) { return slot / top_k; }
 MOK_HD int slot_k(int64_t slot, int top_k) { return int(slot % top_k); }
 
+// The GPU kernels' tile height: routed rows per m-tile (the GEMMs' block M, one m64 wgmma row
+// block per consumer warpgroup), to which every expert's segment is padded. Config::tile_rows
+// defaults to it, and the GPU forwards refuse any other value.
+constexpr int kGpuTileRows = 128;
+
 MOK_HD int64_t pad_to_tile(int64_t rows, int tile_rows) {
   return (rows + tile_rows - 1) / tile_rows * tile_rows;
 }

@@ -2,10 +2,11 @@
 // consumer warpgroups (64 rows each) and one producer warpgroup. Row movers (dispatch, combine)
 // and tile schedules include this without the wgmma pipeline.
 #pragma once
+#include "mok/schedule/routing_layout.hpp"
 
 namespace mok::kern {
 
-constexpr int kBlockM = 128;
+constexpr int kBlockM = sched::kGpuTileRows;  // the tile height's one source
 // The forward's k-block: 64 BF16 = one 128-byte swizzle span (Bf16KMajor::kBlockK).
 constexpr int kBlockK = 64;
 constexpr int kConsumers = 2, kThreads = (kConsumers + 1) * 128;
