@@ -4,7 +4,7 @@
 # training forward, three alternating rounds of mok bench --graph 1, the stage probes from the CLI.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../../.."
 t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
 (bash scripts/device_ab_base.sh build base > /tmp/base_path.txt 2>&1; echo "base build rc=$? $(el)s") &
 bash scripts/gpu_build.sh > /tmp/gpu_build.log 2>&1 || { tail -30 /tmp/gpu_build.log; exit 1; }
