@@ -71,6 +71,8 @@ __device__ __forceinline__ uint64_t smem_desc_advance(uint64_t desc, uint32_t by
 #define MOK_WG_D10(M, x) MOK_WG_D8(M, x) M(x##8) M(x##9)
 #define MOK_WG_FIRST(M0, M) M0(0) M(1) M(2) M(3) M(4) M(5) M(6) M(7) M(8) M(9)
 #define MOK_WG_ACC32(M0, M) MOK_WG_FIRST(M0, M) MOK_WG_D10(M, 1) MOK_WG_D10(M, 2) MOK_WG_D2(M, 3)
+// clang-format 14 does not lay these continuation lines out stably.
+// clang-format off
 #define MOK_WG_ACC64(M0, M) \
   MOK_WG_FIRST(M0, M)       \
   MOK_WG_D10(M, 1)          \
@@ -86,6 +88,7 @@ __device__ __forceinline__ uint64_t smem_desc_advance(uint64_t desc, uint32_t by
   MOK_WG_D10(M, 2) MOK_WG_D10(M, 3) MOK_WG_D10(M, 4) MOK_WG_D10(M, 5) MOK_WG_D10(M, 6)       \
       MOK_WG_D10(M, 7) MOK_WG_D10(M, 8) MOK_WG_D10(M, 9) MOK_WG_D10(M, 10) MOK_WG_D10(M, 11) \
           MOK_WG_D8(M, 12)
+// clang-format on
 
 // One instruction: SHAPE_TYPES names it, ACC is its accumulator list, DA / DB / P the operand
 // numbers of the descriptors and of the scale-d flag (after the accumulators), TAIL the
