@@ -1,6 +1,6 @@
-"""bench/plot_scaling.py on printed outputs of real runs (two H200s, this repository's
-docs/benchmarks.md): the numbers it reads must be the ones in the tables, and the plot must be a
-PNG with one panel per shape."""
+"""bench/plot_scaling.py on printed outputs of real runs (two H200s, kept in tests/python/data):
+the numbers it reads must be the ones those outputs print, and the plot must be a PNG with one
+panel per shape."""
 import importlib.util
 import pathlib
 
