@@ -82,10 +82,7 @@ void EmulatedEpForward::schedule_ranks(const std::vector<DeviceBatch>& batches,
   const int n = c.ep_size;
   require_per_rank(batches, n, "batches");
   for (int r = 0; r < n; ++r) {
-    require(batches[size_t(r)].tokens >= 0 && batches[size_t(r)].tokens <= c.max_tokens_per_rank,
-            ErrorCode::invalid_argument,
-            "rank " + std::to_string(r) + ": tokens = " +
-                std::to_string(batches[size_t(r)].tokens) + " is outside [0, max_tokens_per_rank]");
+    detail::require_batch_operands(c, batches[size_t(r)], "rank " + std::to_string(r) + ": ");
     schedules[size_t(r)]->require_config(c, "EmulatedEpForward::schedule");
   }
   for (int r = 0; r < n; ++r)

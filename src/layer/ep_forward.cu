@@ -214,9 +214,8 @@ EpForward::~EpForward() {
 void EpForward::schedule_rank(const DeviceBatch& b, detail::RankSchedule& s, cudaStream_t stream) {
   detail::LayerRunner& runner = *ws_->runner;
   const Config& c = runner.config();
-  detail::require_token_count(b.tokens, c);
+  detail::require_batch_operands(c, b);
   s.require_config(c, "EpForward::schedule");
-  require(b.tokens == 0 || b.x != nullptr, ErrorCode::invalid_argument, "x is null");
   DeviceGuard on(device_);
   Workspace& w = *ws_;
   const WindowLayout& L = w.layout;
@@ -270,7 +269,6 @@ void EpForward::forward_rank(const detail::RankSchedule& s, const DeviceBatch& b
                              const ForwardContext* context, cudaStream_t stream) {
   detail::LayerRunner& runner = *ws_->runner;
   const Config& c = runner.config();
-  detail::require_forward_operands(c, b, wt, out);
   // The window's copies and counters are the last schedule()'s: one forward per schedule.
   require(s.exchanged, ErrorCode::invalid_argument,
           "EpForward::forward: under expert parallelism each forward needs a fresh schedule() "
@@ -303,12 +301,13 @@ void EpForward::schedule(const DeviceBatch& b, Schedule& s, cudaStream_t stream)
 
 void EpForward::forward(const Schedule& s, const DeviceBatch& b, const DeviceLayerWeights& wt,
                         __nv_bfloat16* out, const ForwardContext* context, cudaStream_t stream) {
+  detail::require_forward_operands(ws_->runner->config(), b, wt, out);
   forward_rank(s.state(), b, wt, out, context, stream);
 }
 
 void EpForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv_bfloat16* out,
                         cudaStream_t stream) {
-  detail::require_forward_operands(ws_->runner->config(), b, wt, out);
+  detail::require_forward_operands(ws_->runner->config(), b, wt, out);  // before the collective
   detail::RankSchedule& own = ws_->runner->rank(0).schedule;
   schedule_rank(b, own, stream);
   forward_rank(own, b, wt, out, nullptr, stream);

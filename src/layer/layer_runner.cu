@@ -38,7 +38,6 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
   l.ranks.resize(size_t(n));
   l.kernel = plan_.kernel;
   l.kernel.keep_gate_up = calls[0].context != nullptr;
-  l.kernel.group = n > 1;
   require(!l.kernel.keep_gate_up || plan_.kernel.probe == 0, ErrorCode::invalid_argument,
           who_ + ": the stage probes run inference forwards only (no ForwardContext)");
   for (int r = 0; r < n; ++r) {

@@ -30,7 +30,6 @@ class LayerRunner {
 
   const Config& config() const { return config_; }
   const ForwardPlan& plan() const { return plan_; }
-  const ForwardHooks& hooks() const { return hooks_; }
   int ranks() const { return int(ranks_.size()); }
   RankBuffers& rank(int r) { return ranks_[size_t(r)]; }
   const RankBuffers& rank(int r) const { return ranks_[size_t(r)]; }

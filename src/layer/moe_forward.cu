@@ -39,11 +39,18 @@ MoeForward::~MoeForward() = default;
 namespace {
 void schedule_rank(const Config& c, const DeviceBatch& b, detail::RankSchedule& s,
                    cudaStream_t stream) {
-  detail::require_token_count(b.tokens, c);
+  detail::require_batch_operands(c, b);
   s.require_config(c, "MoeForward::schedule");
   detail::build_forward_schedule(b, c.top_k, c.num_experts, s.sched, stream);
   s.owner_built = false;
   s.tokens = b.tokens;
+}
+
+// After the operands' checks: the counters' reset and the launch.
+void launch_rank(detail::LayerRunner& r, const detail::LayerRunner::RankCall& call,
+                 cudaStream_t stream) {
+  r.rank(0).reset(stream);
+  r.launch(r.make_launch({call}), stream, "the forward megakernel");
 }
 }  // namespace
 
@@ -53,20 +60,17 @@ void MoeForward::schedule(const DeviceBatch& b, Schedule& s, cudaStream_t stream
 
 void MoeForward::forward(const Schedule& s, const DeviceBatch& b, const DeviceLayerWeights& wt,
                          __nv_bfloat16* out, const ForwardContext* context, cudaStream_t stream) {
-  detail::LayerRunner& r = *runner_;
-  detail::require_forward_operands(r.config(), b, wt, out);
-  r.rank(0).reset(stream);
-  r.launch(r.make_launch({{b, wt, out, &s.state(), context}}), stream, "the forward megakernel");
+  detail::require_forward_operands(runner_->config(), b, wt, out);
+  launch_rank(*runner_, {b, wt, out, &s.state(), context}, stream);
 }
 
 void MoeForward::forward(const DeviceBatch& b, const DeviceLayerWeights& wt, __nv_bfloat16* out,
                          cudaStream_t stream) {
   detail::LayerRunner& r = *runner_;
-  detail::require_forward_operands(r.config(), b, wt, out);
+  detail::require_forward_operands(r.config(), b, wt, out);  // before any work is enqueued
   detail::RankSchedule& own = r.rank(0).schedule;
   schedule_rank(r.config(), b, own, stream);
-  r.rank(0).reset(stream);
-  r.launch(r.make_launch({{b, wt, out, &own, nullptr}}), stream, "the forward megakernel");
+  launch_rank(r, {b, wt, out, &own, nullptr}, stream);
 }
 
 void MoeForward::check(cudaStream_t stream) { runner_->check(stream); }

@@ -138,8 +138,8 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
                 max_t = c.max_tokens_per_rank;
   schedule.allocate(c);
   const ScheduleBuffers& sched = schedule.sched;
-  capacity_blocks = sched.capacity / kTileRows;
-  token_blocks = sched.token_rows / kTileRows;
+  capacity_blocks = schedule.capacity_blocks;
+  token_blocks = schedule.token_blocks;
   ring_blocks = std::clamp<int64_t>(c.effective_ring_rows() / kTileRows, 1, capacity_blocks);
   routed_x = device_alloc<__nv_bfloat16>(size_t(ring_blocks * kTileRows * H), what);
   if (parts.random_ring) {
@@ -223,9 +223,22 @@ void require_operand(const void* p, const char* name) {
 }
 }  // namespace
 
+void require_batch_operands(const Config& c, const DeviceBatch& b, const std::string& prefix) {
+  try {
+    require_token_count(b.tokens, c);
+    if (b.tokens == 0) return;
+    require_operand(b.x, "x");
+    require(b.topk_ids && b.topk_weights, ErrorCode::invalid_argument,
+            "topk_ids and topk_weights must not be null");
+  } catch (const Error& e) {
+    if (prefix.empty()) throw;
+    throw Error(e.code(), prefix + e.what());
+  }
+}
+
 void require_forward_operands(const Config& c, const DeviceBatch& b, const DeviceLayerWeights& wt,
                               const __nv_bfloat16* out) {
-  require_token_count(b.tokens, c);
+  require_batch_operands(c, b);
   require_operand(wt.gate, "gate weights");
   require_operand(wt.up, "up weights");
   require_operand(wt.down, "down weights");
@@ -234,12 +247,7 @@ void require_forward_operands(const Config& c, const DeviceBatch& b, const Devic
     require_operand(wt.shared_up, "shared up weights");
     require_operand(wt.shared_down, "shared down weights");
   }
-  if (b.tokens > 0) {
-    require_operand(b.x, "x");
-    require_operand(out, "out");
-    require(b.topk_ids && b.topk_weights, ErrorCode::invalid_argument,
-            "topk_ids and topk_weights must not be null");
-  }
+  if (b.tokens > 0) require_operand(out, "out");
 }
 
 kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, const Activations& a,

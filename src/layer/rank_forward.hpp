@@ -77,7 +77,10 @@ struct RankBuffers {
 kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceBatch& b,
                             const DeviceLayerWeights& wt, const Activations& a, int block_n);
 
-// Checks a forward's operands (token count, null or misaligned pointers) with clear errors.
+// Checks a batch's operands (token count, null or misaligned x, null ids or weights) with clear
+// errors; `prefix` goes first ("rank 1: "). Every schedule step starts with it.
+void require_batch_operands(const Config& c, const DeviceBatch& b, const std::string& prefix = "");
+// ... and a forward's: the batch's, the weights and the output.
 void require_forward_operands(const Config& c, const DeviceBatch& b, const DeviceLayerWeights& wt,
                               const __nv_bfloat16* out);
 

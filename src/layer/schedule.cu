@@ -28,17 +28,25 @@ ForwardContext::ForwardContext(const Config& c) {
   intermediate_ = c.intermediate;
   shared_width_ = c.shared_width();
   const int64_t I = c.intermediate, S = c.shared_width();
-  act_ = detail::device_alloc<__nv_bfloat16>(size_t(capacity_rows_ * I), what);
-  gate_up_ = detail::device_alloc<__nv_bfloat16>(size_t(capacity_rows_ * 2 * I), what);
-  if (S > 0) {
-    act_shared_ = detail::device_alloc<__nv_bfloat16>(size_t(token_rows_ * S), what);
-    gate_up_shared_ = detail::device_alloc<__nv_bfloat16>(size_t(token_rows_ * 2 * S), what);
+  try {
+    act_ = detail::device_alloc<__nv_bfloat16>(size_t(capacity_rows_ * I), what);
+    gate_up_ = detail::device_alloc<__nv_bfloat16>(size_t(capacity_rows_ * 2 * I), what);
+    if (S > 0) {
+      act_shared_ = detail::device_alloc<__nv_bfloat16>(size_t(token_rows_ * S), what);
+      gate_up_shared_ = detail::device_alloc<__nv_bfloat16>(size_t(token_rows_ * 2 * S), what);
+    }
+  } catch (...) {  // the destructor does not run for a constructor that throws
+    release();
+    throw;
   }
 }
 
-ForwardContext::~ForwardContext() {
+ForwardContext::~ForwardContext() { release(); }
+
+void ForwardContext::release() {
   for (void* p : {(void*)act_, (void*)gate_up_, (void*)act_shared_, (void*)gate_up_shared_})
     cudaFree(p);
+  act_ = gate_up_ = act_shared_ = gate_up_shared_ = nullptr;
 }
 
 }  // namespace mok::gpu

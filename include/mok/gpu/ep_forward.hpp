@@ -82,6 +82,7 @@ class EpForward {
   EpForward(const Config& c, const ForwardOptions& options, const detail::ForwardHooks& hooks,
             int rank, int device);
   void schedule_rank(const DeviceBatch& b, detail::RankSchedule& s, cudaStream_t stream);
+  // After the operands' checks.
   void forward_rank(const detail::RankSchedule& s, const DeviceBatch& b,
                     const DeviceLayerWeights& local_weights, __nv_bfloat16* out,
                     const ForwardContext* context, cudaStream_t stream);

@@ -64,6 +64,7 @@ class ForwardContext {
   int shared_width() const { return shared_width_; }
 
  private:
+  void release();
   int64_t capacity_rows_ = 0, token_rows_ = 0;
   int intermediate_ = 0, shared_width_ = 0;
   __nv_bfloat16 *act_ = nullptr, *gate_up_ = nullptr, *act_shared_ = nullptr,

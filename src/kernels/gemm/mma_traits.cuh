@@ -60,18 +60,6 @@ struct OperandTile {
         dev::tma_load_2d(tile + j * kBlockBytes, map, bar, mn0 + j * kSpan, kb * kBlockK);
     }
   }
-  template <int kRows>
-  __device__ static void load_3d(uint8_t* tile, const CUtensorMap* map, uint64_t* bar, int kb,
-                                 int mn0, int batch) {
-    if constexpr (kMajor == dev::Major::K) {
-      dev::tma_load_3d(tile, map, bar, kb * kBlockK, mn0, batch);
-    } else {
-      static_assert(kRows % kSpan == 0, "whole 128-byte spans along MN");
-#pragma unroll
-      for (int j = 0; j < kRows / kSpan; ++j)
-        dev::tma_load_3d(tile + j * kBlockBytes, map, bar, mn0 + j * kSpan, kb * kBlockK, batch);
-    }
-  }
 };
 
 template <class Element_, dev::Dtype kDtype_, int kBlockK_, int kInstrK_, dev::Major kMajorA_,
