@@ -104,6 +104,7 @@ void EmulatedEpForward::schedule_ranks(const std::vector<DeviceBatch>& batches,
     a.group_status[r] = w.group_status;
     w.owner_built = true;
     w.tokens = batches[size_t(r)].tokens;
+    ++w.generation;
   }
   owner_schedule_kernel<<<n, detail::kOwnerTableThreads, 0, stream>>>(a);
   check_cuda(cudaGetLastError(), "the owner schedule kernel");

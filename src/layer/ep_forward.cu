@@ -261,6 +261,7 @@ void EpForward::schedule_rank(const DeviceBatch& b, detail::RankSchedule& s, cud
   check_cuda(cudaGetLastError(), "the counts exchange kernel");
   s.owner_built = true;
   s.tokens = b.tokens;
+  ++s.generation;
   s.exchanged = true;
 }
 

@@ -23,8 +23,10 @@ RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_p
   return !expert_parallel && needs_dispatch ? RowPath::dispatch_copy : RowPath::producer_gather;
 }
 
-double wait_seconds(const ForwardOptions& o) {
-  double s = o.wait_seconds;
+}  // namespace
+
+double resolve_wait_seconds(double seconds) {
+  double s = seconds;
   if (s == 0) {
     const char* env = std::getenv("MOK_WAIT_SECONDS");
     s = env ? std::atof(env) : 2.0;
@@ -33,8 +35,6 @@ double wait_seconds(const ForwardOptions& o) {
           "wait_seconds must be in (0, 600], got " + std::to_string(s));
   return s;
 }
-
-}  // namespace
 
 ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const ForwardHooks& h,
                          Transport transport, const char* who) {
@@ -90,7 +90,7 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   require(plan.kernel.probe == 0 || h.kernels != nullptr, ErrorCode::invalid_argument,
           name + ": a stage probe needs the probe kernels (ForwardHooks::kernels)");
   plan.group_blocks = o.overlap_rows == 0 ? sched::kTileGroupRows : int(o.overlap_rows / kTileRows);
-  plan.wait_seconds = wait_seconds(o);
+  plan.wait_seconds = resolve_wait_seconds(o.wait_seconds);
 
   int device = 0, sms = 0, clock_khz = 0, per_sm = 0;
   check_cuda(cudaGetDevice(&device), "cudaGetDevice");

@@ -65,6 +65,10 @@ struct ForwardPlan {
   uint64_t wait_cycles = 0;
 };
 
+// A wait bound in seconds: `seconds`, or when 0 the environment's MOK_WAIT_SECONDS if set, else 2;
+// throws outside (0, 600].
+double resolve_wait_seconds(double seconds);
+
 // `who` names the class in messages. Prepares the kernel (shared-memory opt-in) on the current
 // device.
 ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const ForwardHooks& h,

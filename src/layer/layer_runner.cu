@@ -61,6 +61,7 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
                   std::to_string(s.sched.capacity) + ", " + std::to_string(config_.intermediate) +
                   ", " + std::to_string(config_.shared_width()) + ")");
       a = {ctx->act(), ctx->act_shared(), ctx->gate_up(), ctx->gate_up_shared()};
+      ctx->set_origin({&s, s.generation});
     }
     if (r == 0) last_schedule_ = &s;
     l.ranks[i].maps = rank_maps(w, config_, call.batch, call.weights, a, plan_.kernel.block_n);

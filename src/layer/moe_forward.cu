@@ -44,6 +44,7 @@ void schedule_rank(const Config& c, const DeviceBatch& b, detail::RankSchedule& 
   detail::build_forward_schedule(b, c.top_k, c.num_experts, s.sched, stream);
   s.owner_built = false;
   s.tokens = b.tokens;
+  ++s.generation;
 }
 
 // After the operands' checks: the counters' reset and the launch.

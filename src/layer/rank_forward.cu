@@ -14,6 +14,11 @@ namespace mok::gpu::detail {
 
 void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
                     const std::string& prefix) {
+  throw_on_fault(fault, wait_seconds, prefix, fault_role_name, "the forward");
+}
+
+void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds, const std::string& prefix,
+                    const char* (*role_name)(int), const char* program) {
   std::string cause, consequences;
   for (int role = 0; role < kern::kForwardRoles; ++role) {
     const auto& r = fault.records[role];
@@ -21,7 +26,7 @@ void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
     const std::string what =
         role == kern::kRoleConsumer && r.what < 0
             ? "a GEMM consumer waiting for its next tile index (CTA " + std::to_string(r.cta) + ")"
-            : std::string(fault_role_name(role)) + " " + std::to_string(r.what) + " (CTA " +
+            : std::string(role_name(role)) + " " + std::to_string(r.what) + " (CTA " +
                   std::to_string(r.cta) + ")";
     if (cause.empty())
       cause = what;
@@ -29,8 +34,8 @@ void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
       consequences += (consequences.empty() ? "" : "; ") + what;
   }
   if (cause.empty()) return;
-  throw Error(ErrorCode::peer_timeout, prefix + "the forward stopped: " + cause +
-                                           " gave up after " + std::to_string(wait_seconds) + " s" +
+  throw Error(ErrorCode::peer_timeout, prefix + program + " stopped: " + cause + " gave up after " +
+                                           std::to_string(wait_seconds) + " s" +
                                            (consequences.empty() ? "" : "; then " + consequences) +
                                            "; the output is incomplete");
 }

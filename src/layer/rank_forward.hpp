@@ -24,6 +24,7 @@ struct RankSchedule {
   int64_t* row_destination = nullptr;  // [capacity]: kern::ForwardParams::row_destination
   int64_t capacity_blocks = 0, token_blocks = 0;
   int64_t tokens = -1;       // of the batch last scheduled (host side: a forward checks its batch)
+  uint64_t generation = 0;   // +1 per batch scheduled (a ForwardContext records its forward's)
   bool owner_built = false;  // the owner tables (not sched's) hold this batch's segments
   // EpForward: the counts exchange of this schedule ran and no forward has used it yet.
   mutable bool exchanged = false;
@@ -96,6 +97,9 @@ kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, con
 // role gave up.
 void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds,
                     const std::string& prefix);
+// The same for another program on the engine: its roles' names and its name ("the backward").
+void throw_on_fault(const kern::ForwardFault& fault, double wait_seconds, const std::string& prefix,
+                    const char* (*role_name)(int), const char* program);
 
 // The wait-time profile of the last forward from its timings buffer (kern::ForwardTiming), per
 // participant, for a rank with `ctas` CTAs of which `dispatch_ctas` dispatch. Synchronises.

@@ -63,12 +63,22 @@ class ForwardContext {
   int intermediate() const { return intermediate_; }
   int shared_width() const { return shared_width_; }
 
+  // Internal (the forward sets it, the backward checks it): the schedule whose training forward
+  // last filled this context, and that schedule's batch generation at the time.
+  struct Origin {
+    const void* schedule = nullptr;
+    uint64_t generation = 0;
+  };
+  const Origin& origin() const { return origin_; }
+  void set_origin(const Origin& o) const { origin_ = o; }
+
  private:
   void release();
   int64_t capacity_rows_ = 0, token_rows_ = 0;
   int intermediate_ = 0, shared_width_ = 0;
   __nv_bfloat16 *act_ = nullptr, *gate_up_ = nullptr, *act_shared_ = nullptr,
                 *gate_up_shared_ = nullptr;
+  mutable Origin origin_;
 };
 
 }  // namespace mok::gpu

@@ -47,18 +47,25 @@ struct OperandTile {
   static constexpr uint32_t box_rows(int rows) {
     return kMajor == dev::Major::K ? uint32_t(rows) : uint32_t(kBlockK);
   }
-  // Device side: k-block kb of rows [mn0, mn0 + rows) into `tile`, completing on `bar`.
+  // Device side: the k-block at K coordinate k of rows [mn0, mn0 + rows) into `tile`,
+  // completing on `bar` (k: a column of a K-major map, a row of an MN-major one).
   template <int kRows>
-  __device__ static void load_2d(uint8_t* tile, const CUtensorMap* map, uint64_t* bar, int kb,
+  __device__ static void load_at(uint8_t* tile, const CUtensorMap* map, uint64_t* bar, int k,
                                  int mn0) {
     if constexpr (kMajor == dev::Major::K) {
-      dev::tma_load_2d(tile, map, bar, kb * kBlockK, mn0);
+      dev::tma_load_2d(tile, map, bar, k, mn0);
     } else {
       static_assert(kRows % kSpan == 0, "whole 128-byte spans along MN");
 #pragma unroll
       for (int j = 0; j < kRows / kSpan; ++j)
-        dev::tma_load_2d(tile + j * kBlockBytes, map, bar, mn0 + j * kSpan, kb * kBlockK);
+        dev::tma_load_2d(tile + j * kBlockBytes, map, bar, mn0 + j * kSpan, k);
     }
+  }
+  // k-block kb of a map whose K starts at 0.
+  template <int kRows>
+  __device__ static void load_2d(uint8_t* tile, const CUtensorMap* map, uint64_t* bar, int kb,
+                                 int mn0) {
+    load_at<kRows>(tile, map, bar, kb * kBlockK, mn0);
   }
 };
 

@@ -9,7 +9,11 @@
 //   kBlockN, kMmaInFlight, kMultiply, kLoads, kTimings (its RoleTimer slots),
 //   kDispatchJoinedSlot (its timings slot counting dispatch CTAs that joined the GEMMs),
 //   kRoleRing, kRoleConsumer (its fault roles for the engine's waits)
-//   inputs(maps, p, tiles, w) -> TileInputs            what a tile loads and waits on
+//   inputs(maps, p, tiles, w) -> Inputs                what a tile loads and waits on (ready,
+//                                                      needed, role, timing, gather, what)
+//   stage_bytes(in, a_top_only), load_stage(in, a, b, bar, kb, a_top_only)
+//                                                      one k-block's TMA bytes and loads
+//   mainloop(d, ring, cursor, w, wg, p, times, gathered) -> bool   the tile's wgmma (its traits)
 //   gather_row(p, w, a_row, r) -> const bf16*          a gathered A row (nullptr: zeros)
 //   gathering_warpgroup(p), inputs_gathered(p, w)      whether the CTA's / a tile's A is gathered
 //   all_padding(p, w, row0)                            rows [row0, row0 + 64) hold nothing
@@ -101,21 +105,6 @@ __device__ __forceinline__ bool next_consumer_tile(const P& p, const TileQueue& 
 
 // ---- The GEMM producer
 
-// What a tile's producer loads and waits on (Program::inputs): A from a_maps[0] (boxes of 128
-// rows) or a_maps[1] (64) at a_row, or gathered; B from b_map at b_row of batch b_batch, or, with
-// b_up_map, block_n / 2 rows from each (gate and up rows of the same outputs). Before loading:
-// *ready >= needed (nullptr: nothing to wait for), a wait of fault role `role`, timed in `timing`.
-struct TileInputs {
-  const CUtensorMap* a_maps;
-  const CUtensorMap *b_map, *b_up_map;
-  int32_t a_row, b_row, b_batch;
-  const uint32_t* ready;
-  uint32_t needed;
-  int role, timing;
-  bool gather;     // the producer warpgroup gathers A (Program::gather_row)
-  long long what;  // the fault record's "what" for the ready wait
-};
-
 // With gathered A the whole producer warpgroup runs: warp w gathers rows [32w, 32w + 32) of the
 // tile into the stage's 128B-swizzled layout; a null source row is zero-filled. Per k-block a row
 // is one 128-byte line: lane l copies 16-byte chunk l % 8 of rows 32w + 4i + l / 8, i = 0..7, so
@@ -171,7 +160,7 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
       return;
     }
     const typename Program::Work w = tiles.at(t, p);
-    const TileInputs in = Program::inputs(maps, p, tiles, w);
+    const typename Program::Inputs in = Program::inputs(maps, p, tiles, w);
     bool ok = true;  // a failed wait ends the warp (lanes stay converged for the shuffles); the
                      // other producer warps and the consumers stop at their own bounded waits
     // The leader waits for its TMA loads; when gathering, every warp's lane 0 acquires for its
@@ -193,13 +182,8 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
     // Nothing multiplies rows 64-127 of a tile that holds no token there (the second consumer
     // warpgroup skips the tile), so their A rows are not loaded (the 64-row box): those
     // shared-memory rows keep stale data that nothing reads.
-    static_assert(kBlockM == 2 * 64 && kTileBytesA % 2 == 0);
     const bool a_top_only = !in.gather && Program::all_padding(p, w, int(w.m_block * kBlockM) + 64);
-    const CUtensorMap* a_map = in.a_maps + (a_top_only ? 1 : 0);
-    const uint32_t bytes = (in.gather    ? 0u
-                            : a_top_only ? kTileBytesA / 2
-                                         : kTileBytesA) +
-                           TileShape<kBlockN>::kBytesB;
+    const uint32_t bytes = Program::stage_bytes(in, a_top_only);
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       if (!leader && !gathering_warpgroup) continue;  // only the leader arrives
       const uint64_t since = timer.now();
@@ -225,15 +209,7 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
         continue;
       }
       dev::mbar_arrive_expect_tx(bar, bytes);
-      uint8_t* tile_b = ring.b(cursor.stage);
-      if (!in.gather) dev::tma_load_2d(ring.a(cursor.stage), a_map, bar, kb * kBlockK, in.a_row);
-      if (in.b_up_map) {  // block_n / 2 gate rows, then the up rows of the same outputs
-        dev::tma_load_3d(tile_b, in.b_map, bar, kb * kBlockK, in.b_row, in.b_batch);
-        dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, in.b_up_map, bar, kb * kBlockK,
-                         in.b_row, in.b_batch);
-      } else {
-        dev::tma_load_3d(tile_b, in.b_map, bar, kb * kBlockK, in.b_row, in.b_batch);
-      }
+      Program::load_stage(in, ring.a(cursor.stage), ring.b(cursor.stage), bar, kb, a_top_only);
     }
     if (!__all_sync(0xFFFFFFFFu, ok)) return;
   }
@@ -318,9 +294,7 @@ __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
     // Loaded before the mainloop: with the L2 saturated their latency would otherwise open the
     // epilogue while the tensor cores idle.
     const typename Program::Prefetch prefetch = Program::prefetch(p, w, row0);
-    if (!mma_tile<kBlockN, Program::kMmaInFlight, Program::kMultiply>(
-            d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on, &times.starved,
-            gathered, &times.starved_first)) {
+    if (!Program::mainloop(d, ring, cursor, w, wg, p, times, gathered)) {
       record_fault(p, Program::kRoleConsumer, t);
       return false;
     }

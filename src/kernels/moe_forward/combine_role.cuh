@@ -22,6 +22,8 @@ struct ForwardCombineSums {
   __device__ static const __nv_bfloat16* slots(const ForwardParams& p) { return p.y_slots; }
   __device__ static const __nv_bfloat16* shared(const ForwardParams& p) { return p.y_shared; }
   __device__ static __nv_bfloat16* out(const ForwardParams& p) { return p.out; }
+  // After token t's row (ok: the batch passed validation, else the row is NaN): nothing more.
+  __device__ static void finish(const ForwardParams&, int64_t /*t*/, int /*lane*/, bool /*ok*/) {}
 };
 
 // Acquire at system scope when other GPUs' down epilogues add to the counter.
@@ -139,6 +141,7 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
       for (int v = lane; v < p.hidden / 8; v += 32)
         reinterpret_cast<uint4*>(Sums::out(p) + t * p.hidden)[v] = pack8(nans);
     }
+    Sums::finish(p, t, lane, ok);
     t = __shfl_sync(0xFFFFFFFFu, next, 0);
   }
 }

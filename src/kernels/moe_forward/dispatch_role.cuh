@@ -70,10 +70,58 @@ __device__ __forceinline__ bool may_gather(const ForwardParams& p,
       p, [&] { return sched::ring_may_fill(dev::load_acquire_gpu(released), readers); });
 }
 
+// One block's rows of one Rows policy into its ring tile (padding rows as zeros), by the whole
+// CTA. row_source / row_copied: the CTA's shared arrays.
+template <class Rows>
+__device__ __forceinline__ void copy_block(const ForwardParams& p, int64_t b,
+                                           const uint4** row_source, bool* row_copied) {
+  const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row
+  const uint32_t block_vecs = kBlockM * row_vecs;
+  const sched::VectorWalk walk = sched::VectorWalk::make(blockDim.x, row_vecs);
+  bool copies = false;
+  // One load per row from the row-destination table (the lookup through the schedules is a
+  // chain of dependent loads, two of them from the source rank over NVLink).
+  if (threadIdx.x < kBlockM) {
+    const int64_t d = p.row_destination[b * kBlockM + threadIdx.x];
+    const int src = sched::RowDestination::rank(d);
+    const bool gathered = p.gather_rows && (src < 0 || src == p.ep_rank);
+    row_copied[threadIdx.x] = !gathered;
+    row_source[threadIdx.x] =
+        src >= 0 && !gathered ? Rows::source(p, src, sched::RowDestination::slot(d)) : nullptr;
+    copies = !gathered;
+  }
+  // The block as one flat run of vectors: consecutive threads move consecutive 16 bytes.
+  uint4* const dst = Rows::ring(p) + sched::ring_tile(b, token_ring(p)) * int64_t(block_vecs);
+  const bool any_copies = __syncthreads_or(copies);
+  const uint32_t copy_vecs =
+      p.profile_flags & kProfileNoDispatchCopy || !any_copies ? 0 : block_vecs;
+  sched::VectorWalk::Position at = walk.at(threadIdx.x);  // of vector `base`
+  for (uint32_t base = threadIdx.x; base < copy_vecs; base += blockDim.x * kDispatchUnroll) {
+    uint4 v[kDispatchUnroll];
+    sched::VectorWalk::Position pos = at;
+#pragma unroll
+    for (int u = 0; u < kDispatchUnroll; ++u, walk.advance(pos)) {
+      const uint32_t i = base + u * blockDim.x;
+      const uint4* src = i < block_vecs ? row_source[pos.row] : nullptr;
+      v[u] = src ? __ldg(src + pos.col) : make_uint4(0, 0, 0, 0);
+    }
+    pos = at;
+#pragma unroll
+    for (int u = 0; u < kDispatchUnroll; ++u, walk.advance(pos)) {
+      const uint32_t i = base + u * blockDim.x;
+      if (i < block_vecs && row_copied[pos.row]) dst[i] = v[u];
+    }
+    at = pos;
+  }
+  __syncthreads();  // every thread's stores precede the release (it is cumulative)
+}
+
 // False when a bounded wait expired (recorded); every thread returns the same. Not inlined: the
 // dispatch CTAs run the GEMM roles afterwards, and inlined into that path ptxas spilled ~1 KB in
 // the 128 x 256 kernel; as a call it keeps its own registers (0 spills, ptxas -v).
-template <int kBlockN, class Rows = ForwardDispatchRows<kBlockN>>
+// More: further row sources copied into their own rings per block before the block is published
+// once, through Rows' counters (the backward moves output gradients and inputs together).
+template <int kBlockN, class Rows = ForwardDispatchRows<kBlockN>, class... More>
 __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int ctas) {
   // Per row of the block: where it starts on its source rank (nullptr: padding, written as zeros),
   // and whether it is copied at all (not when the producers gather it). Resolved once per block,
@@ -86,9 +134,6 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
   RoleTimer<kForwardTimes> timer(p);  // thread 0 reports
   timer.on = timer.on && threadIdx.x == 0;
   const uint64_t start = timer.now();
-  const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row
-  const uint32_t block_vecs = kBlockM * row_vecs;
-  const sched::VectorWalk walk = sched::VectorWalk::make(blockDim.x, row_vecs);
   for (int64_t b = cta; b < blocks; b += ctas) {
     if (threadIdx.x == 0) {
       ring_ok = may_gather<kBlockN, Rows>(p, tiles, b);
@@ -97,42 +142,8 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
     __syncthreads();
     if (!ring_ok) return false;
     const uint64_t copy_start = timer.now();
-    bool copies = false;
-    // One load per row from the row-destination table (the lookup through the schedules is a
-    // chain of dependent loads, two of them from the source rank over NVLink).
-    if (threadIdx.x < kBlockM) {
-      const int64_t d = p.row_destination[b * kBlockM + threadIdx.x];
-      const int src = sched::RowDestination::rank(d);
-      const bool gathered = p.gather_rows && (src < 0 || src == p.ep_rank);
-      row_copied[threadIdx.x] = !gathered;
-      row_source[threadIdx.x] =
-          src >= 0 && !gathered ? Rows::source(p, src, sched::RowDestination::slot(d)) : nullptr;
-      copies = !gathered;
-    }
-    // The block as one flat run of vectors: consecutive threads move consecutive 16 bytes.
-    uint4* const dst = Rows::ring(p) + sched::ring_tile(b, token_ring(p)) * int64_t(block_vecs);
-    const bool any_copies = __syncthreads_or(copies);
-    const uint32_t copy_vecs =
-        p.profile_flags & kProfileNoDispatchCopy || !any_copies ? 0 : block_vecs;
-    sched::VectorWalk::Position at = walk.at(threadIdx.x);  // of vector `base`
-    for (uint32_t base = threadIdx.x; base < copy_vecs; base += blockDim.x * kDispatchUnroll) {
-      uint4 v[kDispatchUnroll];
-      sched::VectorWalk::Position pos = at;
-#pragma unroll
-      for (int u = 0; u < kDispatchUnroll; ++u, walk.advance(pos)) {
-        const uint32_t i = base + u * blockDim.x;
-        const uint4* src = i < block_vecs ? row_source[pos.row] : nullptr;
-        v[u] = src ? __ldg(src + pos.col) : make_uint4(0, 0, 0, 0);
-      }
-      pos = at;
-#pragma unroll
-      for (int u = 0; u < kDispatchUnroll; ++u, walk.advance(pos)) {
-        const uint32_t i = base + u * blockDim.x;
-        if (i < block_vecs && row_copied[pos.row]) dst[i] = v[u];
-      }
-      at = pos;
-    }
-    __syncthreads();  // every thread's stores precede the release below (it is cumulative)
+    copy_block<Rows>(p, b, row_source, row_copied);
+    (copy_block<More>(p, b, row_source, row_copied), ...);
     timer.add(kTimeDispatchCopying, copy_start);
     if (threadIdx.x == 0) {
       injected_delay(p.delay_ns, p.delay_seed, b);

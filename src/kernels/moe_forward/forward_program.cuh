@@ -22,6 +22,21 @@
 
 namespace mok::kern {
 
+// What a tile's producer loads and waits on (ForwardProgram::inputs): A from a_maps[0] (boxes of
+// 128 rows) or a_maps[1] (64) at a_row, or gathered; B from b_map at b_row of batch b_batch, or,
+// with b_up_map, block_n / 2 rows from each (gate and up rows of the same outputs). Before loading:
+// *ready >= needed (nullptr: nothing to wait for), a wait of fault role `role`, timed in `timing`.
+struct TileInputs {
+  const CUtensorMap* a_maps;
+  const CUtensorMap *b_map, *b_up_map;
+  int32_t a_row, b_row, b_batch;
+  const uint32_t* ready;
+  uint32_t needed;
+  int role, timing;
+  bool gather;     // the producer warpgroup gathers A (Program::gather_row)
+  long long what;  // the fault record's "what" for the ready wait
+};
+
 __device__ __forceinline__ bool is_gate_up(const TileWork& w) {
   return w.kind == TileKind::routed_gate_up || w.kind == TileKind::shared_gate_up;
 }
@@ -134,6 +149,7 @@ struct ForwardProgram {
   using Tiles = ForwardTiles<kBlockN_>;
   using Prefetch = DownRows;
   using Owed = DownRowCounts;
+  using Inputs = TileInputs;
   static constexpr int kBlockN = kBlockN_;
   static constexpr bool kMmaInFlight = kMmaInFlight_;
   static constexpr bool kMultiply = !(kProbe & kProbeNoMma);
@@ -169,8 +185,8 @@ struct ForwardProgram {
     return row0 - p.seg_begin[w.expert] >= p.segment_rows[w.expert];
   }
 
-  __device__ static TileInputs inputs(const Maps& maps, const Params& p, const Tiles& tiles,
-                                      const Work& w) {
+  __device__ static Inputs inputs(const Maps& maps, const Params& p, const Tiles& tiles,
+                                  const Work& w) {
     TileInputs in{};
     in.gather = gathers_rows(p, w);
     in.role = kRoleGateUpProducer;
@@ -210,6 +226,37 @@ struct ForwardProgram {
     in.a_row = int32_t(a_block * kBlockM);
     in.b_row = in.b_up_map ? w.n_tile * (kBlockN / 2) : w.n_tile * kBlockN;
     return in;
+  }
+
+  __device__ static uint32_t stage_bytes(const Inputs& in, bool a_top_only) {
+    static_assert(kBlockM == 2 * 64 && kTileBytesA % 2 == 0);
+    return (in.gather    ? 0u
+            : a_top_only ? kTileBytesA / 2
+                         : kTileBytesA) +
+           TileShape<kBlockN>::kBytesB;
+  }
+  // One k-block: A (unless gathered; its first 64 rows only when the rest is padding), then B
+  // (gate/up: block_n / 2 gate rows, then the up rows of the same outputs).
+  __device__ static void load_stage(const Inputs& in, uint8_t* tile_a, uint8_t* tile_b,
+                                    uint64_t* bar, int kb, bool a_top_only) {
+    if (!in.gather)
+      dev::tma_load_2d(tile_a, in.a_maps + (a_top_only ? 1 : 0), bar, kb * kBlockK, in.a_row);
+    if (in.b_up_map) {
+      dev::tma_load_3d(tile_b, in.b_map, bar, kb * kBlockK, in.b_row, in.b_batch);
+      dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, in.b_up_map, bar, kb * kBlockK,
+                       in.b_row, in.b_batch);
+    } else {
+      dev::tma_load_3d(tile_b, in.b_map, bar, kb * kBlockK, in.b_row, in.b_batch);
+    }
+  }
+  template <class Times>
+  __device__ static bool mainloop(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
+                                  dev::RingCursor<TileShape<kBlockN>::kStages>& cursor,
+                                  const Work& w, int wg, const Params& p, Times& times,
+                                  bool gathered) {
+    return mma_tile<kBlockN, kMmaInFlight, kMultiply>(d, ring, cursor, w.k_blocks, wg,
+                                                      p.wait_cycles, times.timer.on, &times.starved,
+                                                      gathered, &times.starved_first);
   }
 
   // A down tile's row destinations, loaded before its mainloop.

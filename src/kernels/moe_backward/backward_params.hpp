@@ -1,0 +1,77 @@
+// The backward megakernel's launch interface (host and device). Its parameters extend the
+// forward's: the row movers (dispatch, combine) and the down-style store epilogue read the same
+// fields with the backward's buffers behind them, so they run unchanged:
+//   peer_x, routed_x, x_ready     x rows of each routed row into the x ring (wgrad of gate/up)
+//   act, gate_up (+ shared)       the ForwardContext's SwiGLU outputs and inputs (read only)
+//   y_slots, y_shared, out        dx per (token, k) slot, the shared experts' dx, and d_x
+//   act_ready, act_shared_ready   +1 per warpgroup per dgrad-down tile of a row (token) block
+//   token_done                    +1 per dgrad-gate/up tile that wrote one of the token's dx rows
+// The token ring holds the whole batch (ring_blocks = the capacity in blocks).
+#pragma once
+#include <cuda.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "kernels/moe_forward/forward_params.hpp"
+
+namespace mok::kern {
+
+// The backward's fault roles: the forward's records, with the dispatch-ring role (the backward's
+// ring never wraps) standing for the weight-gradient producers.
+constexpr int kRoleDgradDownProducer = kRoleGateUpProducer;        // waits for dispatched rows
+constexpr int kRoleSharedDgradProducer = kRoleSharedDownProducer;  // for shared dgrad-down
+constexpr int kRoleDgradGateUpProducer = kRoleDownProducer;        // for a block's dgrad-down
+constexpr int kRoleWgradProducer = kRoleDispatchRing;              // for a unit's dgrad-down
+
+// Where the weight gradients go: written as BF16 or FP32, or added to the caller's FP32 buffers.
+enum WeightGradMode : int { kWgradBf16 = 0, kWgradFp32 = 1, kWgradAccumulateFp32 = 2 };
+
+// Every operand map has boxes of 64 columns (one 128-byte swizzle span). K-major A maps (a GEMM's
+// activation rows) have boxes of 128 rows; MN-major maps (dgrad's weights, wgrad's row-major
+// operands) boxes of 64 rows, one k-block. Weights are 2D views of [E * rows, cols].
+struct BackwardMaps {
+  CUtensorMap dy_k, dgu_k;                  // [capacity, H], [capacity, 2I]: dgrad A
+  CUtensorMap down_mn, gate_mn, up_mn;      // [E * H, I], [E * I, H] x 2: dgrad B
+  CUtensorMap dy_mn, act_mn, dgu_mn, x_mn;  // [capacity, H | I | 2I | H]: wgrad A and B
+  CUtensorMap shared_dy_k, shared_dgu_k;    // [T, H] (d_out), [token_rows, 2S]
+  CUtensorMap shared_down_mn, shared_gate_mn, shared_up_mn;             // [H, S], [S, H] x 2
+  CUtensorMap shared_dy_mn, shared_act_mn, shared_dgu_mn, shared_x_mn;  // [T | rows, H | S | 2S]
+};
+
+struct BackwardParams : ForwardParams {
+  const __nv_bfloat16* peer_d_out[kMaxRanks];  // [T_r, H]: the output gradients
+  __nv_bfloat16* dy_routed;        // [capacity, H]: d_out of each routed row (padding rows zero)
+  __nv_bfloat16* dgu;              // [capacity, 2I]: dg, then du of each routed row
+  __nv_bfloat16* act_scaled;       // [capacity, I]: w * act, dW_down's B (padding rows zero)
+  __nv_bfloat16* dgu_shared;       // [token_rows, 2S]
+  __nv_bfloat16* act_shared_copy;  // [token_rows, S]: act_shared, padding rows zero
+  float* dw_partial;               // [T * K, I / 128]: <dA', act> per dgrad-down n-tile
+  float* d_topk_weights;           // [T, K]
+  // Weight gradients (WeightGradMode says the element type): routed [E, I, H] x 2 and [E, H, I],
+  // shared [S, H] x 2 and [H, S].
+  void *d_gate, *d_up, *d_down, *d_shared_gate, *d_shared_up, *d_shared_down;
+  int wgrad_mode;
+  uint32_t* unit_done;  // [1 + E]: the shared experts', then each expert's dgrad-down count
+  int64_t* step_begin;  // [1 + E + 3]: first tile of each step (backward_tiles.cuh)
+};
+
+// One rank's share, and a launch (the engine's shape: ranks == 1 for now, the share by value).
+struct BackwardShare {
+  BackwardMaps maps;
+  BackwardParams params;
+};
+struct BackwardLaunch {
+  BackwardShare local;
+  BackwardShare* group;
+  int ranks;
+};
+static_assert(sizeof(BackwardLaunch) <= 8192, "kernel parameters (limit 32764 B)");
+
+// The backward megakernel (moe_backward_bf16.cu): prepare once per device (shared-memory opt-in
+// and CTAs per SM), then per backward the step table and the megakernel on `grid` CTAs.
+cudaError_t prepare_backward_kernel(int* ctas_per_sm);
+cudaError_t launch_backward(const BackwardLaunch& launch, int grid, cudaStream_t stream);
+
+}  // namespace mok::kern

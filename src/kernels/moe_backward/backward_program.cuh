@@ -1,0 +1,367 @@
+// The backward's tile program on the megakernel engine (megakernel/engine.cuh); which tiles exist
+// and their order: backward_tiles.cuh. Per tile kind (A x B, traits, epilogue):
+//   dgrad-down     d_out rows [128, H] x W_down as [H, W] (Bf16MnMajorB): the FP32 accumulator
+//                  dA' = d_out W_down gives <dA', act> per row (the router-weight gradient's
+//                  partial for this n-tile, in a fixed quad order), then dA = w dA' and the
+//                  SwiGLU backward dg = dA u silu'(g), du = dA silu(g) into dgu, and w act into
+//                  act_scaled (dW_down's B); +1 per warpgroup on the block's and the unit's counts
+//   dgrad-gate/up  [dg | du] rows [128, 2W] x [W_gate; W_up] as [2W, H] (Bf16MnMajorB): dx rows
+//                  into their (token, k) slots (the forward's down store), then the token counts
+//   wgrad          token-major operands (Bf16MnMajorAB), K = every row of the unit:
+//                  dW_down = d_out^T (w act), dW_gate | dW_up = [dg | du]^T x; stored or added
+// The row movers are the forward's: dispatch copies each routed row's d_out and x rows into their
+// rings (padding rows zero) and publishes the block once; the combine sums each token's dx slots
+// and shared dx in fixed k order, then its router-weight partials in n-tile order.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "kernels/megakernel/engine.cuh"
+#include "kernels/moe_backward/backward_tiles.cuh"
+#include "kernels/moe_forward/combine_role.cuh"
+#include "kernels/moe_forward/dispatch_role.cuh"
+#include "kernels/moe_forward/forward_program.cuh"
+
+namespace mok::kern {
+
+__device__ __forceinline__ const BackwardParams& backward(const ForwardParams& p) {
+  return static_cast<const BackwardParams&>(p);
+}
+
+// The backward's dispatch of output gradients: d_out rows into dy_routed, published with the
+// x rows (ForwardDispatchRows) through x_ready.
+struct DyDispatchRows {
+  __device__ static const uint4* source(const ForwardParams& p, int rank, int64_t slot) {
+    return reinterpret_cast<const uint4*>(backward(p).peer_d_out[rank] +
+                                          sched::slot_token(slot, p.top_k) * p.hidden);
+  }
+  __device__ static uint4* ring(const ForwardParams& p) {
+    return reinterpret_cast<uint4*>(backward(p).dy_routed);
+  }
+  __device__ static uint32_t* filled(const ForwardParams& p) { return p.x_ready; }
+  __device__ static const uint32_t* released(const ForwardParams& p) { return p.act_ready; }
+  __device__ static uint32_t readers(const ForwardTiles<kBackwardBlockN>&) { return 0; }
+};
+
+// The dispatch-backward: d_x = shared dx + sum over k of the dx slots (weights 1), then each
+// (token, k)'s router-weight gradient from its dgrad-down partials in n-tile order.
+struct BackwardCombineSums {
+  __device__ static const float* weights(const ForwardParams&) { return nullptr; }
+  __device__ static const __nv_bfloat16* slots(const ForwardParams& p) { return p.y_slots; }
+  __device__ static const __nv_bfloat16* shared(const ForwardParams& p) { return p.y_shared; }
+  __device__ static __nv_bfloat16* out(const ForwardParams& p) { return p.out; }
+  __device__ static void finish(const ForwardParams& p, int64_t t, int lane, bool ok) {
+    if (lane >= p.top_k) return;
+    const BackwardParams& b = backward(p);
+    const int n_tiles = p.intermediate / kBackwardBlockN;
+    const int64_t slot = sched::combine_slot(t, lane, p.top_k);
+    float sum = ok ? 0.0f : __int_as_float(0x7FC00000);
+    for (int n = 0; ok && n < n_tiles; ++n) sum = __fadd_rn(sum, b.dw_partial[slot * n_tiles + n]);
+    b.d_topk_weights[slot] = sum;
+  }
+};
+
+struct BackwardInputs {
+  const CUtensorMap *a, *b, *b_second;  // b_second: B from k-block b_split on (the up weights)
+  int a_k0, b_k0, b_split;              // K coordinates of k-block 0 (B: of each half)
+  int a_mn0, b_mn0;
+  bool wgrad;
+  const uint32_t* ready;
+  uint32_t needed;
+  int role, timing;
+  bool gather;    // never: the backward's rows come by TMA
+  int32_t a_row;  // a gathered A's first row (the engine's gather; unused)
+  long long what;
+};
+
+// What a dgrad-gate/up tile stores like the forward's down tile (store_down, down_rows).
+__device__ __forceinline__ TileWork as_down_tile(const BackwardWork& w) {
+  return {w.shared() ? TileKind::shared_down : TileKind::routed_down, w.m_block, w.n_tile, 0, 0};
+}
+
+// The dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from row0).
+__device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, const BackwardWork& w,
+                                                    const float (&d)[kBackwardBlockN / 2],
+                                                    int row0) {
+  const Fragment f = Fragment::mine();
+  const bool shared = w.shared();
+  const int64_t width = shared ? p.shared_width : p.intermediate;
+  const int n0 = w.n_tile * kBackwardBlockN;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t row = row0 + f.row_lo + 8 * h;
+    int64_t slot = -1;
+    bool valid;
+    float s;
+    if (shared) {
+      valid = row < p.tokens, s = 1.0f;
+    } else {
+      slot = sched::RowDestination::slot(p.row_destination[row]);
+      valid = slot >= 0;
+      s = valid ? p.topk_weights[slot] : 0.0f;
+    }
+    const __nv_bfloat16* act = (shared ? p.act_shared : p.act) + row * width + n0;
+    const __nv_bfloat16* g_in = (shared ? p.gate_up_shared : p.gate_up) + row * 2 * width + n0;
+    __nv_bfloat16* dg_out = (shared ? p.dgu_shared : p.dgu) + row * 2 * width + n0;
+    __nv_bfloat16* act_out = (shared ? p.act_shared_copy : p.act_scaled) + row * width + n0;
+    float dot = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kBackwardBlockN / 8; ++j) {
+      const int c = 8 * j + f.col0;
+      float2 a = make_float2(0.0f, 0.0f), g = a, u = a;
+      if (valid) {
+        a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(act + c));
+        g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g_in + c));
+        u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g_in + width + c));
+      }
+      const float x0 = d[4 * j + 2 * h], x1 = d[4 * j + 2 * h + 1];
+      dot = __fmaf_rn(x0, a.x, dot);
+      dot = __fmaf_rn(x1, a.y, dot);
+      // dA = w dA'; silu'(g) = sigma (1 + g (1 - sigma)).
+      auto grads = [&](float x, float gv, float uv, float& dg, float& du) {
+        const float da = __fmul_rn(s, x);
+        const float sigma = __fdividef(1.0f, 1.0f + __expf(-gv));
+        du = valid ? da * (gv * sigma) : 0.0f;
+        dg = valid ? da * uv * (sigma * (1.0f + gv * (1.0f - sigma))) : 0.0f;
+      };
+      float dg0, du0, dg1, du1;
+      grads(x0, g.x, u.x, dg0, du0);
+      grads(x1, g.y, u.y, dg1, du1);
+      *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(dg0, dg1);
+      *reinterpret_cast<__nv_bfloat162*>(dg_out + width + c) = __floats2bfloat162_rn(du0, du1);
+      *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
+          __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
+    }
+    // The row's 128 columns live in one quad: a fixed butterfly, then the quad's first lane.
+    dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, 1));
+    dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, 2));
+    if (!shared && valid && f.col0 == 0)
+      p.dw_partial[slot * (p.intermediate / kBackwardBlockN) + w.n_tile] = dot;
+  }
+}
+
+// +1 on the row block's and the unit's dgrad-down counts, once the warpgroup's stores are done.
+__device__ __forceinline__ void publish_dgrad_down(const BackwardParams& p, const BackwardWork& w,
+                                                   int wg) {
+  dev::named_barrier_sync(1 + wg, 128);
+  if (threadIdx.x % 128 == 0) {
+    dev::fence_proxy_async_global();  // cheap; the readers' fence is the one that matters
+    dev::add_release_gpu((w.shared() ? p.act_shared_ready : p.act_ready) + w.m_block, 1);
+    dev::add_release_gpu(p.unit_done + w.unit, 1);
+  }
+}
+
+// A wgrad tile's rows (Fragment rows lo and lo + 8 from row0 of its M) into the weight gradients.
+__device__ __forceinline__ void wgrad_epilogue(const BackwardParams& p, const BackwardWork& w,
+                                               const float (&d)[kBackwardBlockN / 2], int row0) {
+  if (w.k_blocks == 0 && p.wgrad_mode == kWgradAccumulateFp32) return;  // left untouched
+  const Fragment f = Fragment::mine();
+  const bool shared = w.shared();
+  const int64_t width = shared ? p.shared_width : p.intermediate, H = p.hidden;
+  const int64_t expert = shared ? 0 : w.expert();
+  const int64_t n0 = int64_t(w.n_tile) * kBackwardBlockN;
+  // Element offsets of this thread's rows, and the matrix they are in.
+  void* base;
+  int64_t ld, lo;
+  const int64_t m = row0 + f.row_lo;
+  if (w.kind == BackwardKind::wgrad_down) {  // [H, W]
+    base = shared ? p.d_shared_down : p.d_down;
+    ld = width;
+    lo = expert * H * width + m * width + n0;
+  } else {  // [W, H] each, the tile's rows all in gate or all in up
+    const bool up = row0 >= width;
+    base = shared ? (up ? p.d_shared_up : p.d_shared_gate) : (up ? p.d_up : p.d_gate);
+    ld = H;
+    lo = expert * width * H + (up ? m - width : m) * H + n0;
+  }
+  const int64_t hi = lo + 8 * ld;
+  if (p.wgrad_mode == kWgradBf16) {
+    __nv_bfloat16* out = static_cast<__nv_bfloat16*>(base);
+    store_rows_vec16<kBackwardBlockN>(d, out + lo, out + hi, kBackwardBlockN);
+    return;
+  }
+  float* out = static_cast<float*>(base);
+  const bool add = p.wgrad_mode == kWgradAccumulateFp32;
+#pragma unroll
+  for (int j = 0; j < kBackwardBlockN / 8; ++j) {
+    const int c = 8 * j + f.col0;
+    float2 v_lo = make_float2(d[4 * j], d[4 * j + 1]),
+           v_hi = make_float2(d[4 * j + 2], d[4 * j + 3]);
+    float2* p_lo = reinterpret_cast<float2*>(out + lo + c);
+    float2* p_hi = reinterpret_cast<float2*>(out + hi + c);
+    if (add) {
+      const float2 o_lo = *p_lo, o_hi = *p_hi;
+      v_lo = make_float2(__fadd_rn(o_lo.x, v_lo.x), __fadd_rn(o_lo.y, v_lo.y));
+      v_hi = make_float2(__fadd_rn(o_hi.x, v_hi.x), __fadd_rn(o_hi.y, v_hi.y));
+    }
+    *p_lo = v_lo;
+    *p_hi = v_hi;
+  }
+}
+
+struct BackwardProgram {
+  using Params = BackwardParams;
+  using Maps = BackwardMaps;
+  using Work = BackwardWork;
+  using Tiles = BackwardTiles;
+  using Inputs = BackwardInputs;
+  using Prefetch = DownRows;
+  using Owed = DownRowCounts;
+  static constexpr int kBlockN = kBackwardBlockN;
+  static constexpr bool kMultiply = true, kLoads = true;
+  static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
+  static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
+  static_assert(TileShape<kBlockN, Bf16MnMajorB>::kStages == TileShape<kBlockN>::kStages &&
+                    TileShape<kBlockN, Bf16MnMajorAB>::kStages == TileShape<kBlockN>::kStages &&
+                    TileShape<kBlockN, Bf16MnMajorAB>::kStageBytes ==
+                        TileShape<kBlockN>::kStageBytes,
+                "every backward traits set lays out the engine's ring alike");
+
+  __device__ static bool dispatch(const Params& p, int cta, int ctas) {
+    return !batch_ok(p) ||
+           dispatch_role<kBlockN, DyDispatchRows, ForwardDispatchRows<kBlockN>>(p, cta, ctas);
+  }
+  __device__ static void combine(const Params& p) { combine_role<kBlockN, BackwardCombineSums>(p); }
+
+  __device__ static bool gathering_warpgroup(const Params&) { return false; }
+  __device__ static bool inputs_gathered(const Params&, const Work&) { return false; }
+  __device__ static const __nv_bfloat16* gather_row(const Params&, const Work&, int32_t, int) {
+    return nullptr;
+  }
+
+  // dgrad rows [row0, row0 + 64) past the unit's rows; wgrad tiles have none.
+  __device__ static bool all_padding(const Params& p, const Work& w, int row0) {
+    if (!w.dgrad()) return false;
+    if (w.shared()) return row0 >= p.tokens;
+    return row0 - p.seg_begin[w.expert()] >= p.segment_rows[w.expert()];
+  }
+
+  __device__ static Inputs inputs(const Maps& maps, const Params& p, const Tiles&, const Work& w) {
+    Inputs in{};
+    const bool shared = w.shared();
+    const int width = shared ? p.shared_width : p.intermediate;
+    const int w_tiles = width / kBlockN;
+    in.what = w.m_block;
+    in.b_split = w.k_blocks;
+    in.timing = kTimeGateUpWaitsDispatch;
+    switch (w.kind) {
+      case BackwardKind::dgrad_down:
+        in.a = shared ? &maps.shared_dy_k : &maps.dy_k;
+        in.b = shared ? &maps.shared_down_mn : &maps.down_mn;
+        in.b_k0 = shared ? 0 : w.expert() * p.hidden;
+        in.a_mn0 = int(w.m_block * kBlockM), in.b_mn0 = w.n_tile * kBlockN;
+        if (!shared) in.ready = p.x_ready + w.m_block, in.needed = sched::kRingFilled;
+        in.role = kRoleDgradDownProducer;
+        break;
+      case BackwardKind::dgrad_gate_up:
+        in.a = shared ? &maps.shared_dgu_k : &maps.dgu_k;
+        in.b = shared ? &maps.shared_gate_mn : &maps.gate_mn;
+        in.b_second = shared ? &maps.shared_up_mn : &maps.up_mn;
+        in.b_split = width / kBlockK;
+        in.b_k0 = shared ? 0 : w.expert() * width;
+        in.a_mn0 = int(w.m_block * kBlockM), in.b_mn0 = w.n_tile * kBlockN;
+        in.ready = (shared ? p.act_shared_ready : p.act_ready) + w.m_block;
+        in.needed = uint32_t(kConsumers * w_tiles);
+        in.role = shared ? kRoleSharedDgradProducer : kRoleDgradGateUpProducer;
+        in.timing = kTimeDownWaitsGateUp;
+        break;
+      case BackwardKind::wgrad_down:
+      case BackwardKind::wgrad_gate_up: {
+        const bool down = w.kind == BackwardKind::wgrad_down;
+        in.wgrad = true;
+        in.a = down ? (shared ? &maps.shared_dy_mn : &maps.dy_mn)
+                    : (shared ? &maps.shared_dgu_mn : &maps.dgu_mn);
+        in.b = down ? (shared ? &maps.shared_act_mn : &maps.act_mn)
+                    : (shared ? &maps.shared_x_mn : &maps.x_mn);
+        in.a_k0 = in.b_k0 = int(w.k_row0);
+        in.a_mn0 = int(w.m_block * kBlockM), in.b_mn0 = w.n_tile * kBlockN;
+        const BackwardUnit u = backward_unit(p, w.unit);
+        in.needed = uint32_t(kConsumers * w_tiles * u.blocks);
+        if (in.needed > 0) in.ready = p.unit_done + w.unit;
+        in.role = kRoleWgradProducer;
+        in.what = w.unit;
+        in.timing = kTimeDownWaitsGateUp;
+        break;
+      }
+    }
+    return in;
+  }
+
+  __device__ static uint32_t stage_bytes(const Inputs&, bool) {
+    return TileShape<kBlockN>::kStageBytes;
+  }
+  __device__ static void load_stage(const Inputs& in, uint8_t* tile_a, uint8_t* tile_b,
+                                    uint64_t* bar, int kb, bool) {
+    if (in.wgrad) {
+      Bf16MnMajorAB::A::load_at<kBlockM>(tile_a, in.a, bar, in.a_k0 + kb * kBlockK, in.a_mn0);
+      Bf16MnMajorAB::B::load_at<kBlockN>(tile_b, in.b, bar, in.b_k0 + kb * kBlockK, in.b_mn0);
+      return;
+    }
+    const bool second = kb >= in.b_split;
+    Bf16MnMajorB::A::load_at<kBlockM>(tile_a, in.a, bar, kb * kBlockK, in.a_mn0);
+    Bf16MnMajorB::B::load_at<kBlockN>(tile_b, second ? in.b_second : in.b, bar,
+                                      in.b_k0 + (second ? kb - in.b_split : kb) * kBlockK,
+                                      in.b_mn0);
+  }
+  // dgrad: B MN-major; wgrad: both MN-major, zeros for a unit without rows. One wgmma group in
+  // flight (every operand comes by TMA).
+  template <class Times>
+  __device__ static bool mainloop(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
+                                  dev::RingCursor<TileShape<kBlockN>::kStages>& cursor,
+                                  const Work& w, int wg, const Params& p, Times& times, bool) {
+    if (w.k_blocks == 0) {
+#pragma unroll
+      for (float& x : d) x = 0.0f;
+      return true;
+    }
+    auto run = [&](auto traits) {
+      using Traits = decltype(traits);
+      const SmemRing<kBlockN, Traits> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
+      return mma_tile<kBlockN, true, true, Traits>(d, r, cursor, w.k_blocks, wg, p.wait_cycles,
+                                                   times.timer.on, &times.starved, false,
+                                                   &times.starved_first);
+    };
+    return w.dgrad() ? run(Bf16MnMajorB{}) : run(Bf16MnMajorAB{});
+  }
+
+  __device__ static Prefetch prefetch(const Params& p, const Work& w, int row0) {
+    return w.kind == BackwardKind::dgrad_gate_up ? down_rows(p, as_down_tile(w), row0)
+                                                 : DownRows{-1, -1};
+  }
+
+  template <class Timer>
+  __device__ static void epilogue(const Params& p, const Work& w, const float (&d)[kBlockN / 2],
+                                  int row0, int wg, const Prefetch& destinations, Owed& owed,
+                                  Timer& timer) {
+    const uint64_t since = timer.now();
+    switch (w.kind) {
+      case BackwardKind::dgrad_down:
+        dgrad_down_epilogue(p, w, d, row0);
+        publish_dgrad_down(p, w, wg);
+        timer.add(kTimeConsumerPublish, since);
+        break;
+      case BackwardKind::dgrad_gate_up:
+        owed = store_down<kBlockN>(p, as_down_tile(w), d, destinations);
+        timer.add(kTimeConsumerEpilogueDown, since);
+        break;
+      default:
+        wgrad_epilogue(p, w, d, row0);
+        break;
+    }
+  }
+
+  template <class Timer>
+  __device__ static void release(const Params& p, Owed& owed, Timer& timer, uint64_t since) {
+    owed.release(p);
+    timer.add(kTimeConsumerEpilogueDown, since);
+  }
+
+  // An all-padding warpgroup of a dgrad-down tile still counts (its rows are never read: a wgrad
+  // K loop stops at the unit's last 64-row block with a row in it).
+  __device__ static void skipped(const Params& p, const Work& w, int wg) {
+    if (w.kind == BackwardKind::dgrad_down) publish_dgrad_down(p, w, wg);
+  }
+};
+
+}  // namespace mok::kern

@@ -1,0 +1,144 @@
+// The backward megakernel's tiles and their order. A unit is the shared experts (unit 0, over token
+// blocks; no tiles without them) or one local expert (unit 1 + e, over its routed row blocks).
+// Per unit, with W its width (S or I) and nW = W / 128, nH = H / 128 n-tiles:
+//   dgrad-down     blocks x nW   dA' = d_out W_down of a row block; SwiGLU backward -> dg | du
+//   dgrad-gate/up  blocks x nH   dx = [dg | du] [W_gate; W_up] of a row block
+//   wgrad          nH x nW       dW_down = sum over the unit's rows of d_out^T (w act)
+//                  2nW x nH      dW_gate | dW_up = sum over its rows of [dg | du]^T x
+// The GEMM CTAs claim tiles from one counter in the order of a pipeline of steps: step j holds
+// unit j's dgrad-down tiles, unit j-1's dgrad-gate/up tiles and unit j-2's wgrad tiles, so every
+// kind runs at once and the gradient stores overlap arithmetic instead of forming a tail.
+// Inside a kind the row blocks go in the forward's weight-sharing groups (tile_order.hpp).
+//
+// Deadlock freedom (the forward's argument, tile_schedule.cuh): a dgrad-down tile waits only on
+// dispatch (which waits on nothing: the ring holds the whole batch), a dgrad-gate/up tile on its
+// block's dgrad-down tiles (an earlier step), a wgrad tile on every dgrad-down tile of its unit
+// (an earlier step), the combine on dgrad-gate/up tiles. Tiles are claimed in sequence order by
+// resident CTAs, so the earliest unfinished tile always has what it waits for.
+// Each wgrad tile's K loop runs over all of its unit's rows in the schedule's (source rank, token,
+// k) order, with no split: one owner, one store, the same bits whatever the timing.
+#pragma once
+#include <cstdint>
+
+#include "kernels/gemm/tile_geometry.cuh"
+#include "kernels/moe_backward/backward_params.hpp"
+#include "kernels/moe_forward/tile_schedule.cuh"
+#include "mok/schedule/tile_order.hpp"
+
+namespace mok::kern {
+
+enum class BackwardKind : int {
+  dgrad_down = 0,
+  dgrad_gate_up = 1,
+  wgrad_down = 2,
+  wgrad_gate_up = 3
+};
+
+constexpr int kBackwardBlockN = 128;  // every backward tile is 128 x 128
+
+struct BackwardWork {
+  BackwardKind kind;
+  int unit;         // 0: the shared experts, 1 + e: local expert e
+  int64_t m_block;  // dgrad: the row block (routed layout, or tokens); wgrad: the m-tile
+  int n_tile;
+  int k_blocks;
+  int64_t k_row0;  // wgrad: the unit's first row (its K range starts there)
+  __device__ bool shared() const { return unit == 0; }
+  __device__ int expert() const { return unit - 1; }
+  __device__ bool dgrad() const {
+    return kind == BackwardKind::dgrad_down || kind == BackwardKind::dgrad_gate_up;
+  }
+};
+
+// A unit's shape for this batch.
+struct BackwardUnit {
+  int64_t first_block, blocks, rows;  // row blocks (routed layout or tokens) and real rows
+  int width;                          // S or I (0: no shared experts)
+};
+
+__device__ __forceinline__ int backward_units(const ForwardParams& p) { return 1 + p.experts; }
+
+__device__ __forceinline__ BackwardUnit backward_unit(const ForwardParams& p, int u) {
+  if (!batch_ok(p)) return {0, 0, 0, 0};
+  if (u == 0) {
+    if (p.shared_width == 0) return {0, 0, 0, 0};
+    return {0, (p.tokens + kBlockM - 1) / kBlockM, p.tokens, p.shared_width};
+  }
+  const int e = u - 1;
+  const int64_t first = p.seg_begin[e] / kBlockM;
+  return {first, p.seg_begin[e + 1] / kBlockM - first, p.segment_rows[e], p.intermediate};
+}
+
+struct BackwardTileCounts {
+  int64_t dgrad_down, dgrad_gate_up, wgrad;
+};
+__device__ __forceinline__ BackwardTileCounts backward_tile_counts(const ForwardParams& p,
+                                                                   const BackwardUnit& u) {
+  const int64_t n_w = u.width / kBackwardBlockN, n_h = p.hidden / kBackwardBlockN;
+  return {u.blocks * n_w, u.blocks * n_h, 3 * n_w * n_h};
+}
+
+// Tiles of step j (units j, j - 1, j - 2 as above), 0 <= j < units + 2.
+__device__ __forceinline__ int64_t backward_step_tiles(const ForwardParams& p, int j) {
+  const int units = backward_units(p);
+  int64_t n = 0;
+  if (j < units) n += backward_tile_counts(p, backward_unit(p, j)).dgrad_down;
+  if (j >= 1 && j - 1 < units) n += backward_tile_counts(p, backward_unit(p, j - 1)).dgrad_gate_up;
+  if (j >= 2) n += backward_tile_counts(p, backward_unit(p, j - 2)).wgrad;
+  return n;
+}
+
+struct BackwardTiles {
+  int steps;
+  int64_t end;
+
+  __device__ static BackwardTiles make(const BackwardParams& p) {
+    const int steps = backward_units(p) + 2;
+    return {steps, p.step_begin[steps]};
+  }
+  __device__ int64_t count() const { return end; }
+
+  __device__ BackwardWork at(int64_t t, const BackwardParams& p) const {
+    int lo = 0, hi = steps;  // the last step j with step_begin[j] <= t
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (p.step_begin[mid] <= t)
+        lo = mid;
+      else
+        hi = mid;
+    }
+    int64_t i = t - p.step_begin[lo];
+    const int n_h = p.hidden / kBackwardBlockN;
+    const int units = backward_units(p);
+    if (lo < units) {
+      const BackwardUnit u = backward_unit(p, lo);
+      const int n_w = u.width / kBackwardBlockN;
+      if (i < u.blocks * n_w) {
+        const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_w);
+        return {BackwardKind::dgrad_down, lo, u.first_block + c.block, c.n_tile,
+                p.hidden / kBlockK,       0};
+      }
+      i -= u.blocks * n_w;
+    }
+    if (lo >= 1 && lo - 1 < units) {
+      const BackwardUnit u = backward_unit(p, lo - 1);
+      if (i < u.blocks * n_h) {
+        const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_h);
+        return {BackwardKind::dgrad_gate_up, lo - 1, u.first_block + c.block, c.n_tile,
+                2 * u.width / kBlockK,       0};
+      }
+      i -= u.blocks * n_h;
+    }
+    const int unit = lo - 2;
+    const BackwardUnit u = backward_unit(p, unit);
+    const int n_w = u.width / kBackwardBlockN;
+    const int k_blocks = int((u.rows + kBlockK - 1) / kBlockK);
+    const int64_t row0 = u.first_block * kBlockM;
+    if (i < int64_t(n_h) * n_w)
+      return {BackwardKind::wgrad_down, unit, i / n_w, int(i % n_w), k_blocks, row0};
+    i -= int64_t(n_h) * n_w;
+    return {BackwardKind::wgrad_gate_up, unit, i / n_h, int(i % n_h), k_blocks, row0};
+  }
+};
+
+}  // namespace mok::kern

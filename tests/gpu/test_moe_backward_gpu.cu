@@ -1,0 +1,421 @@
+// The backward megakernel (MoeBackward) against the CPU reference backward, on fresh random inputs
+// and the odd cases, outputs poisoned (NaN) first; its bits across runs with injected dispatch
+// delays, across weight-gradient modes and under graph replay; and its refusals.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "forward_test_util.hpp"
+#include "layer/forward_hooks.hpp"
+#include "mok/gpu/moe_backward.hpp"
+#include "mok/gpu/moe_forward.hpp"
+
+namespace {
+
+using fwd_test::from_bf16;
+using fwd_test::GpuLayer;
+using fwd_test::to_bf16;
+using mok::gpu::WeightGrads;
+
+const __nv_bfloat16* bf(const DeviceBuffer<uint16_t>& b) {
+  return reinterpret_cast<const __nv_bfloat16*>(b.ptr);
+}
+
+// One backward's outputs on the host: d_x and d_topk_weights as doubles, each weight gradient as
+// doubles and as its raw bits.
+struct HostGrads {
+  std::vector<double> d_x, d_w;
+  std::vector<double> w[6];  // shared gate, up, down, then routed gate, up, down
+  std::vector<uint8_t> bits[7];
+};
+
+size_t grad_elements(const mok::Config& c, int i) {
+  const size_t H = size_t(c.hidden), S = size_t(c.shared_width()),
+               EI = size_t(c.experts_per_rank()) * size_t(c.intermediate);
+  return i < 3 ? S * H : EI * H;
+}
+
+// A layer's inputs on the device, and one forward + backward on them.
+struct Step {
+  mok::Config c;
+  GpuLayer layer;
+  mok::Batch b;
+  DeviceBuffer<uint16_t> x, d_out, out, d_x;
+  DeviceBuffer<int32_t> ids;
+  DeviceBuffer<float> w, d_w;
+  std::vector<DeviceBuffer<uint8_t>> grads;
+
+  Step(const mok::Config& cfg, const mok::LayerParams& p, const mok::Batch& batch,
+       const std::vector<double>& dout, WeightGrads mode)
+      : c(cfg),
+        layer(p),
+        b(batch),
+        x(to_bf16(batch.x)),
+        d_out(to_bf16(dout)),
+        out(size_t(batch.tokens * cfg.hidden), 0xFF),
+        d_x(size_t(batch.tokens * cfg.hidden), 0xFF),
+        ids(batch.topk_ids),
+        w(std::vector<float>(batch.topk_weights.begin(), batch.topk_weights.end())),
+        d_w(size_t(batch.tokens * cfg.top_k), 0xFF) {
+    const size_t bytes = mode == WeightGrads::write_bf16 ? 2 : 4;
+    grads.reserve(6);  // DeviceBuffer owns its memory: no reallocation
+    for (int i = 0; i < 6; ++i) grads.emplace_back(grad_elements(c, i) * bytes, 0xFF);
+  }
+  mok::gpu::DeviceBatch batch() const { return {b.tokens, bf(x), ids.ptr, w.ptr}; }
+  mok::gpu::DeviceGradients gradients() {
+    auto g = [&](int i) { return static_cast<void*>(grads[size_t(i)].ptr); };
+    return {reinterpret_cast<__nv_bfloat16*>(d_x.ptr), d_w.ptr, g(0), g(1), g(2), g(3), g(4), g(5)};
+  }
+  void run(mok::gpu::MoeForward& f, mok::gpu::MoeBackward& bw, mok::gpu::Schedule& s,
+           mok::gpu::ForwardContext& ctx) {
+    f.schedule(batch(), s, nullptr);
+    f.forward(s, batch(), layer.weights(), reinterpret_cast<__nv_bfloat16*>(out.ptr), &ctx,
+              nullptr);
+    bw.backward(s, ctx, batch(), layer.weights(), bf(d_out), gradients(), nullptr);
+  }
+  HostGrads host(WeightGrads mode) const {
+    HostGrads h;
+    h.d_x = from_bf16(d_x.to_host());
+    const std::vector<float> dw = d_w.to_host();
+    h.d_w.assign(dw.begin(), dw.end());
+    for (int i = 0; i < 6; ++i) {
+      h.bits[i] = grads[size_t(i)].to_host();
+      const size_t n = grad_elements(c, i);
+      h.w[i].resize(n);
+      for (size_t j = 0; j < n; ++j) {
+        if (mode == WeightGrads::write_bf16) {
+          uint16_t v;
+          std::memcpy(&v, &h.bits[i][2 * j], 2);
+          h.w[i][j] = mok::fmt::bf16_to_float(v);
+        } else {
+          float v;
+          std::memcpy(&v, &h.bits[i][4 * j], 4);
+          h.w[i][j] = v;
+        }
+      }
+    }
+    h.bits[6].resize(h.d_x.size() * 8 + h.d_w.size() * 8);
+    std::memcpy(h.bits[6].data(), h.d_x.data(), h.d_x.size() * 8);
+    std::memcpy(h.bits[6].data() + h.d_x.size() * 8, h.d_w.data(), h.d_w.size() * 8);
+    return h;
+  }
+};
+
+HostGrads run_backward(const mok::Config& c, const mok::LayerParams& p, const mok::Batch& b,
+                       const std::vector<double>& d_out, WeightGrads mode,
+                       const mok::gpu::detail::ForwardHooks& hooks = {}) {
+  Step step(c, p, b, d_out, mode);
+  mok::gpu::MoeForward f(c);
+  mok::gpu::BackwardOptions o;
+  o.weight_grads = mode;
+  mok::gpu::MoeBackward bw(c, o, hooks);
+  mok::gpu::Schedule s(c);
+  mok::gpu::ForwardContext ctx(c);
+  step.run(f, bw, s, ctx);
+  f.check(nullptr);
+  bw.check(nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return step.host(mode);
+}
+
+const char* kGradNames[6] = {"d_shared_gate", "d_shared_up", "d_shared_down",
+                             "d_gate",        "d_up",        "d_down"};
+
+// Every gradient within the BF16 bound of docs/recipes.md (mok/compare.hpp: up to four rounded
+// operands in a row, ~2e-3 expected) of the FP64 reference on BF16-rounded operands; nothing
+// left unwritten; experts without rows exactly zero.
+void expect_matches_reference(const mok::Config& c, const mok::LayerParams& p, const mok::Batch& b,
+                              const std::vector<double>& d_out, const HostGrads& got) {
+  mok::ReferenceOptions o;
+  o.quant = mok::OperandQuant::bf16;
+  o.numerics = mok::Numerics::fp64;
+  const mok::ReferenceForward fwd = mok::reference_forward(c, p, b, o);
+  const mok::LayerGradients want = mok::reference_backward(fwd.context, d_out);
+  const double bound = mok::relative_error_bound(mok::OperandQuant::bf16);
+  auto check = [&](const char* name, const std::vector<double>& g, const std::vector<double>& r) {
+    ASSERT_EQ(g.size(), r.size()) << name;
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_FALSE(std::isnan(g[i])) << name << " at " << i;
+    const double err = mok::relative_l2_error(g, r);
+    EXPECT_LT(err, bound) << name << ": relative L2 error " << err;
+  };
+  check("d_x", got.d_x, want.d_x);
+  check("d_topk_weights", got.d_w, want.d_topk_weights);
+  const std::vector<double>* ref[6] = {&want.d_params.shared_gate, &want.d_params.shared_up,
+                                       &want.d_params.shared_down, &want.d_params.gate,
+                                       &want.d_params.up,          &want.d_params.down};
+  for (int i = 0; i < 6; ++i) check(kGradNames[i], got.w[i], *ref[i]);
+  // Experts that received no rows: exact zeros.
+  std::vector<int64_t> rows(size_t(c.num_experts), 0);
+  for (int32_t e : b.topk_ids) ++rows[size_t(e)];
+  const size_t per_expert = size_t(c.intermediate) * size_t(c.hidden);
+  for (int e = 0; e < c.num_experts; ++e) {
+    if (rows[size_t(e)] > 0) continue;
+    for (int i = 3; i < 6; ++i)
+      for (size_t j = 0; j < per_expert; ++j)
+        ASSERT_EQ(got.w[i][size_t(e) * per_expert + j], 0.0) << kGradNames[i] << " expert " << e;
+  }
+}
+
+mok::Config small_config(int shared) {
+  mok::Config c;
+  c.hidden = 384;  // three 128-wide n-tiles of H
+  c.intermediate = 256;
+  c.num_experts = 8;
+  c.top_k = 2;
+  c.num_shared_experts = shared;
+  c.shared_intermediate = 128;
+  c.max_tokens_per_rank = 600;
+  return c;
+}
+
+TEST(MoeBackwardGpu, MatchesTheReferenceOnRandomInputsAndOddBatches) {
+  MOK_REQUIRE_GPU();
+  struct Case {
+    mok::Config c;
+    int64_t tokens;
+    const char* name;
+  };
+  for (const Case& k : {Case{mok::preset("tiny"), 333, "tiny, T = 333"},
+                        Case{mok::preset("tiny"), 1, "tiny, T = 1"},
+                        Case{small_config(1), 600, "H 384, I 256, T = 600"},
+                        Case{small_config(0), 77, "no shared experts, T = 77"}}) {
+    SCOPED_TRACE(k.name);
+    const mok::LayerParams p = mok::tools::random_params(k.c, 71);
+    const mok::Batch b = mok::tools::random_batch(k.c, k.tokens, 72);
+    const std::vector<double> d_out =
+        mok::tools::random_vector(size_t(k.tokens * k.c.hidden), 73, 0.5);
+    expect_matches_reference(k.c, p, b, d_out,
+                             run_backward(k.c, p, b, d_out, WeightGrads::write_fp32));
+  }
+}
+
+// Every token to one expert (the others get no rows: exact zeros), a top-k weight of exactly 0,
+// and an empty batch (only zero weight gradients).
+TEST(MoeBackwardGpu, SkewedRoutingZeroWeightsAndAnEmptyBatch) {
+  MOK_REQUIRE_GPU();
+  mok::Config c = mok::preset("tiny");
+  c.top_k = 2;
+  const mok::LayerParams p = mok::tools::random_params(c, 81);
+  mok::Batch b = mok::tools::random_batch(c, 300, 82);
+  for (int64_t t = 0; t < b.tokens; ++t) {
+    b.topk_ids[size_t(2 * t)] = 5;
+    b.topk_ids[size_t(2 * t + 1)] = 9;
+    if (t % 7 == 0) b.topk_weights[size_t(2 * t + 1)] = 0.0;
+  }
+  const std::vector<double> d_out = mok::tools::random_vector(size_t(b.tokens * c.hidden), 83);
+  expect_matches_reference(c, p, b, d_out, run_backward(c, p, b, d_out, WeightGrads::write_fp32));
+
+  mok::Batch empty;
+  empty.tokens = 0;
+  const HostGrads g = run_backward(c, p, empty, {}, WeightGrads::write_fp32);
+  for (int i = 0; i < 6; ++i)
+    for (double v : g.w[i]) ASSERT_EQ(v, 0.0) << kGradNames[i];
+}
+
+// The same bits in 20 runs with injected dispatch delays; BF16 weight gradients are the FP32 ones
+// rounded to nearest even; accumulating adds to the caller's buffers (2W from W) and leaves the
+// experts without rows untouched.
+TEST(MoeBackwardGpu, BitwiseAcrossRunsDelaysAndWeightGradientModes) {
+  MOK_REQUIRE_GPU();
+  mok::Config c = small_config(1);
+  const mok::LayerParams p = mok::tools::random_params(c, 91);
+  mok::Batch b = mok::tools::random_batch(c, 500, 92);
+  for (int64_t t = 0; t < b.tokens; ++t) {  // expert 6 gets no rows
+    int32_t* ids = &b.topk_ids[size_t(t * c.top_k)];
+    for (int k = 0; k < c.top_k; ++k) {
+      if (ids[k] != 6) continue;
+      for (int32_t e = 0;; ++e)  // an expert the token does not use yet
+        if (e != 6 && std::find(ids, ids + c.top_k, e) == ids + c.top_k) {
+          ids[k] = e;
+          break;
+        }
+    }
+  }
+  const std::vector<double> d_out = mok::tools::random_vector(size_t(b.tokens * c.hidden), 93);
+  const HostGrads first = run_backward(c, p, b, d_out, WeightGrads::write_fp32);
+  mok::gpu::detail::ForwardHooks delays;
+  delays.dispatch_delay_ns = 20000;
+  for (int run = 0; run < 20; ++run) {
+    delays.delay_seed = uint32_t(run);
+    const HostGrads again = run_backward(c, p, b, d_out, WeightGrads::write_fp32,
+                                         run % 2 ? delays : mok::gpu::detail::ForwardHooks{});
+    for (int i = 0; i < 7; ++i)
+      ASSERT_EQ(again.bits[i], first.bits[i]) << "run " << run << ", output " << i;
+  }
+
+  const HostGrads half = run_backward(c, p, b, d_out, WeightGrads::write_bf16);
+  EXPECT_EQ(half.bits[6], first.bits[6]);
+  for (int i = 0; i < 6; ++i)
+    for (size_t j = 0; j < first.w[i].size(); ++j)
+      ASSERT_EQ(half.w[i][j], double(mok::fmt::round_to_bf16(float(first.w[i][j]))))
+          << kGradNames[i];
+
+  // Accumulate into buffers holding W (experts without rows: a marker), twice the result.
+  Step step(c, p, b, d_out, WeightGrads::accumulate_fp32);
+  const float marker = 12.5f;
+  const size_t per_expert = size_t(c.intermediate) * size_t(c.hidden);
+  for (int i = 0; i < 6; ++i) {
+    std::vector<uint8_t> init = first.bits[i];
+    if (i >= 3)
+      for (size_t j = 0; j < per_expert; ++j)
+        std::memcpy(&init[4 * (6 * per_expert + j)], &marker, 4);
+    MOK_CUDA_OK(
+        cudaMemcpy(step.grads[size_t(i)].ptr, init.data(), init.size(), cudaMemcpyHostToDevice));
+  }
+  mok::gpu::MoeForward f(c);
+  mok::gpu::BackwardOptions o;
+  o.weight_grads = WeightGrads::accumulate_fp32;
+  mok::gpu::MoeBackward bw(c, o);
+  mok::gpu::Schedule s(c);
+  mok::gpu::ForwardContext ctx(c);
+  step.run(f, bw, s, ctx);
+  bw.check(nullptr);
+  const HostGrads acc = step.host(WeightGrads::accumulate_fp32);
+  for (int i = 0; i < 6; ++i)
+    for (size_t j = 0; j < first.w[i].size(); ++j) {
+      const bool untouched = i >= 3 && j / per_expert == 6;
+      ASSERT_EQ(acc.w[i][j], untouched ? double(marker) : 2.0 * first.w[i][j])
+          << kGradNames[i] << " at " << j;
+    }
+}
+
+// A forward and backward captured in one CUDA graph replay to the direct run's bits, and again
+// with new d_out values written into the captured buffer.
+TEST(MoeBackwardGpu, GraphReplayEqualsDirectRuns) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset("tiny");
+  const mok::LayerParams p = mok::tools::random_params(c, 101);
+  const mok::Batch b = mok::tools::random_batch(c, 400, 102);
+  const std::vector<double> d_out1 = mok::tools::random_vector(size_t(b.tokens * c.hidden), 103);
+  const std::vector<double> d_out2 = mok::tools::random_vector(size_t(b.tokens * c.hidden), 104);
+  const HostGrads direct1 = run_backward(c, p, b, d_out1, WeightGrads::write_fp32);
+  const HostGrads direct2 = run_backward(c, p, b, d_out2, WeightGrads::write_fp32);
+
+  Step step(c, p, b, d_out1, WeightGrads::write_fp32);
+  mok::gpu::MoeForward f(c);
+  mok::gpu::MoeBackward bw(c);
+  mok::gpu::Schedule s(c);
+  mok::gpu::ForwardContext ctx(c);
+  cudaStream_t stream;
+  MOK_CUDA_OK(cudaStreamCreate(&stream));
+  cudaGraph_t graph;
+  MOK_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+  f.schedule(step.batch(), s, stream);
+  f.forward(s, step.batch(), step.layer.weights(), reinterpret_cast<__nv_bfloat16*>(step.out.ptr),
+            &ctx, stream);
+  bw.backward(s, ctx, step.batch(), step.layer.weights(), bf(step.d_out), step.gradients(), stream);
+  MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+  cudaGraphExec_t exec;
+  MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+  MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
+  bw.check(stream);
+  const HostGrads replay1 = step.host(WeightGrads::write_fp32);
+  const std::vector<uint16_t> second = to_bf16(d_out2);
+  MOK_CUDA_OK(cudaMemcpy(step.d_out.ptr, second.data(), second.size() * 2, cudaMemcpyHostToDevice));
+  MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
+  bw.check(stream);
+  const HostGrads replay2 = step.host(WeightGrads::write_fp32);
+  for (int i = 0; i < 7; ++i) {
+    EXPECT_EQ(replay1.bits[i], direct1.bits[i]) << "output " << i;
+    EXPECT_EQ(replay2.bits[i], direct2.bits[i]) << "output " << i;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(stream);
+}
+
+// NaN in one token's d_out reaches that token's d_x and router-weight gradients only (and the
+// weight gradients of the experts it was routed to).
+TEST(MoeBackwardGpu, NaNInDOutStaysInItsToken) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset("tiny");
+  const mok::LayerParams p = mok::tools::random_params(c, 111);
+  const mok::Batch b = mok::tools::random_batch(c, 200, 112);
+  std::vector<double> d_out = mok::tools::random_vector(size_t(b.tokens * c.hidden), 113);
+  const int64_t bad = 17;
+  d_out[size_t(bad * c.hidden + 3)] = NAN;
+  const HostGrads g = run_backward(c, p, b, d_out, WeightGrads::write_fp32);
+  for (int64_t t = 0; t < b.tokens; ++t) {
+    bool any_nan = false;
+    for (int64_t h = 0; h < c.hidden; ++h) any_nan |= std::isnan(g.d_x[size_t(t * c.hidden + h)]);
+    for (int k = 0; k < c.top_k; ++k) any_nan |= std::isnan(g.d_w[size_t(t * c.top_k + k)]);
+    EXPECT_EQ(any_nan, t == bad) << "token " << t;
+  }
+}
+
+TEST(MoeBackwardGpu, RefusesWhatItCannotUseAndEndsAStoppedDispatchInAnError) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset("tiny");
+  const mok::LayerParams p = mok::tools::random_params(c, 121);
+  const mok::Batch b = mok::tools::random_batch(c, 100, 122);
+  const std::vector<double> d_out = mok::tools::random_vector(size_t(b.tokens * c.hidden), 123);
+  Step step(c, p, b, d_out, WeightGrads::write_fp32);
+  mok::gpu::MoeForward f(c);
+  mok::gpu::MoeBackward bw(c);
+  mok::gpu::Schedule s(c);
+  mok::gpu::ForwardContext ctx(c), unfilled(c);
+  step.run(f, bw, s, ctx);
+  bw.check(nullptr);
+  auto expect_error = [&](auto&& call, const std::string& text) {
+    try {
+      call();
+      ADD_FAILURE() << "no error for: " << text;
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.code(), mok::ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  const auto w = step.layer.weights();
+  const auto g = step.gradients();
+  expect_error([&] { bw.backward(s, unfilled, step.batch(), w, bf(step.d_out), g, nullptr); },
+               "no training forward of this schedule");
+  expect_error([&] { bw.backward(s, ctx, step.batch(), w, nullptr, g, nullptr); }, "d_out is null");
+  expect_error([&] { bw.backward(s, ctx, step.batch(), w, bf(step.d_out) + 1, g, nullptr); },
+               "d_out is not 16-byte aligned");
+  mok::gpu::DeviceGradients no_down = g;
+  no_down.down = nullptr;
+  expect_error([&] { bw.backward(s, ctx, step.batch(), w, bf(step.d_out), no_down, nullptr); },
+               "the down gradient is null");
+  mok::gpu::DeviceBatch shorter = step.batch();
+  shorter.tokens = 99;
+  expect_error([&] { bw.backward(s, ctx, shorter, w, bf(step.d_out), g, nullptr); },
+               "the schedule was built for a batch of 100 tokens");
+  mok::Config other = c;
+  other.intermediate = 256;
+  mok::gpu::ForwardContext wrong(other);
+  expect_error([&] { bw.backward(s, wrong, step.batch(), w, bf(step.d_out), g, nullptr); },
+               "another configuration");
+  f.schedule(step.batch(), s, nullptr);  // rebuilt after the forward that filled ctx
+  expect_error([&] { bw.backward(s, ctx, step.batch(), w, bf(step.d_out), g, nullptr); },
+               "the schedule was rebuilt");
+  mok::Config wide = c;
+  wide.intermediate = 192;
+  try {
+    mok::gpu::MoeBackward unsupported(wide);
+    ADD_FAILURE() << "I = 192 taken";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.code(), mok::ErrorCode::unsupported);
+  }
+
+  // A dispatch that never publishes its first block: an error naming the waiting role, no hang.
+  mok::gpu::detail::ForwardHooks stuck;
+  stuck.never_publish_block = 0;
+  mok::gpu::BackwardOptions o;
+  o.wait_seconds = 0.5;
+  mok::gpu::MoeBackward stopped(c, o, stuck);
+  f.forward(s, step.batch(), w, reinterpret_cast<__nv_bfloat16*>(step.out.ptr), &ctx, nullptr);
+  stopped.backward(s, ctx, step.batch(), w, bf(step.d_out), g, nullptr);
+  try {
+    stopped.check(nullptr);
+    ADD_FAILURE() << "no error";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.code(), mok::ErrorCode::peer_timeout);
+    EXPECT_NE(std::string(e.what()).find("dgrad-down producer"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
