@@ -1,9 +1,14 @@
-"""The MoE forward a PyTorch user writes on one GPU, timed on the standard shapes of design.md.
+"""The MoE forward a PyTorch user writes on one GPU, timed on the standard shapes of design.md
+(and with --direction backward its autograd backward and the whole step).
 
 sort rows by expert -> gather -> torch._grouped_mm (gate|up) -> silu(gate) * up ->
 torch._grouped_mm (down) -> scale by the routing weight -> index_add into the shared expert's output.
 Median of many runs after warm-up, TFLOP/s by design.md's formula. Run on the GPU machine:
     python3 bench/torch_moe_forward.py [--shape all|dsv3|...] [--iterations 20] [--sustain S]
+        [--direction forward|backward]
+With --direction backward: the parameters, x and the routing weights require gradients (BF16
+weight gradients in .grad, as autograd gives a BF16 model); the backward alone (after an untimed
+forward), the forward + backward step, and the step's peak memory.
 With --sustain S, a dense 8192^3 BF16 matmul and each shape's forward also run back to back for S
 seconds each and print the lines of `mok bench --sustain` (scripts/power_trace.py joins them with
 an nvidia-smi trace: the power, clock and throttle reasons of each).
@@ -55,11 +60,49 @@ def sustain(what, seconds, fn, flops):
           f"{ms:.3f} ms each, {flops / ms * 1e-9:.0f} TFLOP/s", flush=True)
 
 
+def bench_backward(p, x, ids, w, k, iterations):
+    """(forward ms, backward ms, step ms, peak GB of a step) under autograd."""
+    leaves = list(p.values()) + [x, w]
+    for t in leaves:
+        t.requires_grad_(True)
+    d_out = torch.randn_like(x)
+    held = {}
+
+    def clear():
+        for t in leaves:
+            t.grad = None
+
+    def forward_only():
+        clear()
+        held["out"] = forward(p, x, ids, w, k)
+
+    def step():
+        clear()
+        forward(p, x, ids, w, k).backward(d_out)
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    fw = sorted(time_ms(forward_only) for _ in range(iterations))[iterations // 2]
+    bw = sorted(time_ms(lambda: held.pop("out").backward(d_out), before=forward_only)
+                for _ in range(iterations))[iterations // 2]
+    st = median_ms(step, iterations)
+    clear()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() * 1e-9
+    clear()
+    return fw, bw, st, peak
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--shape", default="all")
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--sustain", type=float, default=0.0)
+    ap.add_argument("--direction", choices=["forward", "backward"], default="forward")
     args = ap.parse_args()
     names = list(SHAPES) if args.shape == "all" else [args.shape]
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -69,11 +112,23 @@ def main():
         b = torch.randn(8192, 8192, device="cuda", generator=gen).to(torch.bfloat16)
         sustain("torch dense 8192^3", args.sustain, lambda: a @ b, 2 * 8192**3)
         del a, b
-    print("| shape | T | forward ms | TFLOP/s |\n|---|---|---|---|")
+    if args.direction == "backward":
+        print("| shape | T | forward ms | backward ms | backward TFLOP/s | step ms | step TFLOP/s "
+              "| step peak GB |\n|---|---|---|---|---|---|---|---|")
+    else:
+        print("| shape | T | forward ms | TFLOP/s |\n|---|---|---|---|")
     for name in names:
         h, i, e, k, s, t = SHAPES[name]
         p, x, ids, w = make_layer(h, i, e, k, s, t, gen)
         ids = ids.to(torch.int32)
+        if args.direction == "backward":
+            flops = forward_flops(h, i, k, s, t)
+            fw, bw, st, peak = bench_backward(p, x, ids, w, k, args.iterations)
+            print(f"| {name} | {t} | {fw:.3f} | {bw:.3f} | {2 * flops / bw * 1e-9:.0f} | {st:.3f} "
+                  f"| {3 * flops / st * 1e-9:.0f} | {peak:.1f} |", flush=True)
+            del p, x, ids, w
+            torch.cuda.empty_cache()
+            continue
         run = lambda: forward(p, x, ids, w, k)  # noqa: E731
         for _ in range(5):
             run()

@@ -68,11 +68,17 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.row_path = v;
     } else if (a == "--breakdown")
       o.breakdown = v == "1" || v == "yes";
-    else if (a == "--stage-probes")
+    else if (a == "--direction") {
+      if (v != "forward" && v != "backward")
+        throw UsageError("--direction takes forward or backward, not '" + v + "'");
+      o.direction = v;
+    } else if (a == "--stage-probes")
       o.stage_probes = v == "1" || v == "yes";
     else
       throw UsageError("unknown option '" + a + "' for bench");
   }
+  if (o.direction == "backward" && (o.ep > 1 || o.stage_probes || o.breakdown))
+    throw UsageError("--direction backward times the EP = 1 layer without probes or breakdown");
   if (o.ep > 1 && o.stage_probes)
     throw UsageError("--stage-probes times the EP = 1 megakernel; drop it or use --ep 1");
   return o;
@@ -352,6 +358,7 @@ Ceilings measure_ceilings_now() {
 
 int bench_command(const BenchOptions& o) {
   if (o.ep > 1) return bench_ep_command(o);
+  if (o.direction == "backward") return bench_backward_command(o);
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
     throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");

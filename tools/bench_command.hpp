@@ -20,11 +20,15 @@ struct BenchOptions {
   int64_t ring_rows = 0;          // token ring rows (Config::ring_rows); 0: the capacity
   bool balanced_routing = false;  // every expert T K / E rows (BenchLayer), not random
   bool graph = false;  // time mok's forward as a CUDA graph replay (no host work inside the span)
+  // forward (default), or backward: the training forward, the backward (BF16 and FP32 weight
+  // gradients) and the whole step, as CUDA graph replays (bench_backward.cpp).
+  std::string direction = "forward";
   double sustain_seconds = 0;  // > 0: each shape's forward, its cuBLAS pipeline and the dense
                                // GEMM also run back to back this long (EP = 1; for nvidia-smi)
 };
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args);
 int bench_command(const BenchOptions& o);
+int bench_backward_command(const BenchOptions& o);
 
 }  // namespace mok::tools

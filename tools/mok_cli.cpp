@@ -48,6 +48,9 @@ const char* kUsage =
     "      [--stage-probes 1]       EP = 1: also time the megakernel without its GEMM loads,\n"
     "                               without its MMAs, and without both (wrong outputs), with\n"
     "                               the SM clock of each\n"
+    "      [--direction D]          forward (default) or backward: EP = 1, the training\n"
+    "                               forward, the backward (BF16 and FP32 weight gradients)\n"
+    "                               and the whole step as CUDA graph replays\n"
     "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"
     "                               when fewer are visible), beside EP = 1 and the roofline\n"
     "presets: tiny, dsv3, mok-default, qwen3-30b, fine\n";

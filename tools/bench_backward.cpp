@@ -1,0 +1,200 @@
+// `mok bench --direction backward`: the training forward, the backward and the whole step (EP = 1,
+// BF16) timed as CUDA graph replays on the standard shapes, beside the ceilings measured in the
+// same run and each direction's roofline bound (weights read, gradients written in their dtype,
+// activations and the context).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_command.hpp"
+#include "mok/config.hpp"
+#include "mok/error.hpp"
+
+#if defined(MOK_WITH_CUDA_KERNELS)
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+
+#include "bench_ceilings.hpp"
+#include "bench_layer.hpp"
+#include "cuda_util.hpp"
+#include "mok/gpu/moe_backward.hpp"
+#include "mok/gpu/moe_forward.hpp"
+#include "mok/gpu/random_fill.hpp"
+#endif
+
+namespace mok::tools {
+
+#if defined(MOK_WITH_CUDA_KERNELS)
+namespace {
+
+struct BackwardRow {
+  std::string name;
+  int64_t tokens = 0;
+  double forward_ms = 0, backward_ms[2] = {}, step_ms = 0;  // backward: BF16, FP32 dW
+  double bound_ms[2] = {};                                  // the backward's, BF16 and FP32 dW
+  double step_bound_ms = 0;
+  double workspace_gb = 0, context_gb = 0;
+  const char* bound_by[2] = {};
+};
+
+double middle(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t tokens,
+                                 const Ceilings& ceil, const BenchOptions& o) {
+  c.max_tokens_per_rank = int(tokens);
+  c.ring_rows = o.ring_rows;
+  c.validate();
+  const double H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
+               T = double(tokens);
+  const BenchLayer data(c, int(E), tokens, 0, o.balanced_routing);
+  DeviceArray<__nv_bfloat16> d_out(size_t(tokens * c.hidden)), d_x(d_out.n);
+  cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, tokens * c.hidden, 21, 1.0f, nullptr), "fill");
+  DeviceArray<float> d_w(size_t(tokens * c.top_k));
+  // One FP32-sized buffer per weight gradient; the BF16 backward writes the first half of each.
+  DeviceArray<float> dsg(size_t(S * H)), dsu(dsg.n), dsd(dsg.n), dg(size_t(E * I * H)), du(dg.n),
+      dd(dg.n);
+  const gpu::DeviceGradients grads{d_x.ptr, d_w.ptr, dsg.ptr, dsu.ptr,
+                                   dsd.ptr, dg.ptr,  du.ptr,  dd.ptr};
+  const gpu::DeviceBatch batch = data.batch();
+  const gpu::DeviceLayerWeights weights = data.weights();
+  gpu::MoeForward f(c, bench_forward_options(o));
+  gpu::BackwardOptions bo[2];
+  bo[0].weight_grads = gpu::WeightGrads::write_bf16;
+  bo[1].weight_grads = gpu::WeightGrads::write_fp32;
+  gpu::MoeBackward b16(c, bo[0]), b32(c, bo[1]);
+  gpu::MoeBackward* backs[2] = {&b16, &b32};
+  gpu::Schedule s(c);
+  gpu::ForwardContext ctx(c);
+
+  cudaStream_t capture;
+  cuda_ok(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "cudaStreamCreate");
+  auto forward = [&](cudaStream_t st) {
+    f.schedule(batch, s, st);
+    f.forward(s, batch, weights, data.out.ptr, &ctx, st);
+  };
+  std::vector<cudaGraphExec_t> graphs;
+  graphs.push_back(capture_graph(capture, forward, "capturing the training forward"));
+  for (gpu::MoeBackward* b : backs)
+    graphs.push_back(capture_graph(
+        capture,
+        [&](cudaStream_t st) { b->backward(s, ctx, batch, weights, d_out.ptr, grads, st); },
+        "capturing the backward"));
+  graphs.push_back(capture_graph(
+      capture,
+      [&](cudaStream_t st) {
+        forward(st);
+        b16.backward(s, ctx, batch, weights, d_out.ptr, grads, st);
+      },
+      "capturing the step"));
+  cudaStreamDestroy(capture);
+  auto replay = [&](int g) {
+    return
+        [&graphs, g] { cuda_ok(cudaGraphLaunch(graphs[size_t(g)], nullptr), "cudaGraphLaunch"); };
+  };
+  // The backward graphs read the context the forward graph filled: the forward runs first, and
+  // the schedule is not rebuilt between a forward and the backwards timed after it.
+  for (int g = 0; g < 4; ++g) median_ms(replay(g), 2);
+  f.check(nullptr);
+  b16.check(nullptr);
+  b32.check(nullptr);
+  std::vector<double> fw, bw[2], st;
+  for (int round = 0; round < 3; ++round) {  // alternating (the clock moves under the power cap)
+    fw.push_back(median_ms(replay(0), o.iterations));
+    for (int k = 0; k < 2; ++k) bw[k].push_back(median_ms(replay(1 + k), o.iterations));
+    st.push_back(median_ms(replay(3), o.iterations));
+  }
+  b16.check(nullptr);
+  b32.check(nullptr);
+  for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
+
+  BackwardRow r;
+  r.name = name;
+  r.tokens = tokens;
+  r.forward_ms = middle(fw);
+  for (int k = 0; k < 2; ++k) r.backward_ms[k] = middle(bw[k]);
+  r.step_ms = middle(st);
+  r.workspace_gb = double(b16.workspace_bytes()) * 1e-9;
+  r.context_gb = double(gpu::ForwardContext::bytes_per_token(c)) * T * 1e-9;
+  // Bytes that must cross HBM: the weights once, the gradients once (2 or 4 bytes), x and d_out
+  // read, d_x written, the context read.
+  const double weights_b = 2.0 * 3.0 * (E * I * H + S * H);
+  const double acts = 2.0 * 3.0 * T * H + r.context_gb * 1e9;
+  const double flops = backward_flops(c, tokens);
+  for (int k = 0; k < 2; ++k) {
+    const double bytes = weights_b * (1.0 + (k == 0 ? 1.0 : 2.0)) + acts;
+    const double compute_ms = flops / (ceil.bf16_tflops * 1e12) * 1e3,
+                 memory_ms = bytes / (ceil.hbm_tbps * 1e12) * 1e3;
+    r.bound_ms[k] = std::max(compute_ms, memory_ms);
+    r.bound_by[k] = compute_ms >= memory_ms ? "compute" : "memory";
+  }
+  const double step_flops = flops + forward_flops(c, tokens);
+  r.step_bound_ms = std::max(step_flops / (ceil.bf16_tflops * 1e12) * 1e3,
+                             (weights_b * 3.0 + acts * 2.0) / (ceil.hbm_tbps * 1e12) * 1e3);
+  return r;
+}
+
+}  // namespace
+
+int bench_backward_command(const BenchOptions& o) {
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
+    throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");
+  cudaDeviceProp prop{};
+  cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::vector<std::pair<std::string, int64_t>> shapes;
+  if (o.preset == "all")
+    shapes = {
+        {"dsv3", 4096}, {"dsv3", 8192}, {"mok-default", 2048}, {"qwen3-30b", 8192}, {"fine", 4096}};
+  else
+    shapes = {{o.preset, o.tokens >= 0 ? o.tokens : preset(o.preset).max_tokens_per_rank}};
+  std::printf(
+      "mok bench --direction backward: the training forward (keeping its context), the backward "
+      "megakernel with BF16 and with FP32 weight gradients, and the whole step (schedule, "
+      "forward, backward with BF16 weight gradients), EP = 1, BF16, on %s; CUDA graph replays, "
+      "medians of %d runs, 3 alternating rounds; TFLOP/s by design.md (backward = 2x forward); "
+      "roofline: max(FLOPs / peak, bytes / HBM) with the weights read once, the gradients "
+      "written once and the activations; ceilings re-measured before each shape\n\n",
+      prop.name, o.iterations);
+  print_routing_note(o);
+  std::printf(
+      "| shape | T | forward ms (TFLOP/s) | backward, BF16 dW: ms | TFLOP/s | %% of roofline "
+      "(bound) | backward, FP32 dW: ms | TFLOP/s | %% of roofline (bound) | backward / forward "
+      "time | step ms | step TFLOP/s | %% of step roofline | context GB | backward workspace GB "
+      "| peak TFLOP/s, HBM TB/s measured |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& [name, tokens] : shapes) {
+    const Ceilings ceil = measure_ceilings_now();
+    const Config c = preset(name);
+    const BackwardRow r = bench_backward_shape(name, c, tokens, ceil, o);
+    Config sized = c;
+    sized.max_tokens_per_rank = int(tokens);
+    const double fwd = forward_flops(sized, tokens), bwd = backward_flops(sized, tokens);
+    auto tf = [](double flops, double ms) { return flops / (ms * 1e-3) * 1e-12; };
+    std::printf(
+        "| %s | %lld | %.3f (%.0f) | %.3f | %.0f | %.0f%% (%s) | %.3f | %.0f | %.0f%% (%s) | %.2f "
+        "| "
+        "%.3f | %.0f | %.0f%% | %.2f | %.2f | %.0f, %.2f |\n",
+        r.name.c_str(), (long long)r.tokens, r.forward_ms, tf(fwd, r.forward_ms), r.backward_ms[0],
+        tf(bwd, r.backward_ms[0]), 100.0 * r.bound_ms[0] / r.backward_ms[0], r.bound_by[0],
+        r.backward_ms[1], tf(bwd, r.backward_ms[1]), 100.0 * r.bound_ms[1] / r.backward_ms[1],
+        r.bound_by[1], r.backward_ms[0] / r.forward_ms, r.step_ms, tf(fwd + bwd, r.step_ms),
+        100.0 * r.step_bound_ms / r.step_ms, r.context_gb, r.workspace_gb, ceil.bf16_tflops,
+        ceil.hbm_tbps);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+#else
+
+int bench_backward_command(const BenchOptions&) {
+  throw Error(ErrorCode::unsupported, "mok bench needs a build with CUDA (nvcc) and a GPU");
+}
+
+#endif
+
+}  // namespace mok::tools
