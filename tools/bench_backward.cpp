@@ -14,10 +14,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <memory>
 
 #include "bench_ceilings.hpp"
 #include "bench_layer.hpp"
 #include "cuda_util.hpp"
+#include "layer/forward_hooks.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/random_fill.hpp"
@@ -31,8 +33,9 @@ namespace {
 struct BackwardRow {
   std::string name;
   int64_t tokens = 0;
-  double forward_ms = 0, backward_ms[2] = {}, step_ms = 0;  // backward: BF16, FP32 dW
-  double bound_ms[2] = {};                                  // the backward's, BF16 and FP32 dW
+  double forward_ms = 0, backward_ms[2] = {}, step_ms = 0;  // backward: BF16, FP32 dW (0: no room)
+  double no_wgrad_ms = 0;   // the BF16 backward without its weight-gradient tiles' work
+  double bound_ms[2] = {};  // the backward's, BF16 and FP32 dW
   double step_bound_ms = 0;
   double workspace_gb = 0, context_gb = 0;
   const char* bound_by[2] = {};
@@ -54,9 +57,14 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   DeviceArray<__nv_bfloat16> d_out(size_t(tokens * c.hidden)), d_x(d_out.n);
   cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, tokens * c.hidden, 21, 1.0f, nullptr), "fill");
   DeviceArray<float> d_w(size_t(tokens * c.top_k));
-  // One FP32-sized buffer per weight gradient; the BF16 backward writes the first half of each.
-  DeviceArray<float> dsg(size_t(S * H)), dsu(dsg.n), dsd(dsg.n), dg(size_t(E * I * H)), du(dg.n),
-      dd(dg.n);
+  // One FP32-sized buffer per weight gradient where they fit beside the workspaces (the BF16
+  // backward writes the first half of each), else BF16-sized ones and no FP32 run.
+  size_t free_bytes = 0, total_bytes = 0;
+  cuda_ok(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+  const bool fp32_fits = 4.0 * 3.0 * (E * I * H + S * H) + 24e9 < double(free_bytes);
+  const size_t per = fp32_fits ? 1 : 2;  // floats per two elements
+  DeviceArray<float> dsg(size_t(S * H) / per), dsu(dsg.n), dsd(dsg.n), dg(size_t(E * I * H) / per),
+      du(dg.n), dd(dg.n);
   const gpu::DeviceGradients grads{d_x.ptr, d_w.ptr, dsg.ptr, dsu.ptr,
                                    dsd.ptr, dg.ptr,  du.ptr,  dd.ptr};
   const gpu::DeviceBatch batch = data.batch();
@@ -65,8 +73,13 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   gpu::BackwardOptions bo[2];
   bo[0].weight_grads = gpu::WeightGrads::write_bf16;
   bo[1].weight_grads = gpu::WeightGrads::write_fp32;
-  gpu::MoeBackward b16(c, bo[0]), b32(c, bo[1]);
-  gpu::MoeBackward* backs[2] = {&b16, &b32};
+  gpu::detail::ForwardHooks no_wgrad;
+  no_wgrad.without_wgrad = true;
+  gpu::MoeBackward b16(c, bo[0]), without(c, bo[0], no_wgrad);
+  std::unique_ptr<gpu::MoeBackward> b32;
+  if (fp32_fits) b32 = std::make_unique<gpu::MoeBackward>(c, bo[1]);
+  std::vector<gpu::MoeBackward*> backs = {&b16, &without};
+  if (b32) backs.push_back(b32.get());
   gpu::Schedule s(c);
   gpu::ForwardContext ctx(c);
 
@@ -91,31 +104,33 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
       },
       "capturing the step"));
   cudaStreamDestroy(capture);
-  auto replay = [&](int g) {
-    return
-        [&graphs, g] { cuda_ok(cudaGraphLaunch(graphs[size_t(g)], nullptr), "cudaGraphLaunch"); };
+  auto replay = [&](size_t g) {
+    return [&graphs, g] { cuda_ok(cudaGraphLaunch(graphs[g], nullptr), "cudaGraphLaunch"); };
   };
-  // The backward graphs read the context the forward graph filled: the forward runs first, and
-  // the schedule is not rebuilt between a forward and the backwards timed after it.
-  for (int g = 0; g < 4; ++g) median_ms(replay(g), 2);
+  // Graphs: the forward, the backwards (BF16, without wgrad, FP32), the step. The backward graphs
+  // read the context the forward graph filled: the forward runs first, and the schedule is not
+  // rebuilt between a forward and the backwards timed after it.
+  const size_t step_graph = graphs.size() - 1;
+  for (size_t g = 0; g < graphs.size(); ++g) median_ms(replay(g), 2);
   f.check(nullptr);
-  b16.check(nullptr);
-  b32.check(nullptr);
-  std::vector<double> fw, bw[2], st;
+  for (gpu::MoeBackward* b : backs) b->check(nullptr);
+  std::vector<double> fw, bw[3], st;
   for (int round = 0; round < 3; ++round) {  // alternating (the clock moves under the power cap)
     fw.push_back(median_ms(replay(0), o.iterations));
-    for (int k = 0; k < 2; ++k) bw[k].push_back(median_ms(replay(1 + k), o.iterations));
-    st.push_back(median_ms(replay(3), o.iterations));
+    for (size_t k = 0; k < backs.size(); ++k)
+      bw[k].push_back(median_ms(replay(1 + k), o.iterations));
+    st.push_back(median_ms(replay(step_graph), o.iterations));
   }
-  b16.check(nullptr);
-  b32.check(nullptr);
+  for (gpu::MoeBackward* b : backs) b->check(nullptr);
   for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
 
   BackwardRow r;
   r.name = name;
   r.tokens = tokens;
   r.forward_ms = middle(fw);
-  for (int k = 0; k < 2; ++k) r.backward_ms[k] = middle(bw[k]);
+  r.backward_ms[0] = middle(bw[0]);
+  r.no_wgrad_ms = middle(bw[1]);
+  r.backward_ms[1] = middle(bw[2]);  // 0 without the FP32 run
   r.step_ms = middle(st);
   r.workspace_gb = double(b16.workspace_bytes()) * 1e-9;
   r.context_gb = double(gpu::ForwardContext::bytes_per_token(c)) * T * 1e-9;
@@ -162,10 +177,10 @@ int bench_backward_command(const BenchOptions& o) {
   print_routing_note(o);
   std::printf(
       "| shape | T | forward ms (TFLOP/s) | backward, BF16 dW: ms | TFLOP/s | %% of roofline "
-      "(bound) | backward, FP32 dW: ms | TFLOP/s | %% of roofline (bound) | backward / forward "
-      "time | step ms | step TFLOP/s | %% of step roofline | context GB | backward workspace GB "
-      "| peak TFLOP/s, HBM TB/s measured |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "(bound) | backward, FP32 dW: ms (TFLOP/s, %% of roofline) | backward / forward time | "
+      "step ms | step TFLOP/s | %% of step roofline | backward without the wgrad work ms | "
+      "context GB | backward workspace GB | peak TFLOP/s, HBM TB/s measured |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& [name, tokens] : shapes) {
     const Ceilings ceil = measure_ceilings_now();
     const Config c = preset(name);
@@ -174,16 +189,20 @@ int bench_backward_command(const BenchOptions& o) {
     sized.max_tokens_per_rank = int(tokens);
     const double fwd = forward_flops(sized, tokens), bwd = backward_flops(sized, tokens);
     auto tf = [](double flops, double ms) { return flops / (ms * 1e-3) * 1e-12; };
+    char fp32[96] = "no room for FP32 gradients";
+    if (r.backward_ms[1] > 0)
+      std::snprintf(fp32, sizeof fp32, "%.3f (%.0f, %.0f%% %s)", r.backward_ms[1],
+                    tf(bwd, r.backward_ms[1]), 100.0 * r.bound_ms[1] / r.backward_ms[1],
+                    r.bound_by[1]);
     std::printf(
-        "| %s | %lld | %.3f (%.0f) | %.3f | %.0f | %.0f%% (%s) | %.3f | %.0f | %.0f%% (%s) | %.2f "
+        "| %s | %lld | %.3f (%.0f) | %.3f | %.0f | %.0f%% (%s) | %s | %.2f | %.3f | %.0f | %.0f%% "
         "| "
-        "%.3f | %.0f | %.0f%% | %.2f | %.2f | %.0f, %.2f |\n",
+        "%.3f | %.2f | %.2f | %.0f, %.2f |\n",
         r.name.c_str(), (long long)r.tokens, r.forward_ms, tf(fwd, r.forward_ms), r.backward_ms[0],
-        tf(bwd, r.backward_ms[0]), 100.0 * r.bound_ms[0] / r.backward_ms[0], r.bound_by[0],
-        r.backward_ms[1], tf(bwd, r.backward_ms[1]), 100.0 * r.bound_ms[1] / r.backward_ms[1],
-        r.bound_by[1], r.backward_ms[0] / r.forward_ms, r.step_ms, tf(fwd + bwd, r.step_ms),
-        100.0 * r.step_bound_ms / r.step_ms, r.context_gb, r.workspace_gb, ceil.bf16_tflops,
-        ceil.hbm_tbps);
+        tf(bwd, r.backward_ms[0]), 100.0 * r.bound_ms[0] / r.backward_ms[0], r.bound_by[0], fp32,
+        r.backward_ms[0] / r.forward_ms, r.step_ms, tf(fwd + bwd, r.step_ms),
+        100.0 * r.step_bound_ms / r.step_ms, r.no_wgrad_ms, r.context_gb, r.workspace_gb,
+        ceil.bf16_tflops, ceil.hbm_tbps);
     std::fflush(stdout);
   }
   return 0;

@@ -19,6 +19,8 @@ struct ForwardHooks {
   int stuck_rank = -1;
   // Benchmarks: drop a stage to measure what it costs (the output is then wrong).
   bool without_dispatch_copy = false, without_combine = false;
+  // Benchmarks (MoeBackward): the weight-gradient tiles load, multiply and store nothing.
+  bool without_wgrad = false;
   // Benchmarks: the stage probes, the GEMM tiles without their loads (TMA and gather; the
   // consumers multiply what the ring holds) or without their MMAs (the consumers store zeros).
   // Every wait stays. They run the probe set (kern::probe_forward_kernels, given in `kernels`).

@@ -302,6 +302,7 @@ void BackwardRunner::backward(const RankSchedule& s, const ForwardContext& ctx,
   p.delay_ns = hooks.dispatch_delay_ns;
   p.delay_seed = hooks.delay_seed;
   p.never_publish_block = hooks.never_publish_block;
+  p.profile_flags = hooks.without_wgrad ? kern::kProfileNoWgrad : 0;
   p.dy_routed = dy_routed;
   p.dgu = dgu;
   p.act_scaled = act_scaled;

@@ -23,6 +23,10 @@
 //   release(p, owed, timer, since)                     releases what an epilogue left owed
 //   skipped(p, w, wg)                                  a warpgroup's all-padding rows' publish
 //   dispatch(p, cta, ctas) -> bool, combine(p)         the row movers (engine's CTA split)
+//   prepare_cta(p)                                     by every thread, before the GEMM roles
+//                                                      (e.g. tables into shared memory)
+//   kClaimAhead                                        the producer claims its next tile while
+//                                                      loading the current one (short tiles)
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -61,14 +65,24 @@ struct TileQueue {
 // The next tile index for this producer warp: warp 0's lane 0 claims it from the global counter
 // and publishes it in the queue (for the consumers and the other producer warps); the other warps'
 // lane 0 read it there. -1 ends the sequence, -2: a bounded wait expired.
-template <class P>
+// kClaimAhead: the claim of the tile after this one is issued now (`ahead`, -1 before the first
+// call) and read at the next call, so its round trip overlaps this tile's loads. A CTA then holds
+// two claimed tiles and works them in order, which keeps the tile order's deadlock argument: the
+// earliest unfinished tile's CTA has finished everything it claimed before it.
+template <bool kClaimAhead, class P>
 __device__ __forceinline__ int64_t next_producer_tile(const P& p, const TileQueue& queue,
                                                       const dev::RingCursor<kTileQueueDepth>& q,
-                                                      int64_t tile_count, int warp, int ring_role) {
+                                                      int64_t tile_count, int warp, int ring_role,
+                                                      int64_t& ahead) {
   int64_t t = 0;
   if (threadIdx.x % 32 == 0) {
     if (warp == 0) {
-      t = atomicAdd(p.tile_next, 1u);
+      if constexpr (kClaimAhead) {
+        t = ahead >= 0 ? ahead : int64_t(atomicAdd(p.tile_next, 1u));
+        ahead = int64_t(atomicAdd(p.tile_next, 1u));
+      } else {
+        t = atomicAdd(p.tile_next, 1u);
+      }
       if (t >= tile_count) t = -1;
       if (!dev::mbar_wait(&queue.empty[q.stage], q.phase ^ 1u, p.wait_cycles)) {
         record_fault(p, ring_role, t);
@@ -150,10 +164,16 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
   const bool leader = threadIdx.x % 128 == 0;
   RoleTimer<Program::kTimings> timer(p);
   timer.on = timer.on && leader;
+  int64_t ahead = -1;  // kClaimAhead: the next tile's claim
+  // The last counter this thread waited for and the count it reached (counters only grow): a
+  // tile that waits for no more of the same counter skips the wait.
+  const uint32_t* satisfied = nullptr;
+  uint32_t satisfied_count = 0;
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
     // The warp index read afresh: kept through the loop, ptxas spilled it (96 registers).
-    const int64_t t = next_producer_tile(
-        p, queue, q, tiles.count(), int(dev::thread_index_here() % 128 / 32), Program::kRoleRing);
+    const int64_t t = next_producer_tile<Program::kClaimAhead>(
+        p, queue, q, tiles.count(), int(dev::thread_index_here() % 128 / 32), Program::kRoleRing,
+        ahead);
     if (t == -2) return;
     if (t < 0) {
       timer.flush(p);
@@ -165,10 +185,12 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
                      // other producer warps and the consumers stop at their own bounded waits
     // The leader waits for its TMA loads; when gathering, every warp's lane 0 acquires for its
     // warp's copies (the warp's lanes are ordered after it by the __syncwarp below).
-    if (in.ready && (leader || (in.gather && lane == 0))) {
+    if (in.ready && (leader || (in.gather && lane == 0)) &&
+        !(in.ready == satisfied && in.needed <= satisfied_count)) {
       const uint64_t since = timer.now();
       ok = wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(in.ready) >= in.needed; });
       if (!ok) record_fault(p, in.role, in.what);
+      satisfied = in.ready, satisfied_count = in.needed;
       timer.add(in.timing, since);
       dev::fence_proxy_async_global();  // generic writes of other CTAs -> this thread's TMA reads
     }
@@ -348,6 +370,7 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
     queue.init(gather ? kGatherWarps - 1 : 0);
     dev::mbar_fence_init();
   }
+  Program::prepare_cta(p);
   __syncthreads();
   if (threadIdx.x / 128 == kConsumers) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));

@@ -25,6 +25,10 @@ constexpr int kRoleSharedDgradProducer = kRoleSharedDownProducer;  // for shared
 constexpr int kRoleDgradGateUpProducer = kRoleDownProducer;        // for a block's dgrad-down
 constexpr int kRoleWgradProducer = kRoleDispatchRing;              // for a unit's dgrad-down
 
+// A benchmark's variant (ForwardParams::profile_flags): the weight-gradient tiles are claimed
+// but load, multiply and store nothing (the gradients are then wrong).
+constexpr int kProfileNoWgrad = 4;
+
 // Where the weight gradients go: written as BF16 or FP32, or added to the caller's FP32 buffers.
 enum WeightGradMode : int { kWgradBf16 = 0, kWgradFp32 = 1, kWgradAccumulateFp32 = 2 };
 

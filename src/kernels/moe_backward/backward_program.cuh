@@ -105,16 +105,25 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
     const __nv_bfloat16* g_in = (shared ? p.gate_up_shared : p.gate_up) + row * 2 * width + n0;
     __nv_bfloat16* dg_out = (shared ? p.dgu_shared : p.dgu) + row * 2 * width + n0;
     __nv_bfloat16* act_out = (shared ? p.act_shared_copy : p.act_scaled) + row * width + n0;
+    // Every load of the row first (the stores below could alias them for the compiler, which
+    // would then wait out one L2 round trip per column pair).
+    constexpr int kPairs = kBackwardBlockN / 8;
+    uint32_t a_raw[kPairs], g_raw[kPairs], u_raw[kPairs];
+#pragma unroll
+    for (int j = 0; j < kPairs; ++j) {
+      const int c = 8 * j + f.col0;
+      a_raw[j] = valid ? __ldg(reinterpret_cast<const unsigned int*>(act + c)) : 0u;
+      g_raw[j] = valid ? __ldg(reinterpret_cast<const unsigned int*>(g_in + c)) : 0u;
+      u_raw[j] = valid ? __ldg(reinterpret_cast<const unsigned int*>(g_in + width + c)) : 0u;
+    }
+    auto unpack = [](uint32_t v) {
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+    };
     float dot = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kBackwardBlockN / 8; ++j) {
+    for (int j = 0; j < kPairs; ++j) {
       const int c = 8 * j + f.col0;
-      float2 a = make_float2(0.0f, 0.0f), g = a, u = a;
-      if (valid) {
-        a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(act + c));
-        g = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g_in + c));
-        u = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(g_in + width + c));
-      }
+      const float2 a = unpack(a_raw[j]), g = unpack(g_raw[j]), u = unpack(u_raw[j]);
       const float x0 = d[4 * j + 2 * h], x1 = d[4 * j + 2 * h + 1];
       dot = __fmaf_rn(x0, a.x, dot);
       dot = __fmaf_rn(x1, a.y, dot);
@@ -155,7 +164,9 @@ __device__ __forceinline__ void publish_dgrad_down(const BackwardParams& p, cons
 // A wgrad tile's rows (Fragment rows lo and lo + 8 from row0 of its M) into the weight gradients.
 __device__ __forceinline__ void wgrad_epilogue(const BackwardParams& p, const BackwardWork& w,
                                                const float (&d)[kBackwardBlockN / 2], int row0) {
-  if (w.k_blocks == 0 && p.wgrad_mode == kWgradAccumulateFp32) return;  // left untouched
+  if (w.k_blocks == 0 &&
+      (p.wgrad_mode == kWgradAccumulateFp32 || p.profile_flags & kProfileNoWgrad))
+    return;  // left untouched
   const Fragment f = Fragment::mine();
   const bool shared = w.shared();
   const int64_t width = shared ? p.shared_width : p.intermediate, H = p.hidden;
@@ -212,6 +223,8 @@ struct BackwardProgram {
   static constexpr bool kMultiply = true, kLoads = true;
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
   static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
+  static constexpr bool kClaimAhead = true;  // most tiles are short weight-gradient tiles
+  __device__ static void prepare_cta(const Params& p) { fill_backward_table(p); }
   static_assert(TileShape<kBlockN, Bf16MnMajorB>::kStages == TileShape<kBlockN>::kStages &&
                     TileShape<kBlockN, Bf16MnMajorAB>::kStages == TileShape<kBlockN>::kStages &&
                     TileShape<kBlockN, Bf16MnMajorAB>::kStageBytes ==
@@ -231,13 +244,14 @@ struct BackwardProgram {
   }
 
   // dgrad rows [row0, row0 + 64) past the unit's rows; wgrad tiles have none.
-  __device__ static bool all_padding(const Params& p, const Work& w, int row0) {
+  __device__ static bool all_padding(const Params&, const Work& w, int row0) {
     if (!w.dgrad()) return false;
-    if (w.shared()) return row0 >= p.tokens;
-    return row0 - p.seg_begin[w.expert()] >= p.segment_rows[w.expert()];
+    const BackwardUnitRow& u = backward_table().units[w.unit];
+    return row0 - int64_t(u.first_block) * kBlockM >= u.rows;
   }
 
-  __device__ static Inputs inputs(const Maps& maps, const Params& p, const Tiles&, const Work& w) {
+  __device__ static Inputs inputs(const Maps& maps, const Params& p, const Tiles& tiles,
+                                  const Work& w) {
     Inputs in{};
     const bool shared = w.shared();
     const int width = shared ? p.shared_width : p.intermediate;
@@ -276,8 +290,7 @@ struct BackwardProgram {
                     : (shared ? &maps.shared_x_mn : &maps.x_mn);
         in.a_k0 = in.b_k0 = int(w.k_row0);
         in.a_mn0 = int(w.m_block * kBlockM), in.b_mn0 = w.n_tile * kBlockN;
-        const BackwardUnit u = backward_unit(p, w.unit);
-        in.needed = uint32_t(kConsumers * w_tiles * u.blocks);
+        in.needed = uint32_t(kConsumers * w_tiles * tiles.unit(w.unit).blocks);
         if (in.needed > 0) in.ready = p.unit_done + w.unit;
         in.role = kRoleWgradProducer;
         in.what = w.unit;

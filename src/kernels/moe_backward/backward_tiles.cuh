@@ -88,56 +88,85 @@ __device__ __forceinline__ int64_t backward_step_tiles(const ForwardParams& p, i
   return n;
 }
 
+// The units and the steps' first tiles, copied into shared memory by every CTA before its GEMM
+// roles start (BackwardProgram::prepare_cta): every tile's lookup then reads shared memory only
+// (from global memory, after the producer's acquires had emptied L1, the binary search over the
+// steps was a chain of L2 round trips per tile).
+constexpr int kMaxBackwardUnits = 1 + 512;  // Config::validate: at most 512 experts
+constexpr int kMaxBackwardSteps = kMaxBackwardUnits + 2;
+struct BackwardUnitRow {
+  int32_t first_block, blocks, rows, width;
+};
+struct BackwardTable {
+  int64_t step_begin[kMaxBackwardSteps + 1];
+  BackwardUnitRow units[kMaxBackwardUnits];
+};
+__device__ __forceinline__ BackwardTable& backward_table() {
+  __shared__ BackwardTable table;
+  return table;
+}
+__device__ __forceinline__ void fill_backward_table(const BackwardParams& p) {
+  BackwardTable& t = backward_table();
+  const int units = backward_units(p);
+  for (int i = int(threadIdx.x); i <= units + 2; i += int(blockDim.x))
+    t.step_begin[i] = p.step_begin[i];
+  for (int u = int(threadIdx.x); u < units; u += int(blockDim.x)) {
+    const BackwardUnit b = backward_unit(p, u);
+    t.units[u] = {int32_t(b.first_block), int32_t(b.blocks), int32_t(b.rows), b.width};
+  }
+}
+
 struct BackwardTiles {
+  const BackwardTable* table;
   int steps;
-  int64_t end;
 
   __device__ static BackwardTiles make(const BackwardParams& p) {
-    const int steps = backward_units(p) + 2;
-    return {steps, p.step_begin[steps]};
+    return {&backward_table(), backward_units(p) + 2};
   }
-  __device__ int64_t count() const { return end; }
+  __device__ int64_t count() const { return table->step_begin[steps]; }
+  __device__ const BackwardUnitRow& unit(int u) const { return table->units[u]; }
 
   __device__ BackwardWork at(int64_t t, const BackwardParams& p) const {
     int lo = 0, hi = steps;  // the last step j with step_begin[j] <= t
     while (hi - lo > 1) {
       const int mid = (lo + hi) / 2;
-      if (p.step_begin[mid] <= t)
+      if (table->step_begin[mid] <= t)
         lo = mid;
       else
         hi = mid;
     }
-    int64_t i = t - p.step_begin[lo];
+    int64_t i = t - table->step_begin[lo];
     const int n_h = p.hidden / kBackwardBlockN;
-    const int units = backward_units(p);
+    const int units = steps - 2;
     if (lo < units) {
-      const BackwardUnit u = backward_unit(p, lo);
+      const BackwardUnitRow& u = unit(lo);
       const int n_w = u.width / kBackwardBlockN;
-      if (i < u.blocks * n_w) {
+      if (i < int64_t(u.blocks) * n_w) {
         const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_w);
         return {BackwardKind::dgrad_down, lo, u.first_block + c.block, c.n_tile,
                 p.hidden / kBlockK,       0};
       }
-      i -= u.blocks * n_w;
+      i -= int64_t(u.blocks) * n_w;
     }
     if (lo >= 1 && lo - 1 < units) {
-      const BackwardUnit u = backward_unit(p, lo - 1);
-      if (i < u.blocks * n_h) {
+      const BackwardUnitRow& u = unit(lo - 1);
+      if (i < int64_t(u.blocks) * n_h) {
         const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_h);
         return {BackwardKind::dgrad_gate_up, lo - 1, u.first_block + c.block, c.n_tile,
                 2 * u.width / kBlockK,       0};
       }
-      i -= u.blocks * n_h;
+      i -= int64_t(u.blocks) * n_h;
     }
-    const int unit = lo - 2;
-    const BackwardUnit u = backward_unit(p, unit);
+    const int unit_index = lo - 2;
+    const BackwardUnitRow& u = unit(unit_index);
     const int n_w = u.width / kBackwardBlockN;
-    const int k_blocks = int((u.rows + kBlockK - 1) / kBlockK);
-    const int64_t row0 = u.first_block * kBlockM;
+    // A benchmark's variant without the weight-gradient work: its tiles load and multiply nothing.
+    const int k_blocks = p.profile_flags & kProfileNoWgrad ? 0 : (u.rows + kBlockK - 1) / kBlockK;
+    const int64_t row0 = int64_t(u.first_block) * kBlockM;
     if (i < int64_t(n_h) * n_w)
-      return {BackwardKind::wgrad_down, unit, i / n_w, int(i % n_w), k_blocks, row0};
+      return {BackwardKind::wgrad_down, unit_index, i / n_w, int(i % n_w), k_blocks, row0};
     i -= int64_t(n_h) * n_w;
-    return {BackwardKind::wgrad_gate_up, unit, i / n_h, int(i % n_h), k_blocks, row0};
+    return {BackwardKind::wgrad_gate_up, unit_index, i / n_h, int(i % n_h), k_blocks, row0};
   }
 };
 

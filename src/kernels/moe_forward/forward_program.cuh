@@ -156,6 +156,8 @@ struct ForwardProgram {
   static constexpr bool kLoads = !(kProbe & kProbeNoGemmLoads);
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
   static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
+  static constexpr bool kClaimAhead = false;
+  __device__ static void prepare_cta(const Params&) {}
 
   __device__ static bool dispatch(const Params& p, int cta, int ctas) {
     return !batch_ok(p) || dispatch_role<kBlockN>(p, cta, ctas);
