@@ -77,7 +77,7 @@ class BackwardRunner {
   Config config;
   BackwardOptions options;
   ForwardHooks hooks;
-  int grid = 0, dispatch_ctas = 0;
+  int grid = 0, dispatch_ctas = 0, block_n = 128;
   double wait_seconds = 0;
   uint64_t wait_cycles = 0;
   size_t bytes = 0;
@@ -133,7 +133,10 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
       clock_khz <= 0)
     clock_khz = 2'000'000;
-  check_cuda(kern::prepare_backward_kernel(&per_sm), "preparing the backward kernel");
+  // 256-wide tiles where they divide every width (as in the forward: fewer, larger tiles; half
+  // as many weight-gradient tiles), else 128.
+  block_n = H % 256 == 0 && I % 256 == 0 && S % 256 == 0 ? 256 : 128;
+  check_cuda(kern::prepare_backward_kernel(block_n, &per_sm), "preparing the backward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the backward kernel does not fit on an SM");
   grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   // Two rows move per routed row (d_out and x) against twice the forward's FLOPs: the forward's
@@ -316,6 +319,7 @@ void BackwardRunner::backward(const RankSchedule& s, const ForwardContext& ctx,
                  : options.weight_grads == WeightGrads::write_fp32 ? kern::kWgradFp32
                                                                    : kern::kWgradAccumulateFp32;
   p.step_begin = step_begin;
+  p.block_n = block_n;
 
   check_cuda(cudaMemsetAsync(counters, 0, zeroed_bytes, stream), "cudaMemsetAsync");
   check_cuda(kern::launch_backward(l, grid, stream), "the backward megakernel");
@@ -356,6 +360,7 @@ void MoeBackward::backward(const Schedule& s, const ForwardContext& context,
 void MoeBackward::check(cudaStream_t stream) { runner_->check(stream); }
 int MoeBackward::grid() const { return runner_->grid; }
 int MoeBackward::dispatch_ctas() const { return runner_->dispatch_ctas; }
+int MoeBackward::block_n() const { return runner_->block_n; }
 WeightGrads MoeBackward::weight_grads() const { return runner_->options.weight_grads; }
 size_t MoeBackward::workspace_bytes() const { return runner_->bytes; }
 

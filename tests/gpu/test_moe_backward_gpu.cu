@@ -160,6 +160,19 @@ void expect_matches_reference(const mok::Config& c, const mok::LayerParams& p, c
   }
 }
 
+// 256-wide tiles (H, I and S multiples of 256).
+mok::Config wide_config() {
+  mok::Config c;
+  c.hidden = 512;
+  c.intermediate = 256;
+  c.num_experts = 8;
+  c.top_k = 3;
+  c.num_shared_experts = 1;
+  c.shared_intermediate = 256;
+  c.max_tokens_per_rank = 700;
+  return c;
+}
+
 mok::Config small_config(int shared) {
   mok::Config c;
   c.hidden = 384;  // three 128-wide n-tiles of H
@@ -182,7 +195,8 @@ TEST(MoeBackwardGpu, MatchesTheReferenceOnRandomInputsAndOddBatches) {
   for (const Case& k : {Case{mok::preset("tiny"), 333, "tiny, T = 333"},
                         Case{mok::preset("tiny"), 1, "tiny, T = 1"},
                         Case{small_config(1), 600, "H 384, I 256, T = 600"},
-                        Case{small_config(0), 77, "no shared experts, T = 77"}}) {
+                        Case{small_config(0), 77, "no shared experts, T = 77"},
+                        Case{wide_config(), 700, "256-wide tiles, T = 700"}}) {
     SCOPED_TRACE(k.name);
     const mok::LayerParams p = mok::tools::random_params(k.c, 71);
     const mok::Batch b = mok::tools::random_batch(k.c, k.tokens, 72);
@@ -219,9 +233,7 @@ TEST(MoeBackwardGpu, SkewedRoutingZeroWeightsAndAnEmptyBatch) {
 // The same bits in 20 runs with injected dispatch delays; BF16 weight gradients are the FP32 ones
 // rounded to nearest even; accumulating adds to the caller's buffers (2W from W) and leaves the
 // experts without rows untouched.
-TEST(MoeBackwardGpu, BitwiseAcrossRunsDelaysAndWeightGradientModes) {
-  MOK_REQUIRE_GPU();
-  mok::Config c = small_config(1);
+void expect_bitwise_across_runs_and_modes(const mok::Config& c) {
   const mok::LayerParams p = mok::tools::random_params(c, 91);
   mok::Batch b = mok::tools::random_batch(c, 500, 92);
   for (int64_t t = 0; t < b.tokens; ++t) {  // expert 6 gets no rows
@@ -281,6 +293,14 @@ TEST(MoeBackwardGpu, BitwiseAcrossRunsDelaysAndWeightGradientModes) {
       ASSERT_EQ(acc.w[i][j], untouched ? double(marker) : 2.0 * first.w[i][j])
           << kGradNames[i] << " at " << j;
     }
+}
+
+TEST(MoeBackwardGpu, BitwiseAcrossRunsDelaysAndWeightGradientModes) {
+  MOK_REQUIRE_GPU();
+  for (const mok::Config& c : {small_config(1), wide_config()}) {
+    SCOPED_TRACE("H = " + std::to_string(c.hidden));
+    expect_bitwise_across_runs_and_modes(c);
+  }
 }
 
 // A forward and backward captured in one CUDA graph replay to the direct run's bits, and again

@@ -51,12 +51,13 @@ struct BackwardParams : ForwardParams {
   __nv_bfloat16* act_scaled;       // [capacity, I]: w * act, dW_down's B (padding rows zero)
   __nv_bfloat16* dgu_shared;       // [token_rows, 2S]
   __nv_bfloat16* act_shared_copy;  // [token_rows, S]: act_shared, padding rows zero
-  float* dw_partial;               // [T * K, I / 128]: <dA', act> per dgrad-down n-tile
+  float* dw_partial;               // [T * K, I / block_n]: <dA', act> per dgrad-down n-tile
   float* d_topk_weights;           // [T, K]
   // Weight gradients (WeightGradMode says the element type): routed [E, I, H] x 2 and [E, H, I],
   // shared [S, H] x 2 and [H, S].
   void *d_gate, *d_up, *d_down, *d_shared_gate, *d_shared_up, *d_shared_down;
   int wgrad_mode;
+  int block_n;          // every tile's width, 128 or 256 (dividing H, I and S)
   uint32_t* unit_done;  // [1 + E]: the shared experts', then each expert's dgrad-down count
   int64_t* step_begin;  // [1 + E + 3]: first tile of each step (backward_tiles.cuh)
 };
@@ -75,7 +76,7 @@ static_assert(sizeof(BackwardLaunch) <= 8192, "kernel parameters (limit 32764 B)
 
 // The backward megakernel (moe_backward_bf16.cu): prepare once per device (shared-memory opt-in
 // and CTAs per SM), then per backward the step table and the megakernel on `grid` CTAs.
-cudaError_t prepare_backward_kernel(int* ctas_per_sm);
+cudaError_t prepare_backward_kernel(int block_n, int* ctas_per_sm);
 cudaError_t launch_backward(const BackwardLaunch& launch, int grid, cudaStream_t stream);
 
 }  // namespace mok::kern

@@ -31,6 +31,7 @@ __device__ __forceinline__ const BackwardParams& backward(const ForwardParams& p
 
 // The backward's dispatch of output gradients: d_out rows into dy_routed, published with the
 // x rows (ForwardDispatchRows) through x_ready.
+template <int kBlockN>
 struct DyDispatchRows {
   __device__ static const uint4* source(const ForwardParams& p, int rank, int64_t slot) {
     return reinterpret_cast<const uint4*>(backward(p).peer_d_out[rank] +
@@ -41,7 +42,7 @@ struct DyDispatchRows {
   }
   __device__ static uint32_t* filled(const ForwardParams& p) { return p.x_ready; }
   __device__ static const uint32_t* released(const ForwardParams& p) { return p.act_ready; }
-  __device__ static uint32_t readers(const ForwardTiles<kBackwardBlockN>&) { return 0; }
+  __device__ static uint32_t readers(const ForwardTiles<kBlockN>&) { return 0; }
 };
 
 // The dispatch-backward: d_x = shared dx + sum over k of the dx slots (weights 1), then each
@@ -54,7 +55,7 @@ struct BackwardCombineSums {
   __device__ static void finish(const ForwardParams& p, int64_t t, int lane, bool ok) {
     if (lane >= p.top_k) return;
     const BackwardParams& b = backward(p);
-    const int n_tiles = p.intermediate / kBackwardBlockN;
+    const int n_tiles = p.intermediate / b.block_n;
     const int64_t slot = sched::combine_slot(t, lane, p.top_k);
     float sum = ok ? 0.0f : __int_as_float(0x7FC00000);
     for (int n = 0; ok && n < n_tiles; ++n) sum = __fadd_rn(sum, b.dw_partial[slot * n_tiles + n]);
@@ -81,13 +82,13 @@ __device__ __forceinline__ TileWork as_down_tile(const BackwardWork& w) {
 }
 
 // The dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from row0).
+template <int kBlockN>
 __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, const BackwardWork& w,
-                                                    const float (&d)[kBackwardBlockN / 2],
-                                                    int row0) {
+                                                    const float (&d)[kBlockN / 2], int row0) {
   const Fragment f = Fragment::mine();
   const bool shared = w.shared();
   const int64_t width = shared ? p.shared_width : p.intermediate;
-  const int n0 = w.n_tile * kBackwardBlockN;
+  const int n0 = w.n_tile * kBlockN;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row0 + f.row_lo + 8 * h;
@@ -105,48 +106,53 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
     const __nv_bfloat16* g_in = (shared ? p.gate_up_shared : p.gate_up) + row * 2 * width + n0;
     __nv_bfloat16* dg_out = (shared ? p.dgu_shared : p.dgu) + row * 2 * width + n0;
     __nv_bfloat16* act_out = (shared ? p.act_shared_copy : p.act_scaled) + row * width + n0;
-    // Every load of the row first (the stores below could alias them for the compiler, which
-    // would then wait out one L2 round trip per column pair).
-    constexpr int kPairs = kBackwardBlockN / 8;
-    uint32_t a_raw[kPairs], g_raw[kPairs], u_raw[kPairs];
-#pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const int c = 8 * j + f.col0;
-      a_raw[j] = valid ? __ldg(reinterpret_cast<const unsigned int*>(act + c)) : 0u;
-      g_raw[j] = valid ? __ldg(reinterpret_cast<const unsigned int*>(g_in + c)) : 0u;
-      u_raw[j] = valid ? __ldg(reinterpret_cast<const unsigned int*>(g_in + width + c)) : 0u;
-    }
+    // Per 8 column pairs, every load first (the stores below could alias them for the compiler,
+    // which would then wait out one L2 round trip per column pair). The dot product keeps one
+    // order whatever the chunking.
+    constexpr int kPairs = 8;
+    static_assert(kBlockN / 8 % kPairs == 0);
     auto unpack = [](uint32_t v) {
       return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
     };
     float dot = 0.0f;
 #pragma unroll
-    for (int j = 0; j < kPairs; ++j) {
-      const int c = 8 * j + f.col0;
-      const float2 a = unpack(a_raw[j]), g = unpack(g_raw[j]), u = unpack(u_raw[j]);
-      const float x0 = d[4 * j + 2 * h], x1 = d[4 * j + 2 * h + 1];
-      dot = __fmaf_rn(x0, a.x, dot);
-      dot = __fmaf_rn(x1, a.y, dot);
-      // dA = w dA'; silu'(g) = sigma (1 + g (1 - sigma)).
-      auto grads = [&](float x, float gv, float uv, float& dg, float& du) {
-        const float da = __fmul_rn(s, x);
-        const float sigma = __fdividef(1.0f, 1.0f + __expf(-gv));
-        du = valid ? da * (gv * sigma) : 0.0f;
-        dg = valid ? da * uv * (sigma * (1.0f + gv * (1.0f - sigma))) : 0.0f;
-      };
-      float dg0, du0, dg1, du1;
-      grads(x0, g.x, u.x, dg0, du0);
-      grads(x1, g.y, u.y, dg1, du1);
-      *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(dg0, dg1);
-      *reinterpret_cast<__nv_bfloat162*>(dg_out + width + c) = __floats2bfloat162_rn(du0, du1);
-      *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
-          __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
+    for (int chunk = 0; chunk < kBlockN / 8 / kPairs; ++chunk) {
+      uint32_t a_raw[kPairs], g_raw[kPairs], u_raw[kPairs];
+#pragma unroll
+      for (int jj = 0; jj < kPairs; ++jj) {
+        const int c = 8 * (chunk * kPairs + jj) + f.col0;
+        a_raw[jj] = valid ? __ldg(reinterpret_cast<const unsigned int*>(act + c)) : 0u;
+        g_raw[jj] = valid ? __ldg(reinterpret_cast<const unsigned int*>(g_in + c)) : 0u;
+        u_raw[jj] = valid ? __ldg(reinterpret_cast<const unsigned int*>(g_in + width + c)) : 0u;
+      }
+#pragma unroll
+      for (int jj = 0; jj < kPairs; ++jj) {
+        const int j = chunk * kPairs + jj, c = 8 * j + f.col0;
+        const float2 a = unpack(a_raw[jj]), g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
+        const float x0 = d[4 * j + 2 * h], x1 = d[4 * j + 2 * h + 1];
+        dot = __fmaf_rn(x0, a.x, dot);
+        dot = __fmaf_rn(x1, a.y, dot);
+        // dA = w dA'; silu'(g) = sigma (1 + g (1 - sigma)).
+        auto grads = [&](float x, float gv, float uv, float& dg, float& du) {
+          const float da = __fmul_rn(s, x);
+          const float sigma = __fdividef(1.0f, 1.0f + __expf(-gv));
+          du = valid ? da * (gv * sigma) : 0.0f;
+          dg = valid ? da * uv * (sigma * (1.0f + gv * (1.0f - sigma))) : 0.0f;
+        };
+        float dg0, du0, dg1, du1;
+        grads(x0, g.x, u.x, dg0, du0);
+        grads(x1, g.y, u.y, dg1, du1);
+        *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(dg0, dg1);
+        *reinterpret_cast<__nv_bfloat162*>(dg_out + width + c) = __floats2bfloat162_rn(du0, du1);
+        *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
+            __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
+      }
     }
-    // The row's 128 columns live in one quad: a fixed butterfly, then the quad's first lane.
+    // The row's kBlockN columns live in one quad: a fixed butterfly, then the quad's first lane.
     dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, 1));
     dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, 2));
     if (!shared && valid && f.col0 == 0)
-      p.dw_partial[slot * (p.intermediate / kBackwardBlockN) + w.n_tile] = dot;
+      p.dw_partial[slot * (p.intermediate / kBlockN) + w.n_tile] = dot;
   }
 }
 
@@ -162,8 +168,9 @@ __device__ __forceinline__ void publish_dgrad_down(const BackwardParams& p, cons
 }
 
 // A wgrad tile's rows (Fragment rows lo and lo + 8 from row0 of its M) into the weight gradients.
+template <int kBlockN>
 __device__ __forceinline__ void wgrad_epilogue(const BackwardParams& p, const BackwardWork& w,
-                                               const float (&d)[kBackwardBlockN / 2], int row0) {
+                                               const float (&d)[kBlockN / 2], int row0) {
   if (w.k_blocks == 0 &&
       (p.wgrad_mode == kWgradAccumulateFp32 || p.profile_flags & kProfileNoWgrad))
     return;  // left untouched
@@ -171,7 +178,7 @@ __device__ __forceinline__ void wgrad_epilogue(const BackwardParams& p, const Ba
   const bool shared = w.shared();
   const int64_t width = shared ? p.shared_width : p.intermediate, H = p.hidden;
   const int64_t expert = shared ? 0 : w.expert();
-  const int64_t n0 = int64_t(w.n_tile) * kBackwardBlockN;
+  const int64_t n0 = int64_t(w.n_tile) * kBlockN;
   // Element offsets of this thread's rows, and the matrix they are in.
   void* base;
   int64_t ld, lo;
@@ -187,15 +194,30 @@ __device__ __forceinline__ void wgrad_epilogue(const BackwardParams& p, const Ba
     lo = expert * width * H + (up ? m - width : m) * H + n0;
   }
   const int64_t hi = lo + 8 * ld;
+  if (w.k_blocks == 0) {  // a unit without rows: exact zeros (the accumulators hold nothing)
+    const size_t bytes = p.wgrad_mode == kWgradBf16 ? 2 : 4;
+    uint8_t* out = static_cast<uint8_t*>(base);
+#pragma unroll 1
+    for (int j = 0; j < kBlockN / 8; ++j) {
+      const int64_t c = 8 * j + f.col0;
+      for (const int64_t r : {lo, hi}) {
+        if (bytes == 2)
+          *reinterpret_cast<uint32_t*>(out + (r + c) * 2) = 0u;
+        else
+          *reinterpret_cast<uint2*>(out + (r + c) * 4) = make_uint2(0u, 0u);
+      }
+    }
+    return;
+  }
   if (p.wgrad_mode == kWgradBf16) {
     __nv_bfloat16* out = static_cast<__nv_bfloat16*>(base);
-    store_rows_vec16<kBackwardBlockN>(d, out + lo, out + hi, kBackwardBlockN);
+    store_rows_vec16<kBlockN>(d, out + lo, out + hi, kBlockN);
     return;
   }
   float* out = static_cast<float*>(base);
   const bool add = p.wgrad_mode == kWgradAccumulateFp32;
 #pragma unroll
-  for (int j = 0; j < kBackwardBlockN / 8; ++j) {
+  for (int j = 0; j < kBlockN / 8; ++j) {
     const int c = 8 * j + f.col0;
     float2 v_lo = make_float2(d[4 * j], d[4 * j + 1]),
            v_hi = make_float2(d[4 * j + 2], d[4 * j + 3]);
@@ -211,6 +233,7 @@ __device__ __forceinline__ void wgrad_epilogue(const BackwardParams& p, const Ba
   }
 }
 
+template <int kBlockN_>
 struct BackwardProgram {
   using Params = BackwardParams;
   using Maps = BackwardMaps;
@@ -219,7 +242,7 @@ struct BackwardProgram {
   using Inputs = BackwardInputs;
   using Prefetch = DownRows;
   using Owed = DownRowCounts;
-  static constexpr int kBlockN = kBackwardBlockN;
+  static constexpr int kBlockN = kBlockN_;
   static constexpr bool kMultiply = true, kLoads = true;
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
   static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
@@ -233,7 +256,8 @@ struct BackwardProgram {
 
   __device__ static bool dispatch(const Params& p, int cta, int ctas) {
     return !batch_ok(p) ||
-           dispatch_role<kBlockN, DyDispatchRows, ForwardDispatchRows<kBlockN>>(p, cta, ctas);
+           dispatch_role<kBlockN, DyDispatchRows<kBlockN>, ForwardDispatchRows<kBlockN>>(p, cta,
+                                                                                         ctas);
   }
   __device__ static void combine(const Params& p) { combine_role<kBlockN, BackwardCombineSums>(p); }
 
@@ -317,25 +341,22 @@ struct BackwardProgram {
                                       in.b_k0 + (second ? kb - in.b_split : kb) * kBlockK,
                                       in.b_mn0);
   }
-  // dgrad: B MN-major; wgrad: both MN-major, zeros for a unit without rows. One wgmma group in
-  // flight (every operand comes by TMA).
+  // dgrad: B MN-major; wgrad: both MN-major (a unit without rows: no k-blocks, d untouched, its
+  // epilogue stores zeros). One wgmma group in flight (every operand comes by TMA).
   template <class Times>
   __device__ static bool mainloop(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
                                   dev::RingCursor<TileShape<kBlockN>::kStages>& cursor,
                                   const Work& w, int wg, const Params& p, Times& times, bool) {
-    if (w.k_blocks == 0) {
-#pragma unroll
-      for (float& x : d) x = 0.0f;
-      return true;
+    if (w.dgrad()) {
+      const SmemRing<kBlockN, Bf16MnMajorB> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
+      return mma_tile<kBlockN, true, true, Bf16MnMajorB>(
+          d, r, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on, &times.starved, false,
+          &times.starved_first);
     }
-    auto run = [&](auto traits) {
-      using Traits = decltype(traits);
-      const SmemRing<kBlockN, Traits> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
-      return mma_tile<kBlockN, true, true, Traits>(d, r, cursor, w.k_blocks, wg, p.wait_cycles,
-                                                   times.timer.on, &times.starved, false,
-                                                   &times.starved_first);
-    };
-    return w.dgrad() ? run(Bf16MnMajorB{}) : run(Bf16MnMajorAB{});
+    const SmemRing<kBlockN, Bf16MnMajorAB> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
+    return mma_tile<kBlockN, true, true, Bf16MnMajorAB>(d, r, cursor, w.k_blocks, wg, p.wait_cycles,
+                                                        times.timer.on, &times.starved, false,
+                                                        &times.starved_first);
   }
 
   __device__ static Prefetch prefetch(const Params& p, const Work& w, int row0) {
@@ -350,7 +371,7 @@ struct BackwardProgram {
     const uint64_t since = timer.now();
     switch (w.kind) {
       case BackwardKind::dgrad_down:
-        dgrad_down_epilogue(p, w, d, row0);
+        dgrad_down_epilogue<kBlockN>(p, w, d, row0);
         publish_dgrad_down(p, w, wg);
         timer.add(kTimeConsumerPublish, since);
         break;
@@ -359,7 +380,7 @@ struct BackwardProgram {
         timer.add(kTimeConsumerEpilogueDown, since);
         break;
       default:
-        wgrad_epilogue(p, w, d, row0);
+        wgrad_epilogue<kBlockN>(p, w, d, row0);
         break;
     }
   }

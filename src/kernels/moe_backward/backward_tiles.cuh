@@ -1,6 +1,7 @@
 // The backward megakernel's tiles and their order. A unit is the shared experts (unit 0, over token
 // blocks; no tiles without them) or one local expert (unit 1 + e, over its routed row blocks).
-// Per unit, with W its width (S or I) and nW = W / 128, nH = H / 128 n-tiles:
+// Per unit, with W its width (S or I) and nW = W / N, nH = H / N n-tiles (N = block_n, 128 or 256:
+// every backward tile is 128 x N):
 //   dgrad-down     blocks x nW   dA' = d_out W_down of a row block; SwiGLU backward -> dg | du
 //   dgrad-gate/up  blocks x nH   dx = [dg | du] [W_gate; W_up] of a row block
 //   wgrad          nH x nW       dW_down = sum over the unit's rows of d_out^T (w act)
@@ -33,8 +34,6 @@ enum class BackwardKind : int {
   wgrad_down = 2,
   wgrad_gate_up = 3
 };
-
-constexpr int kBackwardBlockN = 128;  // every backward tile is 128 x 128
 
 struct BackwardWork {
   BackwardKind kind;
@@ -72,14 +71,14 @@ __device__ __forceinline__ BackwardUnit backward_unit(const ForwardParams& p, in
 struct BackwardTileCounts {
   int64_t dgrad_down, dgrad_gate_up, wgrad;
 };
-__device__ __forceinline__ BackwardTileCounts backward_tile_counts(const ForwardParams& p,
+__device__ __forceinline__ BackwardTileCounts backward_tile_counts(const BackwardParams& p,
                                                                    const BackwardUnit& u) {
-  const int64_t n_w = u.width / kBackwardBlockN, n_h = p.hidden / kBackwardBlockN;
+  const int64_t n_w = u.width / p.block_n, n_h = p.hidden / p.block_n;
   return {u.blocks * n_w, u.blocks * n_h, 3 * n_w * n_h};
 }
 
 // Tiles of step j (units j, j - 1, j - 2 as above), 0 <= j < units + 2.
-__device__ __forceinline__ int64_t backward_step_tiles(const ForwardParams& p, int j) {
+__device__ __forceinline__ int64_t backward_step_tiles(const BackwardParams& p, int j) {
   const int units = backward_units(p);
   int64_t n = 0;
   if (j < units) n += backward_tile_counts(p, backward_unit(p, j)).dgrad_down;
@@ -136,11 +135,11 @@ struct BackwardTiles {
         hi = mid;
     }
     int64_t i = t - table->step_begin[lo];
-    const int n_h = p.hidden / kBackwardBlockN;
+    const int n_h = p.hidden / p.block_n;
     const int units = steps - 2;
     if (lo < units) {
       const BackwardUnitRow& u = unit(lo);
-      const int n_w = u.width / kBackwardBlockN;
+      const int n_w = u.width / p.block_n;
       if (i < int64_t(u.blocks) * n_w) {
         const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_w);
         return {BackwardKind::dgrad_down, lo, u.first_block + c.block, c.n_tile,
@@ -159,7 +158,7 @@ struct BackwardTiles {
     }
     const int unit_index = lo - 2;
     const BackwardUnitRow& u = unit(unit_index);
-    const int n_w = u.width / kBackwardBlockN;
+    const int n_w = u.width / p.block_n;
     // A benchmark's variant without the weight-gradient work: its tiles load and multiply nothing.
     const int k_blocks = p.profile_flags & kProfileNoWgrad ? 0 : (u.rows + kBlockK - 1) / kBlockK;
     const int64_t row0 = int64_t(u.first_block) * kBlockM;

@@ -4,19 +4,32 @@
 #include "kernels/moe_backward/backward_program.cuh"
 #include "mok/device/block_scan.cuh"
 
+#include <type_traits>
+
 namespace mok::kern {
 namespace {
 
-// The same register split as the forward's (its producer walks as rich a tile sequence).
-constexpr int kBackwardProducerRegs = 96, kBackwardConsumerRegs = 200;
+// The consumers keep 224 registers: at the forward's 200 the 256-wide epilogues (three kinds
+// beside the 128 accumulators) spilled 268 bytes, at 224 they spill 64 (ptxas -v); the producer
+// walks the tile table in shared memory and needs less than the forward's.
+constexpr int kBackwardProducerRegs = 56, kBackwardConsumerRegs = 224;
 static_assert(128 * kBackwardProducerRegs + kConsumers * 128 * kBackwardConsumerRegs <=
                   kThreads * 168,
               "setmaxnreg budget");
-constexpr int kSmem = TileShape<kBackwardBlockN>::kSmemBytes;
 
+template <int kBlockN>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_backward_kernel(const __grid_constant__ BackwardLaunch launch) {
-  run_megakernel<BackwardProgram, kBackwardProducerRegs, kBackwardConsumerRegs, false>(launch);
+  run_megakernel<BackwardProgram<kBlockN>, kBackwardProducerRegs, kBackwardConsumerRegs, false>(
+      launch);
+}
+
+// Tile width 128 or 256 (every tile of a launch).
+template <class F>
+cudaError_t with_block_n(int block_n, F&& f) {
+  if (block_n == 128) return f(std::integral_constant<int, 128>{});
+  if (block_n == 256) return f(std::integral_constant<int, 256>{});
+  return cudaErrorInvalidValue;
 }
 
 // step_begin: the first tile of each step of the sequence (backward_tiles.cuh), an exclusive
@@ -39,20 +52,27 @@ __global__ void backward_steps_kernel(const __grid_constant__ BackwardLaunch lau
 
 }  // namespace
 
-cudaError_t prepare_backward_kernel(int* ctas_per_sm) {
-  if (cudaError_t e = cudaFuncSetAttribute(moe_backward_kernel,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-      e != cudaSuccess)
-    return e;
-  return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, moe_backward_kernel, kThreads,
-                                                       kSmem);
+cudaError_t prepare_backward_kernel(int block_n, int* ctas_per_sm) {
+  return with_block_n(block_n, [&](auto n) {
+    constexpr int kBlockN = decltype(n)::value, kSmem = TileShape<kBlockN>::kSmemBytes;
+    if (cudaError_t e = cudaFuncSetAttribute(moe_backward_kernel<kBlockN>,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+        e != cudaSuccess)
+      return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, moe_backward_kernel<kBlockN>,
+                                                         kThreads, kSmem);
+  });
 }
 
 cudaError_t launch_backward(const BackwardLaunch& launch, int grid, cudaStream_t stream) {
   if (launch.ranks != 1 || grid < 1) return cudaErrorInvalidValue;
-  backward_steps_kernel<<<1, 1024, 0, stream>>>(launch);
-  moe_backward_kernel<<<grid, kThreads, kSmem, stream>>>(launch);
-  return cudaGetLastError();
+  return with_block_n(launch.local.params.block_n, [&](auto n) {
+    constexpr int kBlockN = decltype(n)::value;
+    backward_steps_kernel<<<1, 1024, 0, stream>>>(launch);
+    moe_backward_kernel<kBlockN>
+        <<<grid, kThreads, TileShape<kBlockN>::kSmemBytes, stream>>>(launch);
+    return cudaGetLastError();
+  });
 }
 
 }  // namespace mok::kern
