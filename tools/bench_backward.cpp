@@ -38,6 +38,7 @@ struct BackwardRow {
   double bound_ms[2] = {};  // the backward's, BF16 and FP32 dW
   double step_bound_ms = 0;
   double workspace_gb = 0, context_gb = 0;
+  int block_n = 0;
   const char* bound_by[2] = {};
 };
 
@@ -73,6 +74,7 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   gpu::BackwardOptions bo[2];
   bo[0].weight_grads = gpu::WeightGrads::write_bf16;
   bo[1].weight_grads = gpu::WeightGrads::write_fp32;
+  bo[0].block_n = bo[1].block_n = o.block_n;
   gpu::detail::ForwardHooks no_wgrad;
   no_wgrad.without_wgrad = true;
   gpu::MoeBackward b16(c, bo[0]), without(c, bo[0], no_wgrad);
@@ -133,6 +135,7 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   r.backward_ms[1] = middle(bw[2]);  // 0 without the FP32 run
   r.step_ms = middle(st);
   r.workspace_gb = double(b16.workspace_bytes()) * 1e-9;
+  r.block_n = b16.block_n();
   r.context_gb = double(gpu::ForwardContext::bytes_per_token(c)) * T * 1e-9;
   // Bytes that must cross HBM: the weights once, the gradients once (2 or 4 bytes), x and d_out
   // read, d_x written, the context read.
@@ -179,8 +182,8 @@ int bench_backward_command(const BenchOptions& o) {
       "| shape | T | forward ms (TFLOP/s) | backward, BF16 dW: ms | TFLOP/s | %% of roofline "
       "(bound) | backward, FP32 dW: ms (TFLOP/s, %% of roofline) | backward / forward time | "
       "step ms | step TFLOP/s | %% of step roofline | backward without the wgrad work ms | "
-      "context GB | backward workspace GB | peak TFLOP/s, HBM TB/s measured |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "context GB | backward workspace GB | backward tile width | peak TFLOP/s, HBM TB/s "
+      "measured |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& [name, tokens] : shapes) {
     const Ceilings ceil = measure_ceilings_now();
     const Config c = preset(name);
@@ -197,11 +200,11 @@ int bench_backward_command(const BenchOptions& o) {
     std::printf(
         "| %s | %lld | %.3f (%.0f) | %.3f | %.0f | %.0f%% (%s) | %s | %.2f | %.3f | %.0f | %.0f%% "
         "| "
-        "%.3f | %.2f | %.2f | %.0f, %.2f |\n",
+        "%.3f | %.2f | %.2f | %d | %.0f, %.2f |\n",
         r.name.c_str(), (long long)r.tokens, r.forward_ms, tf(fwd, r.forward_ms), r.backward_ms[0],
         tf(bwd, r.backward_ms[0]), 100.0 * r.bound_ms[0] / r.backward_ms[0], r.bound_by[0], fp32,
         r.backward_ms[0] / r.forward_ms, r.step_ms, tf(fwd + bwd, r.step_ms),
-        100.0 * r.step_bound_ms / r.step_ms, r.no_wgrad_ms, r.context_gb, r.workspace_gb,
+        100.0 * r.step_bound_ms / r.step_ms, r.no_wgrad_ms, r.context_gb, r.workspace_gb, r.block_n,
         ceil.bf16_tflops, ceil.hbm_tbps);
     std::fflush(stdout);
   }

@@ -68,6 +68,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.row_path = v;
     } else if (a == "--breakdown")
       o.breakdown = v == "1" || v == "yes";
+    else if (a == "--block-n")
+      o.block_n = std::atoi(v.c_str());
     else if (a == "--direction") {
       if (v != "forward" && v != "backward")
         throw UsageError("--direction takes forward or backward, not '" + v + "'");

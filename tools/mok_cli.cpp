@@ -51,6 +51,7 @@ const char* kUsage =
     "      [--direction D]          forward (default) or backward: EP = 1, the training\n"
     "                               forward, the backward (BF16 and FP32 weight gradients)\n"
     "                               and the whole step as CUDA graph replays\n"
+    "      [--block-n N]            the backward's tile width, 128 or 256 (default: automatic)\n"
     "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"
     "                               when fewer are visible), beside EP = 1 and the roofline\n"
     "presets: tiny, dsv3, mok-default, qwen3-30b, fine\n";

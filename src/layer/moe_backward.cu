@@ -77,7 +77,7 @@ class BackwardRunner {
   Config config;
   BackwardOptions options;
   ForwardHooks hooks;
-  int grid = 0, dispatch_ctas = 0, block_n = 128;
+  int grid = 0, dispatch_ctas = 0, block_n = 128, lag = 1;
   double wait_seconds = 0;
   uint64_t wait_cycles = 0;
   size_t bytes = 0;
@@ -135,7 +135,12 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
     clock_khz = 2'000'000;
   // 256-wide tiles where they divide every width (as in the forward: fewer, larger tiles; half
   // as many weight-gradient tiles), else 128.
-  block_n = H % 256 == 0 && I % 256 == 0 && S % 256 == 0 ? 256 : 128;
+  const bool wide_ok = H % 256 == 0 && I % 256 == 0 && S % 256 == 0;
+  require(o.block_n == 0 || o.block_n == 128 || (o.block_n == 256 && wide_ok),
+          ErrorCode::invalid_argument,
+          "MoeBackward: block_n = " + std::to_string(o.block_n) +
+              ": allowed 0 (automatic), 128, or 256 when H, I and S are multiples of 256");
+  block_n = o.block_n != 0 ? o.block_n : wide_ok ? 256 : 128;
   check_cuda(kern::prepare_backward_kernel(block_n, &per_sm), "preparing the backward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the backward kernel does not fit on an SM");
   grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
@@ -147,6 +152,12 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
           "MoeBackward: a grid of " + std::to_string(grid) + " CTAs is too few for " +
               std::to_string(dispatch_ctas) + " dispatch CTAs and the GEMMs");
   wait_cycles = uint64_t(wait_seconds * double(clock_khz) * 1e3);
+  // The tile order's lag (backward_tiles.cuh): units enough that two waves of the grid fit in
+  // one lag's tiles, estimated from the batch's mean rows per expert (the order changes when tiles
+  // run, never their bits).
+  const int64_t blocks = (max_t * K / c.num_experts + kTileRows - 1) / kTileRows;
+  const int64_t per_unit = blocks * (I + H) / block_n + (H * I + 2 * I * H) / (128 * block_n);
+  lag = int(std::clamp<int64_t>((2 * grid + per_unit - 1) / std::max<int64_t>(per_unit, 1), 1, El));
 
   capacity = sched::pad_to_tile(c.capacity_rows(), kTileRows);
   capacity_blocks = capacity / kTileRows;
@@ -164,7 +175,7 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
     }
     dx_slots = alloc<__nv_bfloat16>(size_t(max_t * K * H));
     dw_partial = alloc<float>(size_t(max_t * K * (I / 128)));
-    step_begin = alloc<int64_t>(size_t(El + 4));
+    step_begin = alloc<int64_t>(size_t(1 + El + 2 * lag + 1));
     const size_t words = size_t(2 * capacity_blocks + token_blocks + max_t + 2 + 1 + El);
     auto round_up = [](size_t n) { return (n + 255) / 256 * 256; };
     const size_t fault_at = round_up(words * sizeof(uint32_t));
@@ -320,6 +331,7 @@ void BackwardRunner::backward(const RankSchedule& s, const ForwardContext& ctx,
                                                                    : kern::kWgradAccumulateFp32;
   p.step_begin = step_begin;
   p.block_n = block_n;
+  p.lag = lag;
 
   check_cuda(cudaMemsetAsync(counters, 0, zeroed_bytes, stream), "cudaMemsetAsync");
   check_cuda(kern::launch_backward(l, grid, stream), "the backward megakernel");

@@ -48,6 +48,7 @@ struct BackwardOptions {
   WeightGrads weight_grads = WeightGrads::write_fp32;
   int dispatch_ctas = 0;    // CTAs that copy d_out and x rows (then run GEMM tiles); 0: automatic
   int max_ctas = 0;         // persistent grid; 0: one CTA per SM
+  int block_n = 0;          // tile width 128 or 256; 0: 256 where it divides H, I and S, else 128
   double wait_seconds = 0;  // as ForwardOptions::wait_seconds
 };
 

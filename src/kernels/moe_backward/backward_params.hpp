@@ -58,8 +58,9 @@ struct BackwardParams : ForwardParams {
   void *d_gate, *d_up, *d_down, *d_shared_gate, *d_shared_up, *d_shared_down;
   int wgrad_mode;
   int block_n;          // every tile's width, 128 or 256 (dividing H, I and S)
+  int lag;              // units between a unit's dgrad-down and dgrad-gate/up steps (tile order)
   uint32_t* unit_done;  // [1 + E]: the shared experts', then each expert's dgrad-down count
-  int64_t* step_begin;  // [1 + E + 3]: first tile of each step (backward_tiles.cuh)
+  int64_t* step_begin;  // [1 + E + 2 lag + 1]: first tile of each step (backward_tiles.cuh)
 };
 
 // One rank's share, and a launch (the engine's shape: ranks == 1 for now, the share by value).

@@ -1,14 +1,16 @@
 // The backward megakernel's tiles and their order. A unit is the shared experts (unit 0, over token
 // blocks; no tiles without them) or one local expert (unit 1 + e, over its routed row blocks).
-// Per unit, with W its width (S or I) and nW = W / N, nH = H / N n-tiles (N = block_n, 128 or 256:
-// every backward tile is 128 x N):
+// Every tile is 128 x N (N = block_n, 128 or 256). Per unit, with W its width (S or I), nW = W / N
+// and nH = H / N n-tiles, and mH = H / 128, mW = 2W / 128 m-tiles:
 //   dgrad-down     blocks x nW   dA' = d_out W_down of a row block; SwiGLU backward -> dg | du
 //   dgrad-gate/up  blocks x nH   dx = [dg | du] [W_gate; W_up] of a row block
-//   wgrad          nH x nW       dW_down = sum over the unit's rows of d_out^T (w act)
-//                  2nW x nH      dW_gate | dW_up = sum over its rows of [dg | du]^T x
-// The GEMM CTAs claim tiles from one counter in the order of a pipeline of steps: step j holds
-// unit j's dgrad-down tiles, unit j-1's dgrad-gate/up tiles and unit j-2's wgrad tiles, so every
-// kind runs at once and the gradient stores overlap arithmetic instead of forming a tail.
+//   wgrad          mH x nW       dW_down = sum over the unit's rows of d_out^T (w act)
+//                  mW x nH       dW_gate | dW_up = sum over its rows of [dg | du]^T x
+// The GEMM CTAs claim tiles from one counter in the order of a pipeline of steps with a lag L
+// (BackwardParams::lag): step j holds unit j's dgrad-down tiles, unit j-L's dgrad-gate/up tiles and
+// unit j-2L's wgrad tiles, so every kind runs at once and the gradient stores overlap arithmetic
+// instead of forming a tail. L is the host's: enough units that the tiles a wave of CTAs claims
+// rarely wait on tiles still in flight (units with few tiles need a longer lag).
 // Inside a kind the row blocks go in the forward's weight-sharing groups (tile_order.hpp).
 //
 // Deadlock freedom (the forward's argument, tile_schedule.cuh): a dgrad-down tile waits only on
@@ -74,16 +76,22 @@ struct BackwardTileCounts {
 __device__ __forceinline__ BackwardTileCounts backward_tile_counts(const BackwardParams& p,
                                                                    const BackwardUnit& u) {
   const int64_t n_w = u.width / p.block_n, n_h = p.hidden / p.block_n;
-  return {u.blocks * n_w, u.blocks * n_h, 3 * n_w * n_h};
+  const int64_t m_h = p.hidden / kBlockM, m_w = 2 * u.width / kBlockM;
+  return {u.blocks * n_w, u.blocks * n_h, m_h * n_w + m_w * n_h};
 }
 
-// Tiles of step j (units j, j - 1, j - 2 as above), 0 <= j < units + 2.
+__device__ __forceinline__ int backward_steps(const ForwardParams& p, int lag) {
+  return backward_units(p) + 2 * lag;
+}
+
+// Tiles of step j (units j, j - L, j - 2L as above), 0 <= j < units + 2L.
 __device__ __forceinline__ int64_t backward_step_tiles(const BackwardParams& p, int j) {
-  const int units = backward_units(p);
+  const int units = backward_units(p), lag = p.lag;
   int64_t n = 0;
   if (j < units) n += backward_tile_counts(p, backward_unit(p, j)).dgrad_down;
-  if (j >= 1 && j - 1 < units) n += backward_tile_counts(p, backward_unit(p, j - 1)).dgrad_gate_up;
-  if (j >= 2) n += backward_tile_counts(p, backward_unit(p, j - 2)).wgrad;
+  if (j >= lag && j - lag < units)
+    n += backward_tile_counts(p, backward_unit(p, j - lag)).dgrad_gate_up;
+  if (j >= 2 * lag) n += backward_tile_counts(p, backward_unit(p, j - 2 * lag)).wgrad;
   return n;
 }
 
@@ -91,8 +99,8 @@ __device__ __forceinline__ int64_t backward_step_tiles(const BackwardParams& p, 
 // roles start (BackwardProgram::prepare_cta): every tile's lookup then reads shared memory only
 // (from global memory, after the producer's acquires had emptied L1, the binary search over the
 // steps was a chain of L2 round trips per tile).
-constexpr int kMaxBackwardUnits = 1 + 512;  // Config::validate: at most 512 experts
-constexpr int kMaxBackwardSteps = kMaxBackwardUnits + 2;
+constexpr int kMaxBackwardUnits = 1 + 512;                // Config::validate: at most 512 experts
+constexpr int kMaxBackwardSteps = 3 * kMaxBackwardUnits;  // units + 2L with L < units
 struct BackwardUnitRow {
   int32_t first_block, blocks, rows, width;
 };
@@ -107,7 +115,7 @@ __device__ __forceinline__ BackwardTable& backward_table() {
 __device__ __forceinline__ void fill_backward_table(const BackwardParams& p) {
   BackwardTable& t = backward_table();
   const int units = backward_units(p);
-  for (int i = int(threadIdx.x); i <= units + 2; i += int(blockDim.x))
+  for (int i = int(threadIdx.x); i <= backward_steps(p, p.lag); i += int(blockDim.x))
     t.step_begin[i] = p.step_begin[i];
   for (int u = int(threadIdx.x); u < units; u += int(blockDim.x)) {
     const BackwardUnit b = backward_unit(p, u);
@@ -117,10 +125,10 @@ __device__ __forceinline__ void fill_backward_table(const BackwardParams& p) {
 
 struct BackwardTiles {
   const BackwardTable* table;
-  int steps;
+  int steps, lag;
 
   __device__ static BackwardTiles make(const BackwardParams& p) {
-    return {&backward_table(), backward_units(p) + 2};
+    return {&backward_table(), backward_steps(p, p.lag), p.lag};
   }
   __device__ int64_t count() const { return table->step_begin[steps]; }
   __device__ const BackwardUnitRow& unit(int u) const { return table->units[u]; }
@@ -136,7 +144,7 @@ struct BackwardTiles {
     }
     int64_t i = t - table->step_begin[lo];
     const int n_h = p.hidden / p.block_n;
-    const int units = steps - 2;
+    const int units = steps - 2 * lag;
     if (lo < units) {
       const BackwardUnitRow& u = unit(lo);
       const int n_w = u.width / p.block_n;
@@ -147,24 +155,25 @@ struct BackwardTiles {
       }
       i -= int64_t(u.blocks) * n_w;
     }
-    if (lo >= 1 && lo - 1 < units) {
-      const BackwardUnitRow& u = unit(lo - 1);
+    if (lo >= lag && lo - lag < units) {
+      const BackwardUnitRow& u = unit(lo - lag);
       if (i < int64_t(u.blocks) * n_h) {
         const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_h);
-        return {BackwardKind::dgrad_gate_up, lo - 1, u.first_block + c.block, c.n_tile,
+        return {BackwardKind::dgrad_gate_up, lo - lag, u.first_block + c.block, c.n_tile,
                 2 * u.width / kBlockK,       0};
       }
       i -= int64_t(u.blocks) * n_h;
     }
-    const int unit_index = lo - 2;
+    const int unit_index = lo - 2 * lag;
     const BackwardUnitRow& u = unit(unit_index);
     const int n_w = u.width / p.block_n;
     // A benchmark's variant without the weight-gradient work: its tiles load and multiply nothing.
     const int k_blocks = p.profile_flags & kProfileNoWgrad ? 0 : (u.rows + kBlockK - 1) / kBlockK;
     const int64_t row0 = int64_t(u.first_block) * kBlockM;
-    if (i < int64_t(n_h) * n_w)
+    const int m_h = p.hidden / kBlockM;  // wgrad m-tiles are 128 rows of the output
+    if (i < int64_t(m_h) * n_w)
       return {BackwardKind::wgrad_down, unit_index, i / n_w, int(i % n_w), k_blocks, row0};
-    i -= int64_t(n_h) * n_w;
+    i -= int64_t(m_h) * n_w;
     return {BackwardKind::wgrad_gate_up, unit_index, i / n_h, int(i % n_h), k_blocks, row0};
   }
 };

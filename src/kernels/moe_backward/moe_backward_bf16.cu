@@ -37,7 +37,7 @@ cudaError_t with_block_n(int block_n, F&& f) {
 __global__ void backward_steps_kernel(const __grid_constant__ BackwardLaunch launch) {
   const BackwardParams& p = launch.local.params;
   __shared__ int64_t warp_sums[dev::kMaxBlockWarps];
-  const int steps = backward_units(p) + 2;
+  const int steps = backward_steps(p, p.lag);
   int64_t base = 0;
   for (int j0 = 0; j0 < steps; j0 += int(blockDim.x)) {
     const int j = j0 + int(threadIdx.x);
