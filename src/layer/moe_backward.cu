@@ -133,14 +133,15 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
       clock_khz <= 0)
     clock_khz = 2'000'000;
-  // 256-wide tiles where they divide every width (as in the forward: fewer, larger tiles; half
-  // as many weight-gradient tiles), else 128.
+  // 256-wide tiles where they divide every width and I >= 768, else 128: measured on the five
+  // standard shapes (docs/benchmarks.md, lever index "backward tile width"), 256 was 17-33% faster
+  // at I = 768-3072 and 25% slower at fine's I = 512.
   const bool wide_ok = H % 256 == 0 && I % 256 == 0 && S % 256 == 0;
   require(o.block_n == 0 || o.block_n == 128 || (o.block_n == 256 && wide_ok),
           ErrorCode::invalid_argument,
           "MoeBackward: block_n = " + std::to_string(o.block_n) +
               ": allowed 0 (automatic), 128, or 256 when H, I and S are multiples of 256");
-  block_n = o.block_n != 0 ? o.block_n : wide_ok ? 256 : 128;
+  block_n = o.block_n != 0 ? o.block_n : wide_ok && I >= 768 ? 256 : 128;
   check_cuda(kern::prepare_backward_kernel(block_n, &per_sm), "preparing the backward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the backward kernel does not fit on an SM");
   grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;

@@ -6,13 +6,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "bench_layer.hpp"
 #include "forward_test_util.hpp"
 #include "layer/forward_hooks.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
+#include "mok/gpu/random_fill.hpp"
 
 namespace {
 
@@ -37,6 +40,12 @@ size_t grad_elements(const mok::Config& c, int i) {
   const size_t H = size_t(c.hidden), S = size_t(c.shared_width()),
                EI = size_t(c.experts_per_rank()) * size_t(c.intermediate);
   return i < 3 ? S * H : EI * H;
+}
+
+// The widest backward tiles c allows (256 where they divide H, I and S), so that the small test
+// shapes exercise the 256-wide kernel too; 0 (automatic) otherwise.
+int widest_tiles(const mok::Config& c) {
+  return c.hidden % 256 == 0 && c.intermediate % 256 == 0 && c.shared_width() % 256 == 0 ? 256 : 0;
 }
 
 // A layer's inputs on the device, and one forward + backward on them.
@@ -111,6 +120,7 @@ HostGrads run_backward(const mok::Config& c, const mok::LayerParams& p, const mo
   Step step(c, p, b, d_out, mode);
   mok::gpu::MoeForward f(c);
   mok::gpu::BackwardOptions o;
+  o.block_n = widest_tiles(c);
   o.weight_grads = mode;
   mok::gpu::MoeBackward bw(c, o, hooks);
   mok::gpu::Schedule s(c);
@@ -280,6 +290,7 @@ void expect_bitwise_across_runs_and_modes(const mok::Config& c) {
   }
   mok::gpu::MoeForward f(c);
   mok::gpu::BackwardOptions o;
+  o.block_n = widest_tiles(c);
   o.weight_grads = WeightGrads::accumulate_fp32;
   mok::gpu::MoeBackward bw(c, o);
   mok::gpu::Schedule s(c);
@@ -435,6 +446,86 @@ TEST(MoeBackwardGpu, RefusesWhatItCannotUseAndEndsAStoppedDispatchInAnError) {
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.code(), mok::ErrorCode::peer_timeout);
     EXPECT_NE(std::string(e.what()).find("dgrad-down producer"), std::string::npos) << e.what();
+  }
+}
+
+// Words of two BF16 buffers that differ, and BF16 elements of `a` that are NaN or Inf.
+__global__ void compare_bf16(const uint16_t* a, const uint16_t* b, size_t n,
+                             unsigned long long* counts) {
+  unsigned long long differ = 0, non_finite = 0;
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    differ += a[i] != b[i];
+    non_finite += (a[i] & 0x7F80u) == 0x7F80u;
+  }
+  atomicAdd(counts, differ);
+  atomicAdd(counts + 1, non_finite);
+}
+
+// The standard shapes at scale, where the reference is too slow: the 128- and 256-wide backward
+// kernels tile N differently but run every K loop in the same order, so d_x and every weight
+// gradient must agree bit for bit (only the router-weight gradients' partial sums, per n-tile,
+// are grouped differently: FP32 rounding apart), with nothing left unwritten or non-finite.
+TEST(MoeBackwardGpu, StandardShapesAgreeAcrossTileWidths) {
+  MOK_REQUIRE_GPU();
+  struct Shape {
+    const char* name;
+    int64_t tokens;
+  };
+  for (const Shape& shape : {Shape{"dsv3", 2048}, Shape{"qwen3-30b", 4096}, Shape{"fine", 4096}}) {
+    SCOPED_TRACE(shape.name);
+    mok::Config c = mok::preset(shape.name);
+    c.max_tokens_per_rank = int(shape.tokens);
+    const int64_t T = shape.tokens, H = c.hidden, K = c.top_k;
+    const mok::tools::BenchLayer data(c, c.num_experts, T, 0);
+    DeviceBuffer<uint16_t> d_out(size_t(T * H));
+    MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(reinterpret_cast<__nv_bfloat16*>(d_out.ptr), T * H, 5,
+                                            1.0f, nullptr));
+    mok::gpu::MoeForward f(c);
+    mok::gpu::Schedule s(c);
+    mok::gpu::ForwardContext ctx(c);
+    f.schedule(data.batch(), s, nullptr);
+    f.forward(s, data.batch(), data.weights(), data.out.ptr, &ctx, nullptr);
+    f.check(nullptr);
+    const size_t sizes[6] = {size_t(c.shared_width() * H),
+                             size_t(c.shared_width() * H),
+                             size_t(c.shared_width() * H),
+                             data.g.n,
+                             data.g.n,
+                             data.g.n};
+    std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> out[2];  // d_x, then the six gradients
+    std::vector<float> d_w[2];
+    for (int v = 0; v < 2; ++v) {
+      mok::gpu::BackwardOptions o;
+      o.weight_grads = WeightGrads::write_bf16;
+      o.block_n = v == 0 ? 128 : 256;
+      mok::gpu::MoeBackward b(c, o);
+      out[v].push_back(std::make_unique<DeviceBuffer<uint16_t>>(size_t(T * H), 0xFF));
+      for (size_t n : sizes) out[v].push_back(std::make_unique<DeviceBuffer<uint16_t>>(n, 0xFF));
+      DeviceBuffer<float> dw(size_t(T * K), 0xFF);
+      auto ptr = [&](int i) { return static_cast<void*>(out[v][size_t(i)]->ptr); };
+      const mok::gpu::DeviceGradients g{reinterpret_cast<__nv_bfloat16*>(out[v][0]->ptr),
+                                        dw.ptr,
+                                        ptr(1),
+                                        ptr(2),
+                                        ptr(3),
+                                        ptr(4),
+                                        ptr(5),
+                                        ptr(6)};
+      b.backward(s, ctx, data.batch(), data.weights(), bf(d_out), g, nullptr);
+      b.check(nullptr);
+      d_w[v] = dw.to_host();
+    }
+    DeviceBuffer<unsigned long long> counts(2, 0);
+    for (size_t i = 0; i < out[0].size(); ++i) {
+      MOK_CUDA_OK(cudaMemset(counts.ptr, 0, 2 * sizeof(unsigned long long)));
+      compare_bf16<<<264, 256>>>(out[0][i]->ptr, out[1][i]->ptr, out[0][i]->n, counts.ptr);
+      const std::vector<unsigned long long> n = counts.to_host();
+      EXPECT_EQ(n[0], 0u) << "output " << i << ": words that differ between the widths";
+      EXPECT_EQ(n[1], 0u) << "output " << i << ": NaN, Inf or unwritten elements";
+    }
+    std::vector<double> a(d_w[0].begin(), d_w[0].end()), b(d_w[1].begin(), d_w[1].end());
+    EXPECT_LT(mok::relative_l2_error(a, b), 1e-5) << "router-weight gradients";
   }
 }
 

@@ -81,7 +81,7 @@ class MoeBackward {
 
   int grid() const;
   int dispatch_ctas() const;
-  int block_n() const;  // every tile's width: 256 where it divides H, I and S, else 128
+  int block_n() const;  // every tile's width (BackwardOptions::block_n)
   WeightGrads weight_grads() const;
   // Device memory of the backward's workspace (d_out and x rows per routed row, dg | du, the
   // scaled activations, the dx slots, the router-weight partials and the counters).
