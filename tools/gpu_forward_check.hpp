@@ -1,5 +1,5 @@
-// `mok run` on a machine with a GPU: the GPU forward megakernel against the CPU reference's output,
-// bitwise repeatability over 20 runs, and its median time.
+// `mok run` on a machine with a GPU: the GPU forward and backward megakernels against the CPU
+// reference's output and gradients, bitwise repeatability over 20 runs, and their median times.
 #pragma once
 #include <string>
 #include <vector>
@@ -14,9 +14,19 @@ struct GpuForwardReport {
   double relative_error = 0;    // against the reference output
   bool bitwise_repeatable = false;
   double median_ms = 0;
+  // The backward (MoeBackward, FP32 weight gradients) after a training forward: the relative L2
+  // error of each gradient (d_x, d_topk_weights, shared gate / up / down, gate / up / down; empty
+  // ones skipped), its repeatability and its median time.
+  bool backward_ran = false;
+  std::string backward_skipped_because;
+  std::vector<double> backward_errors;
+  bool backward_repeatable = false;
+  double backward_median_ms = 0;
 };
 
 GpuForwardReport gpu_forward_check(const Config& c, const LayerParams& p, const Batch& b,
-                                   const std::vector<double>& reference_out);
+                                   const std::vector<double>& reference_out,
+                                   const std::vector<double>& d_out,
+                                   const LayerGradients& reference_grads);
 
 }  // namespace mok::tools

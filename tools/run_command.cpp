@@ -237,14 +237,13 @@ int run_command(const RunOptions& o) {
          equal ? "bitwise identical" : "bits differ");
   }
 
-  // The GPU forward (the megakernel, EP = 1) against the reference output; the GPU backward is not
-  // built.
+  // The GPU forward and backward (the megakernels, EP = 1) against the reference.
   GpuForwardReport gpu;
   if (c.precision == Precision::bf16) {
     std::printf(
-        "  [5/5] GPU forward (megakernel, EP=1): against the reference, 20 repeats, 50 timed "
-        "runs\n");
-    gpu = gpu_forward_check(c, p, b, first.out);
+        "  [5/5] GPU forward and backward (megakernels, EP=1): against the reference, 20 "
+        "repeats, 50 timed runs each\n");
+    gpu = gpu_forward_check(c, p, b, first.out, d_out, first.grads);
   } else {
     gpu.skipped_because = std::string("the GPU forward is BF16 only for now");
   }
@@ -260,6 +259,21 @@ int run_command(const RunOptions& o) {
     std::printf("  GPU forward: not run (%s); the CPU reference stands in\n",
                 gpu.skipped_because.c_str());
   }
+  if (gpu.backward_ran) {
+    const double gpu_bound = relative_error_bound(OperandQuant::bf16);
+    for (size_t i = 0; i < gpu.backward_errors.size(); ++i) {
+      if (tensors(first)[i + 1]->empty()) continue;
+      const double err = gpu.backward_errors[i];
+      ok &= err <= gpu_bound;
+      line(("GPU backward " + std::string(kTensorNames[i + 1]) + " vs reference").c_str(),
+           err <= gpu_bound, sci(err) + " (bound " + sci(gpu_bound) + ")");
+    }
+    ok &= gpu.backward_repeatable;
+    line("GPU backward: 21 runs", gpu.backward_repeatable,
+         gpu.backward_repeatable ? "bitwise identical" : "bits differ");
+  } else if (gpu.ran) {
+    std::printf("  GPU backward: not run (%s)\n", gpu.backward_skipped_because.c_str());
+  }
 
   const double fwd_s = first.forward_s, bwd_s = first.backward_s;
   std::printf("\nthroughput\n");
@@ -268,8 +282,13 @@ int run_command(const RunOptions& o) {
                 fwd_flops / (gpu.median_ms * 1e-3) * 1e-12);
   std::printf("  CPU reference forward  %8.3f s  %8.3f GFLOP/s  (%s FLOPs, one thread)\n", fwd_s,
               fwd_flops / fwd_s * 1e-9, sci(fwd_flops).c_str());
-  std::printf("  CPU reference backward %8.3f s  %8.3f GFLOP/s  (%s FLOPs; no GPU backward yet)\n",
-              bwd_s, 2 * fwd_flops / bwd_s * 1e-9, sci(2 * fwd_flops).c_str());
+  if (gpu.backward_ran)
+    std::printf(
+        "  GPU backward (mega)   %8.3f ms  %8.2f TFLOP/s  (median of 50, FP32 weight "
+        "gradients)\n",
+        gpu.backward_median_ms, 2 * fwd_flops / (gpu.backward_median_ms * 1e-3) * 1e-12);
+  std::printf("  CPU reference backward %8.3f s  %8.3f GFLOP/s  (%s FLOPs, one thread)\n", bwd_s,
+              2 * fwd_flops / bwd_s * 1e-9, sci(2 * fwd_flops).c_str());
   std::printf("\n%s\n", ok ? "mok run: all checks passed" : "mok run: CHECKS FAILED");
   return ok ? 0 : 1;
 }
