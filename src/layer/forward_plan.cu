@@ -25,6 +25,17 @@ RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_p
 
 }  // namespace
 
+DeviceSmsAndClock current_device_sms_and_clock() {
+  int device = 0, sms = 0, clock_khz = 0;
+  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
+             "cudaDeviceGetAttribute");
+  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
+      clock_khz <= 0)
+    clock_khz = 2'000'000;
+  return {sms, clock_khz};
+}
+
 double resolve_wait_seconds(double seconds) {
   double s = seconds;
   if (s == 0) {
@@ -92,13 +103,8 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   plan.group_blocks = o.overlap_rows == 0 ? sched::kTileGroupRows : int(o.overlap_rows / kTileRows);
   plan.wait_seconds = resolve_wait_seconds(o.wait_seconds);
 
-  int device = 0, sms = 0, clock_khz = 0, per_sm = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute");
-  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
-      clock_khz <= 0)
-    clock_khz = 2'000'000;
+  const auto [sms, clock_khz] = current_device_sms_and_clock();
+  int per_sm = 0;
   check_cuda(plan.kernels->prepare(plan.kernel, &per_sm), "preparing the forward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
   if (plan.kernel.probe == 0) {  // the training instantiation, for forwards given a context

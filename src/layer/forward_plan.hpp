@@ -65,6 +65,13 @@ struct ForwardPlan {
   uint64_t wait_cycles = 0;
 };
 
+// The current device's SM count and its clock in kHz (2 GHz where the driver reports none): a
+// persistent grid's size and a wait bound's cycles.
+struct DeviceSmsAndClock {
+  int sms, clock_khz;
+};
+DeviceSmsAndClock current_device_sms_and_clock();
+
 // A wait bound in seconds: `seconds`, or when 0 the environment's MOK_WAIT_SECONDS if set, else 2;
 // throws outside (0, 600].
 double resolve_wait_seconds(double seconds);

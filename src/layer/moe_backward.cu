@@ -126,13 +126,8 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
               std::to_string(o.dispatch_ctas) + " and " + std::to_string(o.max_ctas));
   wait_seconds = resolve_wait_seconds(o.wait_seconds);
 
-  int device = 0, sms = 0, clock_khz = 0, per_sm = 0;
-  check_cuda(cudaGetDevice(&device), "cudaGetDevice");
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device),
-             "cudaDeviceGetAttribute");
-  if (cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, device) != cudaSuccess ||
-      clock_khz <= 0)
-    clock_khz = 2'000'000;
+  const auto [sms, clock_khz] = current_device_sms_and_clock();
+  int per_sm = 0;
   // 256-wide tiles where they divide every width and I >= 768, else 128: measured on the five
   // standard shapes (docs/benchmarks.md, lever index "backward tile width"), 256 was 17-33% faster
   // at I = 768-3072 and 25% slower at fine's I = 512.
@@ -271,27 +266,9 @@ void BackwardRunner::backward(const RankSchedule& s, const ForwardContext& ctx,
   m.shared_up_mn = shared ? map(wt.shared_up, S, H, 64) : m.up_mn;
 
   kern::BackwardParams& p = l.local.params;
-  p.ep_size = 1;
-  p.ep_rank = 0;
-  p.peer_x[0] = b.x;
-  p.peer_offsets[0] = s.sched.offsets;
-  p.peer_sorted[0] = s.sched.sorted;
+  set_batch_params(p, s, c, b, 0, aborted);
   p.peer_y_slots[0] = dx_slots;
   p.peer_d_out[0] = d_out;
-  p.seg_begin = s.owner_built ? s.owner_seg_begin : s.sched.seg_begin;
-  p.segment_rows = s.owner_built ? s.owner_segment_rows : s.sched.segment_rows;
-  p.source_begin = s.owner_built ? s.owner_source_begin : s.sched.source_begin;
-  p.tile_expert = s.owner_built ? s.owner_tile_expert : s.sched.tile_expert;
-  p.row_destination = s.row_destination;
-  p.status = &s.status()->code;
-  p.aborted = aborted;
-  p.topk_weights = b.topk_weights;
-  p.tokens = b.tokens;
-  p.top_k = c.top_k;
-  p.hidden = c.hidden;
-  p.intermediate = c.intermediate;
-  p.shared_width = c.shared_width();
-  p.experts = c.experts_per_rank();
   p.routed_x = x_routed;
   p.ring_blocks = capacity_blocks;
   p.act = ctx.act();

@@ -255,17 +255,13 @@ void require_forward_operands(const Config& c, const DeviceBatch& b, const Devic
   if (b.tokens > 0) require_operand(out, "out");
 }
 
-kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, const Activations& a,
-                                const Config& c, const DeviceBatch& b, __nv_bfloat16* out,
-                                const ForwardPlan& plan, const ForwardHooks& hooks, int ep_rank,
-                                int* aborted) {
-  kern::ForwardParams p{};
+void set_batch_params(kern::ForwardParams& p, const RankSchedule& s, const Config& c,
+                      const DeviceBatch& b, int ep_rank, int* aborted) {
   p.ep_size = c.ep_size;
   p.ep_rank = ep_rank;
   p.peer_x[ep_rank] = b.x;
   p.peer_offsets[ep_rank] = s.sched.offsets;
   p.peer_sorted[ep_rank] = s.sched.sorted;
-  p.peer_y_slots[ep_rank] = w.y_slots;
   const bool owner = s.owner_built;
   p.seg_begin = owner ? s.owner_seg_begin : s.sched.seg_begin;
   p.segment_rows = owner ? s.owner_segment_rows : s.sched.segment_rows;
@@ -281,6 +277,15 @@ kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, con
   p.intermediate = c.intermediate;
   p.shared_width = c.shared_width();
   p.experts = c.experts_per_rank();
+}
+
+kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, const Activations& a,
+                                const Config& c, const DeviceBatch& b, __nv_bfloat16* out,
+                                const ForwardPlan& plan, const ForwardHooks& hooks, int ep_rank,
+                                int* aborted) {
+  kern::ForwardParams p{};
+  set_batch_params(p, s, c, b, ep_rank, aborted);
+  p.peer_y_slots[ep_rank] = w.y_slots;
   p.routed_x = w.routed_x;
   p.ring_blocks = w.ring_blocks;
   p.act = a.act;

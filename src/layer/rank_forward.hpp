@@ -85,6 +85,12 @@ void require_batch_operands(const Config& c, const DeviceBatch& b, const std::st
 void require_forward_operands(const Config& c, const DeviceBatch& b, const DeviceLayerWeights& wt,
                               const __nv_bfloat16* out);
 
+// The fields of kern::ForwardParams that come from the schedule, the configuration and the batch
+// (every program on the engine: the forward's rank_params and the backward's), with the rank's
+// own entries of the peer tables for x and the source schedule.
+void set_batch_params(kern::ForwardParams& p, const RankSchedule& s, const Config& c,
+                      const DeviceBatch& b, int ep_rank, int* aborted);
+
 // Parameters of rank `ep_rank` (buffers `w`) with its own buffers in every peer-table entry of its
 // rank; the caller fills the other ranks' entries. `aborted`: the group's flag.
 kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, const Activations& a,
