@@ -42,11 +42,6 @@ struct BackwardRow {
   const char* bound_by[2] = {};
 };
 
-double middle(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t tokens,
                                  const Ceilings& ceil, const BenchOptions& o) {
   c.max_tokens_per_rank = int(tokens);
@@ -163,12 +158,7 @@ int bench_backward_command(const BenchOptions& o) {
     throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");
   cudaDeviceProp prop{};
   cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  std::vector<std::pair<std::string, int64_t>> shapes;
-  if (o.preset == "all")
-    shapes = {
-        {"dsv3", 4096}, {"dsv3", 8192}, {"mok-default", 2048}, {"qwen3-30b", 8192}, {"fine", 4096}};
-  else
-    shapes = {{o.preset, o.tokens >= 0 ? o.tokens : preset(o.preset).max_tokens_per_rank}};
+  const std::vector<std::pair<std::string, int64_t>> shapes = bench_shapes(o);
   std::printf(
       "mok bench --direction backward: the training forward (keeping its context), the backward "
       "megakernel with BF16 and with FP32 weight gradients, and the whole step (schedule, "

@@ -163,12 +163,6 @@ std::function<void()> forward_runner(gpu::MoeForward& m, const gpu::DeviceBatch&
   return [exec] { cuda_ok(cudaGraphLaunch(exec, nullptr), "cudaGraphLaunch"); };
 }
 
-// The middle of the rounds' medians (0 when there are none).
-double middle(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 // Hooks of stage probe v (Row::kProbes): bit 0 drops the GEMM loads, bit 1 the MMAs; 0 is the
 // production kernel.
 gpu::detail::ForwardHooks probe_hooks(int v, bool wait_times = false) {
@@ -366,13 +360,7 @@ int bench_command(const BenchOptions& o) {
     throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");
   cudaDeviceProp prop{};
   cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  std::vector<std::pair<std::string, int64_t>> shapes;
-  if (o.preset == "all") {
-    shapes = {
-        {"dsv3", 4096}, {"dsv3", 8192}, {"mok-default", 2048}, {"qwen3-30b", 8192}, {"fine", 4096}};
-  } else {
-    shapes = {{o.preset, o.tokens >= 0 ? o.tokens : preset(o.preset).max_tokens_per_rank}};
-  }
+  const std::vector<std::pair<std::string, int64_t>> shapes = bench_shapes(o);
   cublasHandle_t h;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
     throw Error(ErrorCode::unsupported, "cublasCreate failed");

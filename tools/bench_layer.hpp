@@ -2,9 +2,12 @@
 #pragma once
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_command.hpp"
@@ -73,6 +76,21 @@ struct BenchLayer {
   gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
   gpu::DeviceLayerWeights weights() const { return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr}; }
 };
+
+// The shapes a benchmark runs: every standard shape of design.md for --preset all, else the
+// preset at --tokens (default: its own).
+inline std::vector<std::pair<std::string, int64_t>> bench_shapes(const BenchOptions& o) {
+  if (o.preset == "all")
+    return {
+        {"dsv3", 4096}, {"dsv3", 8192}, {"mok-default", 2048}, {"qwen3-30b", 8192}, {"fine", 4096}};
+  return {{o.preset, o.tokens >= 0 ? o.tokens : preset(o.preset).max_tokens_per_rank}};
+}
+
+// The middle of the rounds' medians (0 when there are none).
+inline double middle(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
 
 // What a benchmark prints above its tables when its batches are not random (BenchLayer).
 inline void print_routing_note(const BenchOptions& o) {

@@ -55,11 +55,8 @@ const char* backward_role_name(int role) {
   }
 }
 
-bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 void require_pointer(const void* p, size_t alignment, const std::string& name) {
-  require(p != nullptr, ErrorCode::invalid_argument, "MoeBackward: " + name + " is null");
-  require(aligned(p, alignment), ErrorCode::invalid_argument,
-          "MoeBackward: " + name + " is not " + std::to_string(alignment) + "-byte aligned");
+  require_operand(p, "MoeBackward: " + name, alignment);
 }
 
 }  // namespace
@@ -129,8 +126,8 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   const auto [sms, clock_khz] = current_device_sms_and_clock();
   int per_sm = 0;
   // 256-wide tiles where they divide every width and I >= 768, else 128: measured on the five
-  // standard shapes (docs/benchmarks.md, lever index "backward tile width"), 256 was 17-33% faster
-  // at I = 768-3072 and 25% slower at fine's I = 512.
+  // standard shapes (docs/benchmarks.md, the backward's lever index), 256 took 12-25% less time
+  // at I = 768-3072 and 25% more at fine's I = 512.
   const bool wide_ok = H % 256 == 0 && I % 256 == 0 && S % 256 == 0;
   require(o.block_n == 0 || o.block_n == 128 || (o.block_n == 256 && wide_ok),
           ErrorCode::invalid_argument,

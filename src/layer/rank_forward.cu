@@ -219,14 +219,12 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
   return maps;
 }
 
-namespace {
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-void require_operand(const void* p, const char* name) {
-  require(p != nullptr, ErrorCode::invalid_argument, std::string(name) + " is null");
-  require(aligned16(p), ErrorCode::invalid_argument,
-          std::string(name) + " is not 16-byte aligned (TMA and vector loads need it)");
+void require_operand(const void* p, const std::string& name, size_t alignment) {
+  require(p != nullptr, ErrorCode::invalid_argument, name + " is null");
+  require(reinterpret_cast<uintptr_t>(p) % alignment == 0, ErrorCode::invalid_argument,
+          name + " is not " + std::to_string(alignment) +
+              "-byte aligned (TMA and vector loads need it)");
 }
-}  // namespace
 
 void require_batch_operands(const Config& c, const DeviceBatch& b, const std::string& prefix) {
   try {

@@ -78,6 +78,9 @@ struct RankBuffers {
 kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceBatch& b,
                             const DeviceLayerWeights& wt, const Activations& a, int block_n);
 
+// Throws mok::Error(invalid_argument) "<name> is null" or "<name> is not <alignment>-byte aligned".
+void require_operand(const void* p, const std::string& name, size_t alignment = 16);
+
 // Checks a batch's operands (token count, null or misaligned x, null ids or weights) with clear
 // errors; `prefix` goes first ("rank 1: "). Every schedule step starts with it.
 void require_batch_operands(const Config& c, const DeviceBatch& b, const std::string& prefix = "");
