@@ -34,8 +34,10 @@ struct BackwardRow {
   std::string name;
   int64_t tokens = 0;
   double forward_ms = 0, backward_ms[2] = {}, step_ms = 0;  // backward: BF16, FP32 dW (0: no room)
-  double no_wgrad_ms = 0;   // the BF16 backward without its weight-gradient tiles' work
-  double bound_ms[2] = {};  // the backward's, BF16 and FP32 dW
+  double no_wgrad_ms = 0;               // the BF16 backward without its weight-gradient tiles' work
+  double no_wgrad_tiles_ms = 0;         // --breakdown: ... without the tiles at all
+  gpu::detail::ForwardProfile profile;  // --breakdown: the BF16 backward's waits, one run
+  double bound_ms[2] = {};              // the backward's, BF16 and FP32 dW
   double step_bound_ms = 0;
   double workspace_gb = 0, context_gb = 0;
   int block_n = 0;
@@ -70,13 +72,24 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   bo[0].weight_grads = gpu::WeightGrads::write_bf16;
   bo[1].weight_grads = gpu::WeightGrads::write_fp32;
   bo[0].block_n = bo[1].block_n = o.block_n;
-  gpu::detail::ForwardHooks no_wgrad;
+  gpu::detail::ForwardHooks no_wgrad, no_tiles, wait_times;
   no_wgrad.without_wgrad = true;
+  no_tiles.without_wgrad_tiles = true;
+  wait_times.wait_times = true;
   gpu::MoeBackward b16(c, bo[0]), without(c, bo[0], no_wgrad);
-  std::unique_ptr<gpu::MoeBackward> b32;
+  std::unique_ptr<gpu::MoeBackward> b32, without_tiles, profiled;
   if (fp32_fits) b32 = std::make_unique<gpu::MoeBackward>(c, bo[1]);
+  if (o.breakdown) {
+    without_tiles = std::make_unique<gpu::MoeBackward>(c, bo[0], no_tiles);
+    profiled = std::make_unique<gpu::MoeBackward>(c, bo[0], wait_times);
+  }
+  // The timed backwards: BF16, without the wgrad work, then FP32 and without the wgrad tiles
+  // where they run.
   std::vector<gpu::MoeBackward*> backs = {&b16, &without};
+  const size_t fp32_at = b32 ? backs.size() : 0;
   if (b32) backs.push_back(b32.get());
+  const size_t no_tiles_at = without_tiles ? backs.size() : 0;
+  if (without_tiles) backs.push_back(without_tiles.get());
   gpu::Schedule s(c);
   gpu::ForwardContext ctx(c);
 
@@ -111,7 +124,8 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   for (size_t g = 0; g < graphs.size(); ++g) median_ms(replay(g), 2);
   f.check(nullptr);
   for (gpu::MoeBackward* b : backs) b->check(nullptr);
-  std::vector<double> fw, bw[3], st;
+  std::vector<double> fw, st;
+  std::vector<std::vector<double>> bw(backs.size());
   for (int round = 0; round < 3; ++round) {  // alternating (the clock moves under the power cap)
     fw.push_back(median_ms(replay(0), o.iterations));
     for (size_t k = 0; k < backs.size(); ++k)
@@ -119,6 +133,11 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
     st.push_back(median_ms(replay(step_graph), o.iterations));
   }
   for (gpu::MoeBackward* b : backs) b->check(nullptr);
+  if (profiled) {  // one direct run after the forward graph filled the context
+    cuda_ok(cudaGraphLaunch(graphs[0], nullptr), "cudaGraphLaunch");
+    profiled->backward(s, ctx, batch, weights, d_out.ptr, grads, nullptr);
+    profiled->check(nullptr);
+  }
   for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
 
   BackwardRow r;
@@ -127,7 +146,9 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   r.forward_ms = middle(fw);
   r.backward_ms[0] = middle(bw[0]);
   r.no_wgrad_ms = middle(bw[1]);
-  r.backward_ms[1] = middle(bw[2]);  // 0 without the FP32 run
+  if (fp32_at) r.backward_ms[1] = middle(bw[fp32_at]);
+  if (no_tiles_at) r.no_wgrad_tiles_ms = middle(bw[no_tiles_at]);
+  if (profiled) r.profile = gpu::detail::backward_profile(profiled->runner(), nullptr);
   r.step_ms = middle(st);
   r.workspace_gb = double(b16.workspace_bytes()) * 1e-9;
   r.block_n = b16.block_n();
@@ -148,6 +169,30 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   r.step_bound_ms = std::max(step_flops / (ceil.bf16_tflops * 1e12) * 1e3,
                              (weights_b * 3.0 + acts * 2.0) / (ceil.hbm_tbps * 1e12) * 1e3);
   return r;
+}
+
+// --breakdown: the BF16 backward without its weight-gradient tiles, and where one run's time went.
+void print_backward_breakdown(const std::vector<BackwardRow>& rows) {
+  std::printf(
+      "\nBreakdown of the BF16 backward (ms; waits from one profiled run, per GEMM CTA's producer "
+      "and per consumer warpgroup; wgrad epilogue = epilogue - dgrad-gate/up - dgrad-down)\n\n"
+      "| shape | T | backward | without the wgrad work | without the wgrad tiles | producer "
+      "waits: dispatch / dgrad-down tiles / a free stage | consumers: starved (first stages) | "
+      "epilogue: dgrad-down / dgrad-gate/up / wgrad | waiting for a tile | busy | SM MHz | "
+      "dispatch copying / total | combine waits / total |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const BackwardRow& r : rows) {
+    const gpu::detail::ForwardProfile& f = r.profile;
+    std::printf(
+        "| %s | %lld | %.3f | %.3f | %.3f | %.3f / %.3f / %.3f | %.3f (%.3f) | %.3f / %.3f / "
+        "%.3f | %.3f | %.3f | %.0f | %.3f / %.3f | %.3f / %.3f |\n",
+        r.name.c_str(), (long long)r.tokens, r.backward_ms[0], r.no_wgrad_ms, r.no_wgrad_tiles_ms,
+        f.gate_up_waits_dispatch, f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved,
+        f.consumer_starved_first, f.consumer_publish, f.consumer_epilogue_down,
+        f.consumer_epilogue - f.consumer_epilogue_down - f.consumer_publish, f.consumer_waits_tile,
+        f.consumer_total, f.consumer_sm_mhz, f.dispatch_copying, f.dispatch_total, f.combine_waits,
+        f.combine_total);
+  }
 }
 
 }  // namespace
@@ -174,6 +219,7 @@ int bench_backward_command(const BenchOptions& o) {
       "step ms | step TFLOP/s | %% of step roofline | backward without the wgrad work ms | "
       "context GB | backward workspace GB | backward tile width | peak TFLOP/s, HBM TB/s "
       "measured |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::vector<BackwardRow> rows;
   for (const auto& [name, tokens] : shapes) {
     const Ceilings ceil = measure_ceilings_now();
     const Config c = preset(name);
@@ -197,7 +243,9 @@ int bench_backward_command(const BenchOptions& o) {
         100.0 * r.step_bound_ms / r.step_ms, r.no_wgrad_ms, r.context_gb, r.workspace_gb, r.block_n,
         ceil.bf16_tflops, ceil.hbm_tbps);
     std::fflush(stdout);
+    rows.push_back(r);
   }
+  if (o.breakdown) print_backward_breakdown(rows);
   return 0;
 }
 

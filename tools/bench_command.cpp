@@ -79,8 +79,8 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     else
       throw UsageError("unknown option '" + a + "' for bench");
   }
-  if (o.direction == "backward" && (o.ep > 1 || o.stage_probes || o.breakdown))
-    throw UsageError("--direction backward times the EP = 1 layer without probes or breakdown");
+  if (o.direction == "backward" && (o.ep > 1 || o.stage_probes))
+    throw UsageError("--direction backward times the EP = 1 layer without stage probes");
   if (o.ep > 1 && o.stage_probes)
     throw UsageError("--stage-probes times the EP = 1 megakernel; drop it or use --ep 1");
   return o;

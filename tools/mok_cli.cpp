@@ -45,6 +45,8 @@ const char* kUsage =
     "                               launch work inside the timed span)\n"
     "      [--breakdown 1]          also time the other row path, the copy path without its\n"
     "                               copy, the megakernel without its combine, a wait profile\n"
+    "                               (backward: without its weight-gradient tiles, and its\n"
+    "                               wait profile)\n"
     "      [--stage-probes 1]       EP = 1: also time the megakernel without its GEMM loads,\n"
     "                               without its MMAs, and without both (wrong outputs), with\n"
     "                               the SM clock of each\n"

@@ -3,6 +3,8 @@
 // the internal constructors of MoeForward, EmulatedEpForward and EpForward; never in the public
 // options.
 #pragma once
+#include <cuda_runtime_api.h>
+
 #include <cstdint>
 
 #include "kernels/moe_forward/forward_params.hpp"
@@ -19,8 +21,9 @@ struct ForwardHooks {
   int stuck_rank = -1;
   // Benchmarks: drop a stage to measure what it costs (the output is then wrong).
   bool without_dispatch_copy = false, without_combine = false;
-  // Benchmarks (MoeBackward): the weight-gradient tiles load, multiply and store nothing.
-  bool without_wgrad = false;
+  // Benchmarks (MoeBackward): the weight-gradient tiles load, multiply and store nothing, or are
+  // not in the tile order at all.
+  bool without_wgrad = false, without_wgrad_tiles = false;
   // Benchmarks: the stage probes, the GEMM tiles without their loads (TMA and gather; the
   // consumers multiply what the ring holds) or without their MMAs (the consumers store zeros).
   // Every wait stays. They run the probe set (kern::probe_forward_kernels, given in `kernels`).
@@ -63,5 +66,12 @@ struct ForwardProfile {
   double combine_total = 0;           //   ... first token to the empty queue
   int dispatch_ctas_joined = 0;       // dispatch CTAs that ran the GEMM roles after dispatch
 };
+
+// The wait profile of the last backward of a MoeBackward built with wait_times (its roles read
+// as the backward's: dgrad-down producers wait for dispatch, dgrad-gate/up and wgrad producers
+// for dgrad-down tiles; the epilogue's parts are dgrad-gate/up stores and dgrad-down publishing,
+// the rest is wgrad). Synchronises `stream`.
+class BackwardRunner;
+ForwardProfile backward_profile(const BackwardRunner& runner, cudaStream_t stream);
 
 }  // namespace mok::gpu::detail

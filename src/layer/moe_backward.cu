@@ -70,6 +70,11 @@ class BackwardRunner {
                 const DeviceLayerWeights& wt, const __nv_bfloat16* d_out, const DeviceGradients& g,
                 cudaStream_t stream);
   void check(cudaStream_t stream) const;
+  ForwardProfile profile(cudaStream_t stream) const {
+    require(timings != nullptr, ErrorCode::invalid_argument,
+            "backward_profile: the MoeBackward was not built with wait_times");
+    return read_profile(timings, grid, dispatch_ctas, stream);
+  }
 
   Config config;
   BackwardOptions options;
@@ -97,6 +102,7 @@ class BackwardRunner {
                                  // combine_next | tile_next | unit_done, then the fault record
   kern::ForwardFault* fault = nullptr;
   int* aborted = nullptr;
+  unsigned long long* timings = nullptr;  // hooks.wait_times: [kForwardTimings] ns
   size_t zeroed_bytes = 0;
   const RankSchedule* last_schedule = nullptr;
 };
@@ -173,11 +179,14 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
     auto round_up = [](size_t n) { return (n + 255) / 256 * 256; };
     const size_t fault_at = round_up(words * sizeof(uint32_t));
     const size_t aborted_at = fault_at + round_up(sizeof(kern::ForwardFault));
-    zeroed_bytes = aborted_at + sizeof(int);
+    const size_t timings_at = aborted_at + round_up(sizeof(int));
+    zeroed_bytes =
+        timings_at + (h.wait_times ? kern::kForwardTimings * sizeof(unsigned long long) : 0);
     auto* zeroed = alloc<uint8_t>(zeroed_bytes);
     counters = reinterpret_cast<uint32_t*>(zeroed);
     fault = reinterpret_cast<kern::ForwardFault*>(zeroed + fault_at);
     aborted = reinterpret_cast<int*>(zeroed + aborted_at);
+    if (h.wait_times) timings = reinterpret_cast<unsigned long long*>(zeroed + timings_at);
   } catch (...) {
     release();
     throw;
@@ -291,7 +300,9 @@ void BackwardRunner::backward(const RankSchedule& s, const ForwardContext& ctx,
   p.delay_ns = hooks.dispatch_delay_ns;
   p.delay_seed = hooks.delay_seed;
   p.never_publish_block = hooks.never_publish_block;
-  p.profile_flags = hooks.without_wgrad ? kern::kProfileNoWgrad : 0;
+  p.profile_flags = (hooks.without_wgrad ? kern::kProfileNoWgrad : 0) |
+                    (hooks.without_wgrad_tiles ? kern::kProfileNoWgradTiles : 0);
+  p.timings = timings;
   p.dy_routed = dy_routed;
   p.dgu = dgu;
   p.act_scaled = act_scaled;
@@ -327,6 +338,10 @@ void BackwardRunner::check(cudaStream_t stream) const {
   check_cuda(cudaStreamSynchronize(stream), "the backward");
   throw_on_status(st, config.num_experts, last_schedule->sched.capacity, config.ep_size);
   throw_on_fault(f, wait_seconds, "", backward_role_name, "the backward");
+}
+
+ForwardProfile backward_profile(const BackwardRunner& runner, cudaStream_t stream) {
+  return runner.profile(stream);
 }
 
 }  // namespace detail

@@ -86,6 +86,7 @@ class MoeBackward {
   // Device memory of the backward's workspace (d_out and x rows per routed row, dg | du, the
   // scaled activations, the dx slots, the router-weight partials and the counters).
   size_t workspace_bytes() const;
+  const detail::BackwardRunner& runner() const { return *runner_; }  // tests and benchmarks
 
  private:
   std::unique_ptr<detail::BackwardRunner> runner_;

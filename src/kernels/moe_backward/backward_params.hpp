@@ -28,6 +28,8 @@ constexpr int kRoleWgradProducer = kRoleDispatchRing;              // for a unit
 // A benchmark's variant (ForwardParams::profile_flags): the weight-gradient tiles are claimed
 // but load, multiply and store nothing (the gradients are then wrong).
 constexpr int kProfileNoWgrad = 4;
+// A benchmark's variant: no weight-gradient tiles in the tile order at all (nothing claimed).
+constexpr int kProfileNoWgradTiles = 8;
 
 // Where the weight gradients go: written as BF16 or FP32, or added to the caller's FP32 buffers.
 enum WeightGradMode : int { kWgradBf16 = 0, kWgradFp32 = 1, kWgradAccumulateFp32 = 2 };

@@ -91,7 +91,8 @@ __device__ __forceinline__ int64_t backward_step_tiles(const BackwardParams& p, 
   if (j < units) n += backward_tile_counts(p, backward_unit(p, j)).dgrad_down;
   if (j >= lag && j - lag < units)
     n += backward_tile_counts(p, backward_unit(p, j - lag)).dgrad_gate_up;
-  if (j >= 2 * lag) n += backward_tile_counts(p, backward_unit(p, j - 2 * lag)).wgrad;
+  if (j >= 2 * lag && !(p.profile_flags & kProfileNoWgradTiles))
+    n += backward_tile_counts(p, backward_unit(p, j - 2 * lag)).wgrad;
   return n;
 }
 
