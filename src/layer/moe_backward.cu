@@ -270,21 +270,6 @@ void BackwardRunner::backward(const RankSchedule& s, const ForwardContext& ctx,
   m.shared_down_mn = shared ? map(wt.shared_down, H, S, 64) : m.down_mn;
   m.shared_gate_mn = shared ? map(wt.shared_gate, S, H, 64) : m.gate_mn;
   m.shared_up_mn = shared ? map(wt.shared_up, S, H, 64) : m.up_mn;
-  if (options.weight_grads != WeightGrads::accumulate_fp32) {  // stored by TMA
-    const dev::Dtype t =
-        options.weight_grads == WeightGrads::write_bf16 ? dev::Dtype::bf16 : dev::Dtype::fp32;
-    auto out = [&](const void* base, uint64_t rows, uint64_t cols) {
-      return dev::make_map_2d(t, base, rows, cols, cols, 64);
-    };
-    m.d_gate_out = out(g.gate, El * I, H);
-    m.d_up_out = out(g.up, El * I, H);
-    m.d_down_out = out(g.down, El * H, I);
-    if (shared) {
-      m.d_shared_gate_out = out(g.shared_gate, S, H);
-      m.d_shared_up_out = out(g.shared_up, S, H);
-      m.d_shared_down_out = out(g.shared_down, H, S);
-    }
-  }
 
   kern::BackwardParams& p = l.local.params;
   set_batch_params(p, s, c, b, 0, aborted);

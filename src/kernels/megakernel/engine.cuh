@@ -18,10 +18,8 @@
 //   gathering_warpgroup(p), inputs_gathered(p, w)      whether the CTA's / a tile's A is gathered
 //   all_padding(p, w, row0)                            rows [row0, row0 + 64) hold nothing
 //   prefetch(p, w, row0) -> Prefetch                   loaded before the mainloop
-//   epilogue(p, maps, w, d, row0, wg, prefetch, owed, timer, ring, cursor)
-//                                                      stores the tile, publishes, may leave
-//                                                      Owed (released after the next mainloop);
-//                                                      ring and cursor: stages a mainloop held
+//   epilogue(p, w, d, row0, wg, prefetch, owed, timer) stores the tile, publishes, may leave
+//                                                      Owed (released after the next mainloop)
 //   release(p, owed, timer, since)                     releases what an epilogue left owed
 //   skipped(p, w, wg)                                  a warpgroup's all-padding rows' publish
 //   dispatch(p, cta, ctas) -> bool, combine(p)         the row movers (engine's CTA split)
@@ -279,7 +277,6 @@ struct ConsumerTimes {
 // after the next tile's mainloop, or at the end. Returns false if a bounded wait expired.
 template <class Program>
 __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
-                                              const typename Program::Maps& maps,
                                               const SmemRing<Program::kBlockN>& ring,
                                               const TileQueue& queue) {
   constexpr int kBlockN = Program::kBlockN;
@@ -326,7 +323,7 @@ __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
     asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
     release_owed();
     const uint64_t epilogue_since = times.timer.now();
-    Program::epilogue(p, maps, w, d, row0, wg, prefetch, owed, times.timer, ring, cursor);
+    Program::epilogue(p, w, d, row0, wg, prefetch, owed, times.timer);
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);
   }
 }
@@ -387,14 +384,7 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
-  if constexpr (kGroup) {  // epilogues may store through the maps (TMA), one thread per warpgroup
-    if (threadIdx.x % 128 == 0) {
-      const CUtensorMap* m = reinterpret_cast<const CUtensorMap*>(&maps);
-      for (int i = 0; i < int(sizeof(maps) / sizeof(CUtensorMap)); ++i)
-        dev::fence_tensormap_acquire(m + i);
-    }
-  }
-  if (consumer_role<Program>(p, maps, ring, queue)) Program::combine(p);
+  if (consumer_role<Program>(p, ring, queue)) Program::combine(p);
 }
 
 }  // namespace mok::kern

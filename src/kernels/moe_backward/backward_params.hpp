@@ -31,9 +31,6 @@ constexpr int kProfileNoWgrad = 4;
 // A benchmark's variant: no weight-gradient tiles in the tile order at all (nothing claimed).
 constexpr int kProfileNoWgradTiles = 8;
 
-// The named barrier of both consumer warpgroups (1 + wg: each warpgroup's own).
-constexpr int kBackwardConsumersBarrier = 3;
-
 // Where the weight gradients go: written as BF16 or FP32, or added to the caller's FP32 buffers.
 enum WeightGradMode : int { kWgradBf16 = 0, kWgradFp32 = 1, kWgradAccumulateFp32 = 2 };
 
@@ -47,10 +44,6 @@ struct BackwardMaps {
   CUtensorMap shared_dy_k, shared_dgu_k;    // [T, H] (d_out), [token_rows, 2S]
   CUtensorMap shared_down_mn, shared_gate_mn, shared_up_mn;             // [H, S], [S, H] x 2
   CUtensorMap shared_dy_mn, shared_act_mn, shared_dgu_mn, shared_x_mn;  // [T | rows, H | S | 2S]
-  // The weight gradients, stored by TMA (the write modes; boxes of 64 rows x 128 bytes of the
-  // mode's element type): routed [E * I, H] x 2 and [E * H, I], shared [S, H] x 2 and [H, S].
-  CUtensorMap d_gate_out, d_up_out, d_down_out, d_shared_gate_out, d_shared_up_out,
-      d_shared_down_out;
 };
 
 struct BackwardParams : ForwardParams {

@@ -233,114 +233,6 @@ __device__ __forceinline__ void wgrad_epilogue(const BackwardParams& p, const Ba
   }
 }
 
-// Whether a wgrad tile stages its output in the two ring stages its mainloop held and stores it
-// by TMA (wgrad_store_staged): the writes then drain while the next tile multiplies, where
-// register stores kept the tensor cores waiting on the memory system. Accumulation keeps the
-// register path (its read-add-write rounds exactly like the reference), as do tiles with fewer
-// than two k-blocks (no two stages to hold).
-__device__ __forceinline__ bool wgrad_staged(const BackwardParams& p, const BackwardWork& w) {
-  return !w.dgrad() && w.k_blocks >= 2 && p.wgrad_mode != kWgradAccumulateFp32;
-}
-
-// A staged wgrad tile's rows [row0, row0 + 64) of its output (this warpgroup's): both held stages
-// are done with (every consumer warpgroup's wgmma has completed), the warpgroup writes its
-// accumulators into the B part of its own held stage (the last two k-blocks' stages: warpgroup 0
-// the first) as 128B-swizzled boxes of 64 rows x 128 bytes, one thread stores them by TMA, and
-// once TMA has read them every warp releases both held stages to the producer. FP32 needs two
-// passes through the stage (kBlockN * 128 bytes: the tile's 64 x kBlockN BF16).
-template <int kBlockN>
-__device__ __forceinline__ void wgrad_store_staged(
-    const BackwardParams& p, const BackwardMaps& maps, const BackwardWork& w,
-    const float (&d)[kBlockN / 2], int row0, int wg, const SmemRing<kBlockN>& ring,
-    const dev::RingCursor<TileShape<kBlockN>::kStages>& cursor) {
-  constexpr int kStages = TileShape<kBlockN>::kStages;
-  constexpr uint32_t kBoxBytes = 64 * 128, kBoxes = kBlockN / 64;  // boxes per pass
-  static_assert(TileShape<kBlockN>::kBytesB == kBoxes * kBoxBytes, "a pass fills B exactly");
-  const uint32_t held[2] = {(cursor.stage + kStages - 2) % kStages,
-                            (cursor.stage + kStages - 1) % kStages};
-  uint8_t* staging = ring.b(int(held[wg]));
-  const bool shared = w.shared(), down = w.kind == BackwardKind::wgrad_down;
-  const int width = shared ? p.shared_width : p.intermediate;
-  const int expert = shared ? 0 : w.expert();
-  const CUtensorMap* map;
-  int32_t y;  // the output row of this warpgroup's first row
-  if (down) {
-    map = shared ? &maps.d_shared_down_out : &maps.d_down_out;
-    y = expert * p.hidden + row0;
-  } else {  // the tile's rows are all gate or all up rows (128 divides the width)
-    const bool up = row0 >= width;
-    map = shared ? (up ? &maps.d_shared_up_out : &maps.d_shared_gate_out)
-                 : (up ? &maps.d_up_out : &maps.d_gate_out);
-    y = expert * width + (up ? row0 - width : row0);
-  }
-  const int32_t x0 = w.n_tile * kBlockN;
-  const Fragment f = Fragment::mine();
-  const bool leader = threadIdx.x % 128 == 0;
-  const int barrier = 1 + wg;
-  dev::named_barrier_sync(kBackwardConsumersBarrier, kConsumers * 128);
-  if (p.wgrad_mode == kWgradBf16) {
-#pragma unroll
-    for (int j = 0; j < kBlockN / 8; ++j) {  // box j / 8, its 16-byte chunk j % 8
-      uint8_t* box = staging + (j / 8) * kBoxBytes;
-      const uint32_t byte = 16 * (j % 8) + 2 * f.col0;
-      const __nv_bfloat162 lo = __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]),
-                           hi = __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
-      *reinterpret_cast<__nv_bfloat162*>(box + dev::swizzle128_offset(f.row_lo, byte)) = lo;
-      *reinterpret_cast<__nv_bfloat162*>(box + dev::swizzle128_offset(f.row_lo + 8, byte)) = hi;
-    }
-    dev::fence_proxy_async_shared();
-    dev::named_barrier_sync(barrier, 128);
-    if (leader) {
-      for (uint32_t b = 0; b < kBoxes; ++b)
-        dev::tma_store_2d(map, staging + b * kBoxBytes, x0 + int32_t(64 * b), y);
-      dev::tma_store_commit();
-    }
-  } else {
-#pragma unroll
-    for (int pass = 0; pass < 2; ++pass) {  // columns [pass * kBlockN / 2, ...), 32 per box
-      if (pass == 1) {
-        if (leader) dev::tma_store_wait_read();
-        dev::named_barrier_sync(barrier, 128);
-      }
-#pragma unroll
-      for (int jj = 0; jj < kBlockN / 16; ++jj) {
-        const int j = pass * (kBlockN / 16) + jj;
-        uint8_t* box = staging + (jj / 4) * kBoxBytes;
-        const uint32_t byte = 32 * (jj % 4) + 4 * f.col0;
-        *reinterpret_cast<float2*>(box + dev::swizzle128_offset(f.row_lo, byte)) =
-            make_float2(d[4 * j], d[4 * j + 1]);
-        *reinterpret_cast<float2*>(box + dev::swizzle128_offset(f.row_lo + 8, byte)) =
-            make_float2(d[4 * j + 2], d[4 * j + 3]);
-      }
-      dev::fence_proxy_async_shared();
-      dev::named_barrier_sync(barrier, 128);
-      if (leader) {
-        for (uint32_t b = 0; b < kBoxes; ++b)
-          dev::tma_store_2d(map, staging + b * kBoxBytes,
-                            x0 + pass * (kBlockN / 2) + int32_t(32 * b), y);
-        dev::tma_store_commit();
-      }
-    }
-  }
-  if (leader) dev::tma_store_wait_read();
-  dev::named_barrier_sync(barrier, 128);
-  if (threadIdx.x % 32 == 0) {
-    dev::mbar_arrive(&ring.empty[held[0]]);
-    dev::mbar_arrive(&ring.empty[held[1]]);
-  }
-}
-
-// What a backward tile leaves owed: a dgrad-gate/up tile's token counts (the forward's), and the
-// TMA stores a staged wgrad tile's leader thread issued, completed (not only read) by the end.
-struct BackwardOwed : DownRowCounts {
-  bool stores = false;
-  __device__ __forceinline__ void release(const ForwardParams& p) {
-    DownRowCounts::release(p);
-    if (stores) dev::tma_store_wait_all();
-    stores = false;
-  }
-};
-
 template <int kBlockN_>
 struct BackwardProgram {
   using Params = BackwardParams;
@@ -349,7 +241,7 @@ struct BackwardProgram {
   using Tiles = BackwardTiles;
   using Inputs = BackwardInputs;
   using Prefetch = DownRows;
-  using Owed = BackwardOwed;
+  using Owed = DownRowCounts;
   static constexpr int kBlockN = kBlockN_;
   static constexpr bool kMultiply = true, kLoads = true;
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
@@ -462,9 +354,9 @@ struct BackwardProgram {
           &times.starved_first);
     }
     const SmemRing<kBlockN, Bf16MnMajorAB> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
-    return mma_tile<kBlockN, true, true, Bf16MnMajorAB>(
-        d, r, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on, &times.starved, false,
-        &times.starved_first, wgrad_staged(p, w) ? 2 : 0);
+    return mma_tile<kBlockN, true, true, Bf16MnMajorAB>(d, r, cursor, w.k_blocks, wg, p.wait_cycles,
+                                                        times.timer.on, &times.starved, false,
+                                                        &times.starved_first);
   }
 
   __device__ static Prefetch prefetch(const Params& p, const Work& w, int row0) {
@@ -473,11 +365,9 @@ struct BackwardProgram {
   }
 
   template <class Timer>
-  __device__ static void epilogue(const Params& p, const Maps& maps, const Work& w,
-                                  const float (&d)[kBlockN / 2], int row0, int wg,
-                                  const Prefetch& destinations, Owed& owed, Timer& timer,
-                                  const SmemRing<kBlockN>& ring,
-                                  const dev::RingCursor<TileShape<kBlockN>::kStages>& cursor) {
+  __device__ static void epilogue(const Params& p, const Work& w, const float (&d)[kBlockN / 2],
+                                  int row0, int wg, const Prefetch& destinations, Owed& owed,
+                                  Timer& timer) {
     const uint64_t since = timer.now();
     switch (w.kind) {
       case BackwardKind::dgrad_down:
@@ -486,17 +376,11 @@ struct BackwardProgram {
         timer.add(kTimeConsumerPublish, since);
         break;
       case BackwardKind::dgrad_gate_up:
-        static_cast<DownRowCounts&>(owed) =
-            store_down<kBlockN>(p, as_down_tile(w), d, destinations);
+        owed = store_down<kBlockN>(p, as_down_tile(w), d, destinations);
         timer.add(kTimeConsumerEpilogueDown, since);
         break;
       default:
-        if (wgrad_staged(p, w)) {
-          wgrad_store_staged<kBlockN>(p, maps, w, d, row0, wg, ring, cursor);
-          owed.stores = true;
-        } else {
-          wgrad_epilogue<kBlockN>(p, w, d, row0);
-        }
+        wgrad_epilogue<kBlockN>(p, w, d, row0);
         break;
     }
   }

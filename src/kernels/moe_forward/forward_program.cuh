@@ -267,11 +267,9 @@ struct ForwardProgram {
   }
 
   template <class Timer>
-  __device__ static void epilogue(const Params& p, const Maps&, const Work& w,
-                                  const float (&d)[kBlockN / 2], int row0, int wg,
-                                  const Prefetch& destinations, Owed& owed, Timer& timer,
-                                  const SmemRing<kBlockN>&,
-                                  const dev::RingCursor<TileShape<kBlockN>::kStages>&) {
+  __device__ static void epilogue(const Params& p, const Work& w, const float (&d)[kBlockN / 2],
+                                  int row0, int wg, const Prefetch& destinations, Owed& owed,
+                                  Timer& timer) {
     const uint64_t since = timer.now();
     if (is_gate_up(w)) {
       store_gate_up<kBlockN, kKeepGateUp>(p, w, d, row0);
