@@ -59,8 +59,9 @@ class BackwardRunner;
 
 class MoeBackward {
  public:
-  // Throws mok::Error for configurations it does not take (ep_size != 1, precision other than
-  // bf16, H, I or S not multiples of 128, options out of range) and for allocation failures.
+  // Throws mok::Error for configurations it does not take (ep_size != 1: EmulatedEpBackward runs
+  // an EP group on one GPU; precision other than bf16; H, I or S not multiples of 128; options
+  // out of range) and for allocation failures.
   explicit MoeBackward(const Config& c, const BackwardOptions& options = {});
   MoeBackward(const Config& c, const BackwardOptions& options, const detail::ForwardHooks& hooks);
   ~MoeBackward();

@@ -48,6 +48,10 @@ struct BackwardMaps {
 
 struct BackwardParams : ForwardParams {
   const __nv_bfloat16* peer_d_out[kMaxRanks];  // [T_r, H]: the output gradients
+  // Each source rank's router weights [T_r, K] and router-weight partials (dw_partial below): a
+  // routed row's belong to its source rank.
+  const float* peer_topk_weights[kMaxRanks];
+  float* peer_dw_partial[kMaxRanks];
   __nv_bfloat16* dy_routed;        // [capacity, H]: d_out of each routed row (padding rows zero)
   __nv_bfloat16* dgu;              // [capacity, 2I]: dg, then du of each routed row
   __nv_bfloat16* act_scaled;       // [capacity, I]: w * act, dW_down's B (padding rows zero)
@@ -65,7 +69,8 @@ struct BackwardParams : ForwardParams {
   int64_t* step_begin;  // [1 + E + 2 lag + 1]: first tile of each step (backward_tiles.cuh)
 };
 
-// One rank's share, and a launch (the engine's shape: ranks == 1 for now, the share by value).
+// One rank's share, and a launch (the engine's shape): one rank's share by value, or an emulated
+// group's shares in device memory (ranks > 1).
 struct BackwardShare {
   BackwardMaps maps;
   BackwardParams params;
@@ -76,10 +81,14 @@ struct BackwardLaunch {
   int ranks;
 };
 static_assert(sizeof(BackwardLaunch) <= 8192, "kernel parameters (limit 32764 B)");
+static_assert(alignof(BackwardShare) >= 64, "tensor maps in device memory: 64-byte aligned");
 
 // The backward megakernel (moe_backward_bf16.cu): prepare once per device (shared-memory opt-in
-// and CTAs per SM), then per backward the step table and the megakernel on `grid` CTAs.
+// and CTAs per SM), then per backward every rank's step table and the megakernel on `grid` CTAs
+// (split evenly between the ranks). shares[ranks]: every rank's share (block_n alike); with
+// ranks > 1 they are copied into `group` (device memory, ranks shares) first.
 cudaError_t prepare_backward_kernel(int block_n, int* ctas_per_sm);
-cudaError_t launch_backward(const BackwardLaunch& launch, int grid, cudaStream_t stream);
+cudaError_t launch_backward(const BackwardShare* shares, int ranks, BackwardShare* group, int grid,
+                            cudaStream_t stream);
 
 }  // namespace mok::kern

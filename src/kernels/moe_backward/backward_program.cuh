@@ -93,14 +93,17 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row0 + f.row_lo + 8 * h;
     int64_t slot = -1;
+    int source = 0;
     bool valid;
     float s;
     if (shared) {
       valid = row < p.tokens, s = 1.0f;
     } else {
-      slot = sched::RowDestination::slot(p.row_destination[row]);
+      const int64_t destination = p.row_destination[row];
+      slot = sched::RowDestination::slot(destination);
       valid = slot >= 0;
-      s = valid ? p.topk_weights[slot] : 0.0f;
+      source = valid ? sched::RowDestination::rank(destination) : 0;
+      s = valid ? p.peer_topk_weights[source][slot] : 0.0f;
     }
     const __nv_bfloat16* act = (shared ? p.act_shared : p.act) + row * width + n0;
     const __nv_bfloat16* g_in = (shared ? p.gate_up_shared : p.gate_up) + row * 2 * width + n0;
@@ -152,7 +155,7 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
     dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, 1));
     dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, 2));
     if (!shared && valid && f.col0 == 0)
-      p.dw_partial[slot * (p.intermediate / kBlockN) + w.n_tile] = dot;
+      p.peer_dw_partial[source][slot * (p.intermediate / kBlockN) + w.n_tile] = dot;
   }
 }
 
@@ -161,6 +164,9 @@ __device__ __forceinline__ void publish_dgrad_down(const BackwardParams& p, cons
                                                    int wg) {
   dev::named_barrier_sync(1 + wg, 128);
   if (threadIdx.x % 128 == 0) {
+    // Under EP the router-weight partials went to their source ranks, which read them after the
+    // dgrad-gate/up tiles' system-scope counts; this orders them first at system scope too.
+    if (p.ep_size > 1) dev::fence_acq_rel_sys();
     dev::fence_proxy_async_global();  // cheap; the readers' fence is the one that matters
     dev::add_release_gpu((w.shared() ? p.act_shared_ready : p.act_ready) + w.m_block, 1);
     dev::add_release_gpu(p.unit_done + w.unit, 1);

@@ -17,11 +17,24 @@ static_assert(128 * kBackwardProducerRegs + kConsumers * 128 * kBackwardConsumer
                   kThreads * 168,
               "setmaxnreg budget");
 
-template <int kBlockN>
+// kGroup: an emulated group's shares in device memory (launch.group).
+template <int kBlockN, bool kGroup>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_backward_kernel(const __grid_constant__ BackwardLaunch launch) {
-  run_megakernel<BackwardProgram<kBlockN>, kBackwardProducerRegs, kBackwardConsumerRegs, false>(
+  run_megakernel<BackwardProgram<kBlockN>, kBackwardProducerRegs, kBackwardConsumerRegs, kGroup>(
       launch);
+}
+
+// Before a group's megakernel: one rank's share into device memory, then the release that lets
+// the megakernel's TMA read the maps in it.
+__global__ void backward_share_copy_kernel(const __grid_constant__ BackwardShare share,
+                                           BackwardShare* to) {
+  static_assert(sizeof(BackwardShare) % 4 == 0);
+  const uint32_t* from = reinterpret_cast<const uint32_t*>(&share);
+  uint32_t* dst = reinterpret_cast<uint32_t*>(to);
+  for (uint32_t i = threadIdx.x; i < sizeof(BackwardShare) / 4; i += blockDim.x) dst[i] = from[i];
+  __syncthreads();
+  if (threadIdx.x == 0) dev::fence_tensormap_release();
 }
 
 // Tile width 128 or 256 (every tile of a launch).
@@ -34,8 +47,7 @@ cudaError_t with_block_n(int block_n, F&& f) {
 
 // step_begin: the first tile of each step of the sequence (backward_tiles.cuh), an exclusive
 // prefix over the steps' tile counts, 1024 steps per pass.
-__global__ void backward_steps_kernel(const __grid_constant__ BackwardLaunch launch) {
-  const BackwardParams& p = launch.local.params;
+__global__ void backward_steps_kernel(const __grid_constant__ BackwardParams p) {
   __shared__ int64_t warp_sums[dev::kMaxBlockWarps];
   const int steps = backward_steps(p, p.lag);
   int64_t base = 0;
@@ -55,22 +67,36 @@ __global__ void backward_steps_kernel(const __grid_constant__ BackwardLaunch lau
 cudaError_t prepare_backward_kernel(int block_n, int* ctas_per_sm) {
   return with_block_n(block_n, [&](auto n) {
     constexpr int kBlockN = decltype(n)::value, kSmem = TileShape<kBlockN>::kSmemBytes;
-    if (cudaError_t e = cudaFuncSetAttribute(moe_backward_kernel<kBlockN>,
-                                             cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
-        e != cudaSuccess)
-      return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, moe_backward_kernel<kBlockN>,
-                                                         kThreads, kSmem);
+    for (auto* kernel : {moe_backward_kernel<kBlockN, false>, moe_backward_kernel<kBlockN, true>})
+      if (cudaError_t e =
+              cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+          e != cudaSuccess)
+        return e;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctas_per_sm, moe_backward_kernel<kBlockN, false>, kThreads, kSmem);
   });
 }
 
-cudaError_t launch_backward(const BackwardLaunch& launch, int grid, cudaStream_t stream) {
-  if (launch.ranks != 1 || grid < 1) return cudaErrorInvalidValue;
-  return with_block_n(launch.local.params.block_n, [&](auto n) {
-    constexpr int kBlockN = decltype(n)::value;
-    backward_steps_kernel<<<1, 1024, 0, stream>>>(launch);
-    moe_backward_kernel<kBlockN>
-        <<<grid, kThreads, TileShape<kBlockN>::kSmemBytes, stream>>>(launch);
+cudaError_t launch_backward(const BackwardShare* shares, int ranks, BackwardShare* group, int grid,
+                            cudaStream_t stream) {
+  if (ranks < 1 || ranks > kMaxRanks || grid < ranks || (ranks > 1 && !group))
+    return cudaErrorInvalidValue;
+  for (int r = 0; r < ranks; ++r) {
+    if (shares[r].params.block_n != shares[0].params.block_n) return cudaErrorInvalidValue;
+    backward_steps_kernel<<<1, 1024, 0, stream>>>(shares[r].params);
+    if (ranks > 1) backward_share_copy_kernel<<<1, 128, 0, stream>>>(shares[r], group + r);
+  }
+  return with_block_n(shares[0].params.block_n, [&](auto n) {
+    constexpr int kBlockN = decltype(n)::value, kSmem = TileShape<kBlockN>::kSmemBytes;
+    BackwardLaunch launch{};
+    launch.ranks = ranks;
+    if (ranks == 1) {
+      launch.local = shares[0];
+      moe_backward_kernel<kBlockN, false><<<grid, kThreads, kSmem, stream>>>(launch);
+    } else {
+      launch.group = group;
+      moe_backward_kernel<kBlockN, true><<<grid, kThreads, kSmem, stream>>>(launch);
+    }
     return cudaGetLastError();
   });
 }

@@ -1,0 +1,358 @@
+// The backward's host path (layer/backward_runner.hpp).
+#include "layer/backward_runner.hpp"
+
+#include <algorithm>
+#include <string>
+#include <type_traits>
+
+#include "layer/forward_schedule.hpp"
+#include "mok/device/tensor_map.hpp"
+#include "mok/error.hpp"
+#include "mok/schedule/routing_layout.hpp"
+#include "mok/schedule/tile_order.hpp"
+
+namespace mok::gpu::detail {
+namespace {
+
+const char* backward_role_name(int role) {
+  switch (role) {
+    case kern::kRoleDgradDownProducer:
+      return "a dgrad-down producer waiting for the dispatched d_out and x rows of row block";
+    case kern::kRoleSharedDgradProducer:
+      return "a shared-expert dgrad-gate/up producer waiting for the dgrad-down of token block";
+    case kern::kRoleDgradGateUpProducer:
+      return "a dgrad-gate/up producer waiting for the dgrad-down of row block";
+    case kern::kRoleWgradProducer:
+      return "a weight-gradient producer waiting for every dgrad-down tile of unit (0: shared, "
+             "1 + e: expert e)";
+    case kern::kRoleProducerRing:
+      return "a producer waiting for a free ring stage, at tile";
+    case kern::kRoleConsumer:
+      return "a GEMM consumer waiting for the TMA loads of tile";
+    case kern::kRoleCombine:
+      return "the dispatch-backward waiting for the input-gradient rows of token";
+    default:
+      return "an unknown role";
+  }
+}
+
+}  // namespace
+
+BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const ForwardHooks& h,
+                               Transport transport, const char* who_)
+    : config(c), options(o), hooks(h), who(who_) {
+  c.validate();
+  if (transport == Transport::emulated) {
+    require(c.ep_size == 2 || c.ep_size == 4 || c.ep_size == 8, ErrorCode::unsupported,
+            who + " runs ep_size 2, 4 or 8 logical ranks, got " + std::to_string(c.ep_size));
+    ranks = c.ep_size;
+  } else {
+    require(transport == Transport::local && c.ep_size == 1, ErrorCode::unsupported,
+            who + " runs one GPU (ep_size = 1), got ep_size = " + std::to_string(c.ep_size) +
+                " (EmulatedEpBackward runs an EP group on one GPU)");
+  }
+  require(c.precision == Precision::bf16, ErrorCode::unsupported,
+          std::string("precision ") + precision_name(c.precision) +
+              ": the GPU backward is BF16 only for now");
+  require(c.tile_rows == kTileRows, ErrorCode::unsupported,
+          who + ": tile_rows = " + std::to_string(c.tile_rows) +
+              ": the GPU kernels pad every expert's rows to " + std::to_string(kTileRows));
+  const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width(), K = c.top_k,
+                El = c.experts_per_rank(), max_t = c.max_tokens_per_rank;
+  require(H % 128 == 0 && I % 128 == 0 && S % 128 == 0, ErrorCode::unsupported,
+          "the GPU backward needs hidden, intermediate and the shared width to be multiples of "
+          "128 (its 128 x 128 tiles); got H = " +
+              std::to_string(H) + ", I = " + std::to_string(I) + ", S = " + std::to_string(S));
+  require(o.dispatch_ctas >= 0 && o.max_ctas >= 0, ErrorCode::invalid_argument,
+          who + ": dispatch_ctas and max_ctas must be >= 0 (0: automatic), got " +
+              std::to_string(o.dispatch_ctas) + " and " + std::to_string(o.max_ctas));
+  wait_seconds = resolve_wait_seconds(o.wait_seconds);
+
+  const auto [sms, clock_khz] = current_device_sms_and_clock();
+  int per_sm = 0;
+  // 256-wide tiles where they divide every width and I >= 768, else 128: measured on the five
+  // standard shapes (docs/benchmarks.md, the backward's lever index), 256 took 12-25% less time
+  // at I = 768-3072 and 25% more at fine's I = 512.
+  const bool wide_ok = H % 256 == 0 && I % 256 == 0 && S % 256 == 0;
+  require(o.block_n == 0 || o.block_n == 128 || (o.block_n == 256 && wide_ok),
+          ErrorCode::invalid_argument,
+          who + ": block_n = " + std::to_string(o.block_n) +
+              ": allowed 0 (automatic), 128, or 256 when H, I and S are multiples of 256");
+  block_n = o.block_n != 0 ? o.block_n : wide_ok && I >= 768 ? 256 : 128;
+  check_cuda(kern::prepare_backward_kernel(block_n, &per_sm), "preparing the backward kernel");
+  require(per_sm >= 1, ErrorCode::unsupported, "the backward kernel does not fit on an SM");
+  grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
+  share = grid / ranks;  // CTAs per rank (the last rank also takes the remainder)
+  // Two rows move per routed row (d_out and x) against twice the forward's FLOPs: the forward's
+  // share of dispatch CTAs.
+  dispatch_ctas =
+      o.dispatch_ctas > 0 ? o.dispatch_ctas : std::max(1, num_dispatch_ctas(share, int(I)));
+  require(dispatch_ctas < share, ErrorCode::invalid_argument,
+          who + ": a share of " + std::to_string(share) + " CTAs per rank is too few for " +
+              std::to_string(dispatch_ctas) + " dispatch CTAs and the GEMMs");
+  wait_cycles = uint64_t(wait_seconds * double(clock_khz) * 1e3);
+  // The tile order's lag (backward_tiles.cuh): units enough that two waves of a rank's CTAs fit
+  // in one lag's tiles, estimated from the mean rows per expert (the order changes when tiles
+  // run, never their bits).
+  const int64_t blocks = (max_t * K / El / ranks + kTileRows - 1) / kTileRows;
+  const int64_t per_unit = blocks * (I + H) / block_n + (H * I + 2 * I * H) / (128 * block_n);
+  lag =
+      int(std::clamp<int64_t>((2 * share + per_unit - 1) / std::max<int64_t>(per_unit, 1), 1, El));
+
+  capacity = sched::pad_to_tile(c.capacity_rows(), kTileRows);
+  capacity_blocks = capacity / kTileRows;
+  token_rows = sched::pad_to_tile(max_t, kTileRows);
+  token_blocks = token_rows / kTileRows;
+  ranks_.resize(size_t(ranks));
+  try {
+    for (RankBackward& r : ranks_) allocate(r);
+    if (ranks > 1) group = alloc<kern::BackwardShare>(size_t(ranks));
+  } catch (...) {
+    release();
+    throw;
+  }
+}
+
+void BackwardRunner::allocate(RankBackward& r) {
+  const int64_t H = config.hidden, I = config.intermediate, S = config.shared_width(),
+                K = config.top_k, El = config.experts_per_rank(),
+                max_t = config.max_tokens_per_rank;
+  r.dy_routed = alloc<__nv_bfloat16>(size_t(capacity * H));
+  r.x_routed = alloc<__nv_bfloat16>(size_t(capacity * H));
+  r.dgu = alloc<__nv_bfloat16>(size_t(capacity * 2 * I));
+  r.act_scaled = alloc<__nv_bfloat16>(size_t(capacity * I));
+  if (S > 0) {
+    r.dgu_shared = alloc<__nv_bfloat16>(size_t(token_rows * 2 * S));
+    r.act_shared_copy = alloc<__nv_bfloat16>(size_t(token_rows * S));
+    r.dx_shared = alloc<__nv_bfloat16>(size_t(max_t * H));
+  }
+  r.dx_slots = alloc<__nv_bfloat16>(size_t(max_t * K * H));
+  r.dw_partial = alloc<float>(size_t(max_t * K * (I / 128)));
+  r.step_begin = alloc<int64_t>(size_t(1 + El + 2 * lag + 1));
+  const size_t words = size_t(2 * capacity_blocks + token_blocks + max_t + 2 + 1 + El);
+  auto round_up = [](size_t n) { return (n + 255) / 256 * 256; };
+  const size_t fault_at = round_up(words * sizeof(uint32_t));
+  const size_t aborted_at = fault_at + round_up(sizeof(kern::ForwardFault));
+  const size_t timings_at = aborted_at + round_up(sizeof(int));
+  r.zeroed_bytes =
+      timings_at + (hooks.wait_times ? kern::kForwardTimings * sizeof(unsigned long long) : 0);
+  auto* zeroed = alloc<uint8_t>(r.zeroed_bytes);
+  r.counters = reinterpret_cast<uint32_t*>(zeroed);
+  r.fault = reinterpret_cast<kern::ForwardFault*>(zeroed + fault_at);
+  r.aborted = reinterpret_cast<int*>(zeroed + aborted_at);
+  if (hooks.wait_times) r.timings = reinterpret_cast<unsigned long long*>(zeroed + timings_at);
+}
+
+void BackwardRunner::release() {
+  for (RankBackward& r : ranks_) {
+    for (void* p :
+         {(void*)r.dy_routed, (void*)r.x_routed, (void*)r.dgu, (void*)r.act_scaled,
+          (void*)r.dgu_shared, (void*)r.act_shared_copy, (void*)r.dx_slots, (void*)r.dx_shared,
+          (void*)r.dw_partial, (void*)r.step_begin, (void*)r.counters})
+      cudaFree(p);
+    r = RankBackward{};
+  }
+  cudaFree(group);
+  group = nullptr;
+}
+
+// Rank r's call against the configuration and the forward that filled its context.
+void BackwardRunner::require_call(const RankCall& call, int r) const {
+  const Config& c = config;
+  const std::string at =
+      who + "::backward" + (ranks > 1 ? " (rank " + std::to_string(r) + ")" : "");
+  const RankSchedule& s = *call.schedule;
+  const ForwardContext& ctx = *call.context;
+  const DeviceBatch& b = call.batch;
+  const DeviceGradients& g = call.grads;
+  require_forward_operands(c, b, call.weights, g.d_x);
+  s.require_matches(c, b.tokens, at.c_str());
+  require(ctx.capacity_rows() == s.sched.capacity && ctx.token_rows() == s.sched.token_rows &&
+              ctx.intermediate() == c.intermediate && ctx.shared_width() == c.shared_width(),
+          ErrorCode::invalid_argument,
+          at + ": the ForwardContext was made for another configuration (" +
+              std::to_string(ctx.capacity_rows()) + " routed rows, I = " +
+              std::to_string(ctx.intermediate()) + ", S = " + std::to_string(ctx.shared_width()) +
+              "; this backward needs " + std::to_string(s.sched.capacity) + ", " +
+              std::to_string(c.intermediate) + ", " + std::to_string(c.shared_width()) + ")");
+  require(ctx.origin().schedule == &s, ErrorCode::invalid_argument,
+          at + ": no training forward of this schedule filled the ForwardContext " +
+              "(run the forward with this schedule and context first)");
+  require(ctx.origin().generation == s.generation, ErrorCode::invalid_argument,
+          at + ": the schedule was rebuilt (schedule() ran again) after the " +
+              "forward that filled the ForwardContext: its activations are another batch's");
+  auto pointer = [&](const void* p, size_t alignment, const char* name) {
+    require_operand(p, at + ": " + name, alignment);
+  };
+  if (b.tokens > 0) {
+    pointer(call.d_out, 16, "d_out");
+    pointer(g.d_topk_weights, 4, "d_topk_weights");
+  }
+  pointer(g.gate, 16, "the gate gradient");
+  pointer(g.up, 16, "the up gradient");
+  pointer(g.down, 16, "the down gradient");
+  if (c.shared_width() > 0) {
+    pointer(g.shared_gate, 16, "the shared gate gradient");
+    pointer(g.shared_up, 16, "the shared up gradient");
+    pointer(g.shared_down, 16, "the shared down gradient");
+  }
+}
+
+kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& calls, int r) const {
+  const Config& c = config;
+  const RankCall& call = calls[size_t(r)];
+  const RankBackward& w = ranks_[size_t(r)];
+  const RankSchedule& s = *call.schedule;
+  const ForwardContext& ctx = *call.context;
+  const DeviceBatch& b = call.batch;
+  const DeviceLayerWeights& wt = call.weights;
+  const DeviceGradients& g = call.grads;
+  const bool shared = c.shared_width() > 0;
+  const uint64_t H = uint64_t(c.hidden), I = uint64_t(c.intermediate),
+                 S = uint64_t(c.shared_width()), El = uint64_t(c.experts_per_rank()),
+                 T = uint64_t(b.tokens), cap = uint64_t(capacity), rows_s = uint64_t(token_rows);
+  auto map = [&](const void* base, uint64_t rows, uint64_t cols, uint32_t box) {
+    return dev::make_map_2d(dev::Dtype::bf16, base, rows, cols, cols, box);
+  };
+  kern::BackwardShare share_{};
+  kern::BackwardMaps& m = share_.maps;
+  m.dy_k = map(w.dy_routed, cap, H, 128);
+  m.dgu_k = map(w.dgu, cap, 2 * I, 128);
+  m.down_mn = map(wt.down, El * H, I, 64);
+  m.gate_mn = map(wt.gate, El * I, H, 64);
+  m.up_mn = map(wt.up, El * I, H, 64);
+  m.dy_mn = map(w.dy_routed, cap, H, 64);
+  m.act_mn = map(w.act_scaled, cap, I, 64);
+  m.dgu_mn = map(w.dgu, cap, 2 * I, 64);
+  m.x_mn = map(w.x_routed, cap, H, 64);
+  const bool tokens = T > 0;
+  m.shared_dy_k = shared && tokens ? map(call.d_out, T, H, 128) : m.dy_k;
+  m.shared_dy_mn = shared && tokens ? map(call.d_out, T, H, 64) : m.dy_mn;
+  m.shared_x_mn = shared && tokens ? map(b.x, T, H, 64) : m.x_mn;
+  m.shared_dgu_k = shared ? map(w.dgu_shared, rows_s, 2 * S, 128) : m.dgu_k;
+  m.shared_dgu_mn = shared ? map(w.dgu_shared, rows_s, 2 * S, 64) : m.dgu_mn;
+  m.shared_act_mn = shared ? map(w.act_shared_copy, rows_s, S, 64) : m.act_mn;
+  m.shared_down_mn = shared ? map(wt.shared_down, H, S, 64) : m.down_mn;
+  m.shared_gate_mn = shared ? map(wt.shared_gate, S, H, 64) : m.gate_mn;
+  m.shared_up_mn = shared ? map(wt.shared_up, S, H, 64) : m.up_mn;
+
+  const int ep_rank = ranks > 1 ? r : 0;
+  kern::BackwardParams& p = share_.params;
+  set_batch_params(p, s, c, b, ep_rank, ranks_[0].aborted);
+  // Every rank's buffers the others reach (an emulated group: plain device pointers).
+  for (int q = 0; q < ranks; ++q) {
+    const RankBackward& other = ranks_[size_t(q)];
+    const RankCall& oc = calls[size_t(q)];
+    p.peer_x[q] = oc.batch.x;
+    p.peer_d_out[q] = oc.d_out;
+    p.peer_topk_weights[q] = oc.batch.topk_weights;
+    p.peer_y_slots[q] = other.dx_slots;
+    p.peer_dw_partial[q] = other.dw_partial;
+    p.peer_token_done[q] = other.counters + 2 * capacity_blocks + token_blocks;
+  }
+  p.routed_x = w.x_routed;
+  p.ring_blocks = capacity_blocks;
+  p.act = ctx.act();
+  p.act_shared = ctx.act_shared();
+  p.gate_up = ctx.gate_up();
+  p.gate_up_shared = ctx.gate_up_shared();
+  p.y_slots = w.dx_slots;
+  p.y_shared = w.dx_shared;
+  p.out = g.d_x;
+  p.x_ready = w.counters;
+  p.act_ready = p.x_ready + capacity_blocks;
+  p.act_shared_ready = p.act_ready + capacity_blocks;
+  p.token_done = p.act_shared_ready + token_blocks;
+  p.combine_next = p.token_done + c.max_tokens_per_rank;
+  p.tile_next = p.combine_next + 1;
+  p.unit_done = p.tile_next + 1;
+  p.fault = w.fault;
+  p.dispatch_ctas = dispatch_ctas;
+  p.gather_rows = 0;
+  p.group_blocks = sched::kTileGroupRows;
+  p.wait_cycles = wait_cycles;
+  p.delay_ns = hooks.dispatch_delay_ns;
+  p.delay_seed = hooks.delay_seed + uint32_t(ep_rank);
+  p.never_publish_block =
+      hooks.stuck_rank < 0 || hooks.stuck_rank == ep_rank ? hooks.never_publish_block : -1;
+  p.profile_flags = (hooks.without_wgrad ? kern::kProfileNoWgrad : 0) |
+                    (hooks.without_wgrad_tiles ? kern::kProfileNoWgradTiles : 0);
+  p.timings = w.timings;
+  p.dy_routed = w.dy_routed;
+  p.dgu = w.dgu;
+  p.act_scaled = w.act_scaled;
+  p.dgu_shared = w.dgu_shared;
+  p.act_shared_copy = w.act_shared_copy;
+  p.dw_partial = w.dw_partial;
+  p.d_topk_weights = g.d_topk_weights;
+  p.d_gate = g.gate, p.d_up = g.up, p.d_down = g.down;
+  p.d_shared_gate = g.shared_gate, p.d_shared_up = g.shared_up, p.d_shared_down = g.shared_down;
+  p.wgrad_mode = options.weight_grads == WeightGrads::write_bf16   ? kern::kWgradBf16
+                 : options.weight_grads == WeightGrads::write_fp32 ? kern::kWgradFp32
+                                                                   : kern::kWgradAccumulateFp32;
+  p.step_begin = w.step_begin;
+  p.block_n = block_n;
+  p.lag = lag;
+  return share_;
+}
+
+void BackwardRunner::backward(const std::vector<RankCall>& calls, cudaStream_t stream) {
+  require(int(calls.size()) == ranks, ErrorCode::invalid_argument,
+          who + "::backward: one call per rank (" + std::to_string(ranks) + "), got " +
+              std::to_string(calls.size()));
+  for (int r = 0; r < ranks; ++r) require_call(calls[size_t(r)], r);
+  // An emulated group's ranks write their gradients side by side: no two may share a buffer (the
+  // shared experts' gradients are per-rank partials).
+  for (int r = 0; r < ranks; ++r)
+    for (int q = 0; q < r; ++q) {
+      const DeviceGradients &a = calls[size_t(r)].grads, &b = calls[size_t(q)].grads;
+      const void* mine[] = {a.d_x,  a.d_topk_weights, a.gate,      a.up,
+                            a.down, a.shared_gate,    a.shared_up, a.shared_down};
+      const void* theirs[] = {b.d_x,  b.d_topk_weights, b.gate,      b.up,
+                              b.down, b.shared_gate,    b.shared_up, b.shared_down};
+      for (int i = 0; i < 8; ++i)
+        require(mine[i] == nullptr || mine[i] != theirs[i], ErrorCode::invalid_argument,
+                who + "::backward: ranks " + std::to_string(q) + " and " + std::to_string(r) +
+                    " were given the same gradient buffer (each rank needs its own; the shared "
+                    "experts' gradients are per-rank partials)");
+    }
+  std::vector<kern::BackwardShare> shares;
+  for (int r = 0; r < ranks; ++r) shares.push_back(make_share(calls, r));
+  for (const RankBackward& w : ranks_)
+    check_cuda(cudaMemsetAsync(w.counters, 0, w.zeroed_bytes, stream), "cudaMemsetAsync");
+  check_cuda(kern::launch_backward(shares.data(), ranks, group, grid, stream),
+             "the backward megakernel");
+  last_schedule = calls[0].schedule;
+}
+
+void BackwardRunner::check(cudaStream_t stream) const {
+  require(last_schedule != nullptr, ErrorCode::invalid_argument,
+          who + "::check: no backward has run");
+  Status st{};
+  std::vector<kern::ForwardFault> faults(static_cast<size_t>(ranks));
+  static_assert(std::is_trivially_copyable_v<kern::ForwardFault>);
+  check_cuda(
+      cudaMemcpyAsync(&st, last_schedule->status(), sizeof st, cudaMemcpyDeviceToHost, stream),
+      "cudaMemcpyAsync");
+  for (int r = 0; r < ranks; ++r)
+    check_cuda(cudaMemcpyAsync(&faults[size_t(r)], ranks_[size_t(r)].fault,
+                               sizeof(kern::ForwardFault), cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(stream), "the backward");
+  throw_on_status(st, config.num_experts, last_schedule->sched.capacity, config.ep_size);
+  // The rank whose most upstream stopped role is the furthest upstream is the cause.
+  for (int role = 0; role < kern::kForwardRoles; ++role)
+    for (int r = 0; r < ranks; ++r)
+      if (faults[size_t(r)].records[role].seen)
+        throw_on_fault(faults[size_t(r)], wait_seconds,
+                       ranks > 1 ? "rank " + std::to_string(r) + ": " : "", backward_role_name,
+                       "the backward");
+}
+
+ForwardProfile BackwardRunner::profile(cudaStream_t stream) const {
+  require(ranks_[0].timings != nullptr && ranks == 1, ErrorCode::invalid_argument,
+          who + ": the profile needs a one-rank backward built with ForwardHooks::wait_times");
+  return read_profile(ranks_[0].timings, grid, dispatch_ctas, stream);
+}
+
+}  // namespace mok::gpu::detail
