@@ -1,0 +1,304 @@
+// The backward of an expert-parallel group emulated on one GPU (EmulatedEpBackward: ep_size
+// logical ranks in one launch) against the single-GPU backward on the same global batch, bit for
+// bit: d_x, d_topk_weights and every routed expert's weight gradients (the ranks' local experts,
+// side by side, form the single GPU's tensors), for random, uneven (an empty rank), all-to-one-
+// rank and all-to-one-expert routings and with injected dispatch delays; the shared experts'
+// gradients equal the single-GPU backward of each rank's own tokens (per-rank partials). A rank
+// whose dispatch stops ends in an error naming it; bad calls are refused.
+#include <cuda_bf16.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ep_test_util.hpp"
+#include "mok/gpu/emulated_ep_backward.hpp"
+#include "mok/gpu/emulated_ep_forward.hpp"
+#include "mok/gpu/moe_backward.hpp"
+
+using namespace ep_test;
+using mok::gpu::WeightGrads;
+
+namespace {
+
+template <class T>
+std::vector<uint8_t> bytes_of(const DeviceBuffer<T>& b, size_t first = 0, size_t count = SIZE_MAX) {
+  const std::vector<T> h = b.to_host();
+  count = std::min(count, h.size() - first);
+  std::vector<uint8_t> out(count * sizeof(T));
+  std::memcpy(out.data(), h.data() + first, out.size());
+  return out;
+}
+
+const char* kNames[8] = {"d_x",           "d_topk_weights", "d_shared_gate", "d_shared_up",
+                         "d_shared_down", "d_gate",         "d_up",          "d_down"};
+
+// Device buffers for one set of gradients of `c` (routed: `experts` experts), poisoned; FP32.
+struct Grads {
+  DeviceBuffer<uint16_t> d_x;
+  DeviceBuffer<float> d_w, sg, su, sd, g, u, d;
+  Grads(const mok::Config& c, int64_t tokens, int experts)
+      : d_x(size_t(std::max<int64_t>(tokens * c.hidden, 1)), 0xFF),
+        d_w(size_t(std::max<int64_t>(tokens * c.top_k, 1)), 0xFF),
+        sg(size_t(c.shared_width() * c.hidden), 0xFF),
+        su(sg.n, 0xFF),
+        sd(sg.n, 0xFF),
+        g(size_t(experts) * size_t(c.intermediate * c.hidden), 0xFF),
+        u(g.n, 0xFF),
+        d(g.n, 0xFF) {}
+  mok::gpu::DeviceGradients at(const mok::Config& c, int64_t first_token, int64_t first_expert) {
+    const int64_t per = c.intermediate * c.hidden;
+    return {reinterpret_cast<__nv_bfloat16*>(d_x.ptr) + first_token * c.hidden,
+            d_w.ptr + first_token * c.top_k,
+            sg.ptr,
+            su.ptr,
+            sd.ptr,
+            g.ptr + first_expert * per,
+            u.ptr + first_expert * per,
+            d.ptr + first_expert * per};
+  }
+};
+
+// The single-GPU forward and backward (FP32 weight gradients) of tokens [first, first + n) of the
+// global batch; the outputs' bytes in kNames order.
+std::vector<std::vector<uint8_t>> ep1_backward(
+    const GlobalBatch& g, const DeviceBuffer<uint16_t>& x, const DeviceBuffer<int32_t>& ids,
+    const DeviceBuffer<float>& w, const DeviceBuffer<uint16_t>& d_out, int64_t first, int64_t n) {
+  mok::Config c = g.global;
+  c.max_tokens_per_rank = int(std::max<int64_t>(n, 1));
+  const GpuLayer layer(g.params);
+  const int64_t H = c.hidden, K = c.top_k;
+  const mok::gpu::DeviceBatch batch{n, reinterpret_cast<const __nv_bfloat16*>(x.ptr) + first * H,
+                                    ids.ptr + first * K, w.ptr + first * K};
+  DeviceBuffer<uint16_t> out(size_t(std::max<int64_t>(n * H, 1)), 0xFF);
+  Grads grads(c, n, c.num_experts);
+  mok::gpu::MoeForward f(c);
+  mok::gpu::BackwardOptions o;
+  o.weight_grads = WeightGrads::write_fp32;
+  mok::gpu::MoeBackward b(c, o);
+  mok::gpu::Schedule s(c);
+  mok::gpu::ForwardContext ctx(c);
+  f.schedule(batch, s, nullptr);
+  f.forward(s, batch, layer.weights(), reinterpret_cast<__nv_bfloat16*>(out.ptr), &ctx, nullptr);
+  b.backward(s, ctx, batch, layer.weights(),
+             reinterpret_cast<const __nv_bfloat16*>(d_out.ptr) + first * H, grads.at(c, 0, 0),
+             nullptr);
+  f.check(nullptr);
+  b.check(nullptr);
+  return {bytes_of(grads.d_x, 0, size_t(n * H)),
+          bytes_of(grads.d_w, 0, size_t(n * K)),
+          bytes_of(grads.sg),
+          bytes_of(grads.su),
+          bytes_of(grads.sd),
+          bytes_of(grads.g),
+          bytes_of(grads.u),
+          bytes_of(grads.d)};
+}
+
+// The group's forward and backward on one global batch, every rank reaching its slices.
+struct Group {
+  mok::Config c;
+  int ranks, El;
+  GpuLayer layer;
+  std::vector<mok::gpu::DeviceBatch> batches;
+  std::vector<mok::gpu::DeviceLayerWeights> weights;
+  std::vector<__nv_bfloat16*> outs;
+  std::vector<const __nv_bfloat16*> d_outs;
+  std::vector<std::unique_ptr<mok::gpu::Schedule>> owned_s;
+  std::vector<std::unique_ptr<mok::gpu::ForwardContext>> owned_ctx;
+  std::vector<mok::gpu::Schedule*> s;
+  std::vector<const mok::gpu::ForwardContext*> ctx;
+
+  Group(const GlobalBatch& g, int ranks_, const EpCase& k, const DeviceBuffer<uint16_t>& x,
+        const DeviceBuffer<int32_t>& ids, const DeviceBuffer<float>& w,
+        const DeviceBuffer<uint16_t>& d_out, DeviceBuffer<uint16_t>& out)
+      : c(rank_config(g, ranks_, k)), ranks(ranks_), El(c.num_experts / ranks_), layer(g.params) {
+    const int64_t H = c.hidden, I = c.intermediate, K = c.top_k;
+    const mok::gpu::DeviceLayerWeights all = layer.weights();
+    for (int r = 0; r < ranks; ++r) {
+      const int64_t first = g.first[size_t(r)], t = k.tokens[size_t(r)];
+      batches.push_back({t, reinterpret_cast<const __nv_bfloat16*>(x.ptr) + first * H,
+                         ids.ptr + first * K, w.ptr + first * K});
+      mok::gpu::DeviceLayerWeights lw = all;
+      lw.gate = all.gate + int64_t(r) * El * I * H;
+      lw.up = all.up + int64_t(r) * El * I * H;
+      lw.down = all.down + int64_t(r) * El * H * I;
+      weights.push_back(lw);
+      outs.push_back(reinterpret_cast<__nv_bfloat16*>(out.ptr) + first * H);
+      d_outs.push_back(reinterpret_cast<const __nv_bfloat16*>(d_out.ptr) + first * H);
+      owned_s.push_back(std::make_unique<mok::gpu::Schedule>(c));
+      owned_ctx.push_back(std::make_unique<mok::gpu::ForwardContext>(c));
+      s.push_back(owned_s.back().get());
+      ctx.push_back(owned_ctx.back().get());
+    }
+  }
+  void forward(mok::gpu::EmulatedEpForward& f) {
+    f.schedule(batches, s, nullptr);
+    f.forward(s, batches, weights, outs, ctx, nullptr);
+  }
+};
+
+// One case: the group's outputs against the single GPU's, bit for bit.
+void expect_group_equals_ep1(int ranks, const EpCase& k) {
+  const GlobalBatch g = make_global_batch(ranks, k);
+  const mok::Batch& b = g.batch;
+  const int64_t total = g.total, H = g.global.hidden;
+  DeviceBuffer<uint16_t> x(to_bf16(b.x)), out(size_t(std::max<int64_t>(total * H, 1)), 0xFF),
+      d_out(to_bf16(mok::tools::random_vector(size_t(std::max<int64_t>(total * H, 1)), 81, 0.5)));
+  DeviceBuffer<int32_t> ids(b.topk_ids);
+  DeviceBuffer<float> w(std::vector<float>(b.topk_weights.begin(), b.topk_weights.end()));
+  const std::vector<std::vector<uint8_t>> want = ep1_backward(g, x, ids, w, d_out, 0, total);
+
+  Group group(g, ranks, k, x, ids, w, d_out, out);
+  const mok::Config& c = group.c;
+  mok::gpu::EmulatedEpForward f(c, case_options(k), case_hooks(k));
+  mok::gpu::BackwardOptions o;
+  o.weight_grads = WeightGrads::write_fp32;
+  mok::gpu::EmulatedEpBackward bw(c, o, case_hooks(k));
+  EXPECT_EQ(bw.ranks(), ranks);
+  // Routed gradients and d_x / d_w: slices of global buffers; shared ones: each rank its own.
+  Grads global(c, total, c.num_experts);
+  std::vector<std::unique_ptr<Grads>> own;
+  std::vector<mok::gpu::DeviceGradients> grads;
+  for (int r = 0; r < ranks; ++r) {
+    own.push_back(std::make_unique<Grads>(c, 0, 0));
+    mok::gpu::DeviceGradients gr = global.at(c, g.first[size_t(r)], int64_t(r) * group.El);
+    gr.shared_gate = own.back()->sg.ptr;
+    gr.shared_up = own.back()->su.ptr;
+    gr.shared_down = own.back()->sd.ptr;
+    grads.push_back(gr);
+  }
+  group.forward(f);
+  bw.backward(group.s, group.ctx, group.batches, group.weights, group.d_outs, grads, nullptr);
+  f.check(nullptr);
+  bw.check(nullptr);
+  const std::vector<uint8_t> got[] = {bytes_of(global.d_x, 0, size_t(total * H)),
+                                      bytes_of(global.d_w, 0, size_t(total * c.top_k)),
+                                      {},
+                                      {},
+                                      {},
+                                      bytes_of(global.g),
+                                      bytes_of(global.u),
+                                      bytes_of(global.d)};
+  for (int i : {0, 1, 5, 6, 7}) {
+    ASSERT_EQ(got[i].size(), want[size_t(i)].size()) << kNames[i];
+    EXPECT_EQ(std::memcmp(got[i].data(), want[size_t(i)].data(), got[i].size()), 0)
+        << kNames[i] << ": bits differ from the single-GPU backward";
+  }
+  // The shared experts' gradients: rank r's partial = the single GPU's on rank r's tokens.
+  if (c.shared_width() == 0) return;
+  for (int r = 0; r < ranks; ++r) {
+    const std::vector<std::vector<uint8_t>> mine =
+        ep1_backward(g, x, ids, w, d_out, g.first[size_t(r)], k.tokens[size_t(r)]);
+    const DeviceBuffer<float>* parts[3] = {&own[size_t(r)]->sg, &own[size_t(r)]->su,
+                                           &own[size_t(r)]->sd};
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(bytes_of(*parts[i]), mine[size_t(2 + i)])
+          << "rank " << r << ", " << kNames[2 + i] << ": bits differ from its tokens' backward";
+  }
+}
+
+// Random, uneven with an empty rank, all to rank 0, all to one expert, dispatch delays (the
+// backward's ring holds the whole batch: ring sizes and row paths are the forward's).
+void expect_every_case(int ranks) {
+  const std::vector<EpCase> all = standard_cases(ranks);
+  for (size_t i : {size_t(0), size_t(1), size_t(2), size_t(3), size_t(5)}) {
+    SCOPED_TRACE("ranks " + std::to_string(ranks) + ", case " + std::to_string(i));
+    expect_group_equals_ep1(ranks, all[i]);
+  }
+}
+
+}  // namespace
+
+// One test per group size (the sanitizers run the two-rank one).
+TEST(EmulatedEpBackwardGpu, TwoRanksEqualTheSingleGpuBackwardBitForBit) {
+  MOK_REQUIRE_GPU();
+  expect_every_case(2);
+}
+TEST(EmulatedEpBackwardGpu, FourRanksEqualTheSingleGpuBackwardBitForBit) {
+  MOK_REQUIRE_GPU();
+  expect_every_case(4);
+}
+TEST(EmulatedEpBackwardGpu, EightRanksEqualTheSingleGpuBackwardBitForBit) {
+  MOK_REQUIRE_GPU();
+  expect_every_case(8);
+}
+
+TEST(EmulatedEpBackwardGpu, AStoppedRankIsAnErrorNamingItAndBadCallsAreRefused) {
+  MOK_REQUIRE_GPU();
+  const int ranks = 4;
+  const EpCase k{std::vector<int64_t>(size_t(ranks), 100)};
+  const GlobalBatch g = make_global_batch(ranks, k);
+  const int64_t H = g.global.hidden;
+  DeviceBuffer<uint16_t> x(to_bf16(g.batch.x)), out(size_t(g.total * H), 0xFF),
+      d_out(to_bf16(mok::tools::random_vector(size_t(g.total * H), 82, 0.5)));
+  DeviceBuffer<int32_t> ids(g.batch.topk_ids);
+  DeviceBuffer<float> w(
+      std::vector<float>(g.batch.topk_weights.begin(), g.batch.topk_weights.end()));
+  Group group(g, ranks, k, x, ids, w, d_out, out);
+  const mok::Config& c = group.c;
+  Grads global(c, g.total, c.num_experts);
+  std::vector<std::unique_ptr<Grads>> own;
+  std::vector<mok::gpu::DeviceGradients> grads;
+  for (int r = 0; r < ranks; ++r) {
+    own.push_back(std::make_unique<Grads>(c, 0, 0));
+    mok::gpu::DeviceGradients gr = global.at(c, g.first[size_t(r)], int64_t(r) * group.El);
+    gr.shared_gate = own.back()->sg.ptr;
+    gr.shared_up = own.back()->su.ptr;
+    gr.shared_down = own.back()->sd.ptr;
+    grads.push_back(gr);
+  }
+  mok::gpu::EmulatedEpForward f(c);
+  group.forward(f);
+  f.check(nullptr);
+  mok::gpu::BackwardOptions o;
+  o.wait_seconds = 0.25;
+  auto expect_error = [](auto&& call, mok::ErrorCode code, const std::string& text) {
+    try {
+      call();
+      ADD_FAILURE() << "no error";
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.code(), code);
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  {
+    mok::gpu::detail::ForwardHooks stuck;
+    stuck.never_publish_block = 0;  // rank 2 never publishes its first routed row block
+    stuck.stuck_rank = 2;
+    mok::gpu::EmulatedEpBackward bw(c, o, stuck);
+    bw.backward(group.s, group.ctx, group.batches, group.weights, group.d_outs, grads, nullptr);
+    expect_error([&] { bw.check(nullptr); }, mok::ErrorCode::peer_timeout,
+                 "rank 2: the backward stopped: a dgrad-down producer waiting for the dispatched "
+                 "d_out and x rows of row block 0");
+  }
+  mok::gpu::EmulatedEpBackward bw(c, o);
+  expect_error(
+      [&] {
+        bw.backward(group.s, group.ctx, group.batches, group.weights, {group.d_outs[0]}, grads,
+                    nullptr);
+      },
+      mok::ErrorCode::invalid_argument, "d_outs: one per rank (4), got 1");
+  std::vector<mok::gpu::DeviceGradients> same = grads;
+  same[3].shared_up = same[1].shared_up;
+  expect_error(
+      [&] {
+        bw.backward(group.s, group.ctx, group.batches, group.weights, group.d_outs, same, nullptr);
+      },
+      mok::ErrorCode::invalid_argument, "ranks 1 and 3 were given the same gradient buffer");
+  std::vector<const mok::gpu::ForwardContext*> swapped = group.ctx;
+  std::swap(swapped[0], swapped[1]);
+  expect_error(
+      [&] {
+        bw.backward(group.s, swapped, group.batches, group.weights, group.d_outs, grads, nullptr);
+      },
+      mok::ErrorCode::invalid_argument,
+      "EmulatedEpBackward::backward (rank 0): no training forward of this schedule");
+  mok::Config one = c;
+  one.ep_size = 1;
+  expect_error([&] { mok::gpu::EmulatedEpBackward bad(one); }, mok::ErrorCode::unsupported,
+               "EmulatedEpBackward runs ep_size 2, 4 or 8 logical ranks, got 1");
+  expect_error([&] { mok::gpu::MoeBackward bad(c); }, mok::ErrorCode::unsupported,
+               "MoeBackward runs one GPU (ep_size = 1), got ep_size = 4");
+}
