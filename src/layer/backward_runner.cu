@@ -301,21 +301,42 @@ void BackwardRunner::backward(const std::vector<RankCall>& calls, cudaStream_t s
           who + "::backward: one call per rank (" + std::to_string(ranks) + "), got " +
               std::to_string(calls.size()));
   for (int r = 0; r < ranks; ++r) require_call(calls[size_t(r)], r);
-  // An emulated group's ranks write their gradients side by side: no two may share a buffer (the
-  // shared experts' gradients are per-rank partials).
+  // An emulated group's ranks write their gradients side by side: no two may overlap (the shared
+  // experts' gradients are per-rank partials).
+  const Config& c = config;
+  const size_t wbytes = options.weight_grads == WeightGrads::write_bf16 ? 2 : 4;
+  const size_t routed = size_t(c.experts_per_rank()) * size_t(c.intermediate) * size_t(c.hidden) *
+                        wbytes,
+               shared = size_t(c.shared_width()) * size_t(c.hidden) * wbytes;
+  auto ranges = [&](const RankCall& call) {
+    const DeviceGradients& g = call.grads;
+    const size_t T = size_t(call.batch.tokens);
+    struct Range {
+      const char* begin;
+      size_t bytes;
+      const char* name;
+    };
+    auto at = [](const void* p) { return static_cast<const char*>(p); };
+    return std::vector<Range>{{at(g.d_x), T * size_t(c.hidden) * 2, "d_x"},
+                              {at(g.d_topk_weights), T * size_t(c.top_k) * 4, "d_topk_weights"},
+                              {at(g.gate), routed, "gate gradient"},
+                              {at(g.up), routed, "up gradient"},
+                              {at(g.down), routed, "down gradient"},
+                              {at(g.shared_gate), shared, "shared gate gradient"},
+                              {at(g.shared_up), shared, "shared up gradient"},
+                              {at(g.shared_down), shared, "shared down gradient"}};
+  };
   for (int r = 0; r < ranks; ++r)
-    for (int q = 0; q < r; ++q) {
-      const DeviceGradients &a = calls[size_t(r)].grads, &b = calls[size_t(q)].grads;
-      const void* mine[] = {a.d_x,  a.d_topk_weights, a.gate,      a.up,
-                            a.down, a.shared_gate,    a.shared_up, a.shared_down};
-      const void* theirs[] = {b.d_x,  b.d_topk_weights, b.gate,      b.up,
-                              b.down, b.shared_gate,    b.shared_up, b.shared_down};
-      for (int i = 0; i < 8; ++i)
-        require(mine[i] == nullptr || mine[i] != theirs[i], ErrorCode::invalid_argument,
-                who + "::backward: ranks " + std::to_string(q) + " and " + std::to_string(r) +
-                    " were given the same gradient buffer (each rank needs its own; the shared "
-                    "experts' gradients are per-rank partials)");
-    }
+    for (int q = 0; q < r; ++q)
+      for (const auto& a : ranges(calls[size_t(r)]))
+        for (const auto& b : ranges(calls[size_t(q)]))
+          require(a.bytes == 0 || b.bytes == 0 || a.begin + a.bytes <= b.begin ||
+                      b.begin + b.bytes <= a.begin,
+                  ErrorCode::invalid_argument,
+                  who + "::backward: rank " + std::to_string(r) + "'s " + a.name +
+                      " overlaps rank " + std::to_string(q) + "'s " + b.name +
+                      " (each rank needs its own buffers; the shared experts' gradients are "
+                      "per-rank partials)");
   std::vector<kern::BackwardShare> shares;
   for (int r = 0; r < ranks; ++r) shares.push_back(make_share(calls, r));
   for (const RankBackward& w : ranks_)

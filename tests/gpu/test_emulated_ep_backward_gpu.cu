@@ -286,7 +286,8 @@ TEST(EmulatedEpBackwardGpu, AStoppedRankIsAnErrorNamingItAndBadCallsAreRefused) 
       [&] {
         bw.backward(group.s, group.ctx, group.batches, group.weights, group.d_outs, same, nullptr);
       },
-      mok::ErrorCode::invalid_argument, "ranks 1 and 3 were given the same gradient buffer");
+      mok::ErrorCode::invalid_argument,
+      "rank 3's shared up gradient overlaps rank 1's shared up gradient");
   std::vector<const mok::gpu::ForwardContext*> swapped = group.ctx;
   std::swap(swapped[0], swapped[1]);
   expect_error(
