@@ -235,6 +235,16 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
   m.shared_down_mn = shared ? map(wt.shared_down, H, S, 64) : m.down_mn;
   m.shared_gate_mn = shared ? map(wt.shared_gate, S, H, 64) : m.gate_mn;
   m.shared_up_mn = shared ? map(wt.shared_up, S, H, 64) : m.up_mn;
+  if (options.weight_grads == WeightGrads::write_bf16) {  // staged tiles store them by TMA
+    m.d_out_maps[kern::kOutGate] = map(g.gate, El * I, H, 64);
+    m.d_out_maps[kern::kOutUp] = map(g.up, El * I, H, 64);
+    m.d_out_maps[kern::kOutDown] = map(g.down, El * H, I, 64);
+    for (int i = 0; shared && i < 3; ++i)
+      m.d_out_maps[kern::kOutSharedGate + i] = map(i == 0   ? g.shared_gate
+                                                   : i == 1 ? g.shared_up
+                                                            : g.shared_down,
+                                                   i < 2 ? S : H, i < 2 ? H : S, 64);
+  }
 
   const int ep_rank = ranks > 1 ? r : 0;
   kern::BackwardParams& p = share_.params;

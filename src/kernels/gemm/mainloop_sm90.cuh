@@ -37,6 +37,8 @@ __device__ __forceinline__ bool wait_stage_full(
 // stage's wait (starved at the tile boundary).
 // kMultiply = false (a benchmark's stage probe): every stage is awaited and released, nothing is
 // multiplied, and d is zero.
+// held: the last `held` stages are not released (the epilogue stages its output there and
+// releases them itself, hold_stage_output below); k_blocks >= held.
 // Traits follow from the ring, so the BF16 forward's call sites name only kBlockN and the flags.
 template <int kBlockN, bool kInFlight = false, bool kMultiply = true, class Traits = Bf16KMajor>
 __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2],
@@ -44,14 +46,15 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2],
                                          dev::RingCursor<TileShape<kBlockN, Traits>::kStages>& c,
                                          int k_blocks, int wg, uint64_t wait_cycles,
                                          bool timed = false, uint64_t* waited_ns = nullptr,
-                                         bool gathered = false,
-                                         uint64_t* first_waited_ns = nullptr) {
+                                         bool gathered = false, uint64_t* first_waited_ns = nullptr,
+                                         int held = 0) {
   static_assert(!(kInFlight && Traits::kPromotes),
                 "promotion reads each k-block's accumulators once its group has completed");
   using A = typename Traits::A;
   using B = typename Traits::B;
   constexpr int kSteps = Traits::kBlockK / Traits::kInstrK;
   const bool arrives = threadIdx.x % 32 == 0;
+  const int release_below = k_blocks - held;  // k-blocks below this are released here
   int in_flight = -1;  // kInFlight: the stage the last issued wgmma group reads
   if constexpr (!kMultiply) {
 #pragma unroll
@@ -65,7 +68,7 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2],
     }
     if (timed && kb == 0 && first_waited_ns) *first_waited_ns += *waited_ns - before;
     if constexpr (!kMultiply) {
-      if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
+      if (arrives && kb < release_below) dev::mbar_arrive(&ring.empty[c.stage]);
       continue;
     }
     // This warpgroup's 64 rows of the A tile.
@@ -81,19 +84,20 @@ __device__ __forceinline__ bool mma_tile(float (&d)[kBlockN / 2],
     if constexpr (kInFlight) {
       dev::wgmma_wait<1>();
       dev::fence_accumulators(d);
-      if (arrives && in_flight >= 0) dev::mbar_arrive(&ring.empty[in_flight]);
+      if (arrives && in_flight >= 0 && kb - 1 < release_below)
+        dev::mbar_arrive(&ring.empty[in_flight]);
       in_flight = int(c.stage);
     } else {
       dev::wgmma_wait<0>();
       dev::fence_accumulators(d);
       Traits::template promote<kBlockN>(d, c.stage);
-      if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
+      if (arrives && kb < release_below) dev::mbar_arrive(&ring.empty[c.stage]);
     }
   }
   if constexpr (kInFlight) {
     dev::wgmma_wait<0>();
     dev::fence_accumulators(d);
-    if (arrives && in_flight >= 0) dev::mbar_arrive(&ring.empty[in_flight]);
+    if (arrives && in_flight >= 0 && held == 0) dev::mbar_arrive(&ring.empty[in_flight]);
   }
   return true;
 }

@@ -18,8 +18,10 @@
 //   gathering_warpgroup(p), inputs_gathered(p, w)      whether the CTA's / a tile's A is gathered
 //   all_padding(p, w, row0)                            rows [row0, row0 + 64) hold nothing
 //   prefetch(p, w, row0) -> Prefetch                   loaded before the mainloop
-//   epilogue(p, w, d, row0, wg, prefetch, owed, timer) stores the tile, publishes, may leave
-//                                                      Owed (released after the next mainloop)
+//   epilogue(p, w, d, row0, wg, prefetch, owed, timer, ring, cursor)
+//                                                      stores the tile, publishes, may leave
+//                                                      Owed (released after the next mainloop);
+//                                                      ring, cursor: the stages a mainloop held
 //   release(p, owed, timer, since)                     releases what an epilogue left owed
 //   skipped(p, w, wg)                                  a warpgroup's all-padding rows' publish
 //   dispatch(p, cta, ctas) -> bool, combine(p)         the row movers (engine's CTA split)
@@ -27,6 +29,9 @@
 //                                                      (e.g. tables into shared memory)
 //   kClaimAhead                                        the producer claims its next tile while
 //                                                      loading the current one (short tiles)
+//   kStoreWarp, store_role(maps, p, ring),             the producer warpgroup's second warp
+//   end_stores(p, owed)                                stores what epilogues staged (TMA) until
+//                                                      the consumers' end
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -298,6 +303,7 @@ __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
     times.timer.add(kTimeConsumerWaitsTile, queue_since);
     if (t < 0) {
       release_owed();
+      if constexpr (Program::kStoreWarp) Program::end_stores(p, owed);
       times.finish(p);
       return true;
     }
@@ -323,7 +329,7 @@ __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
     asm volatile("" : "+r"(row0));  // keeps row addresses out of the mainloop (pitfall 2)
     release_owed();
     const uint64_t epilogue_since = times.timer.now();
-    Program::epilogue(p, w, d, row0, wg, prefetch, owed, times.timer);
+    Program::epilogue(p, w, d, row0, wg, prefetch, owed, times.timer, ring, cursor);
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);
   }
 }
@@ -377,10 +383,15 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
     if constexpr (kGroup) {  // the maps were written by launch_group_copies' kernels
       static_assert(sizeof(maps) % sizeof(CUtensorMap) == 0, "Maps: tensor maps only");
       const CUtensorMap* m = reinterpret_cast<const CUtensorMap*>(&maps);
-      for (int i = 0; i < int(sizeof(maps) / sizeof(CUtensorMap)); ++i)
-        dev::fence_tensormap_acquire(m + i);
+      if (threadIdx.x % 128 < (Program::kStoreWarp ? 64 : 128))  // the TMA issuers
+        for (int i = 0; i < int(sizeof(maps) / sizeof(CUtensorMap)); ++i)
+          dev::fence_tensormap_acquire(m + i);
     }
-    if (gather || threadIdx.x % 128 < 32) producer_role<Program>(maps, p, ring, queue, gather);
+    if (gather || threadIdx.x % 128 < 32) {
+      producer_role<Program>(maps, p, ring, queue, gather);
+    } else if constexpr (Program::kStoreWarp) {
+      if (threadIdx.x % 128 < 64) Program::store_role(maps, p, ring);
+    }
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));

@@ -31,6 +31,9 @@ constexpr int kProfileNoWgrad = 4;
 // A benchmark's variant: no weight-gradient tiles in the tile order at all (nothing claimed).
 constexpr int kProfileNoWgradTiles = 8;
 
+// The named barrier of both consumer warpgroups (1 + wg: each warpgroup's own).
+constexpr int kBackwardConsumersBarrier = 3;
+
 // Where the weight gradients go: written as BF16 or FP32, or added to the caller's FP32 buffers.
 enum WeightGradMode : int { kWgradBf16 = 0, kWgradFp32 = 1, kWgradAccumulateFp32 = 2 };
 
@@ -44,6 +47,17 @@ struct BackwardMaps {
   CUtensorMap shared_dy_k, shared_dgu_k;    // [T, H] (d_out), [token_rows, 2S]
   CUtensorMap shared_down_mn, shared_gate_mn, shared_up_mn;             // [H, S], [S, H] x 2
   CUtensorMap shared_dy_mn, shared_act_mn, shared_dgu_mn, shared_x_mn;  // [T | rows, H | S | 2S]
+  // BF16 weight gradients, stored by TMA (boxes of 64 rows x 64 columns): routed [E * I, H] x 2
+  // and [E * H, I], then shared [S, H] x 2 and [H, S] (BackwardOutput's order).
+  CUtensorMap d_out_maps[6];
+};
+enum BackwardOutput : int {
+  kOutGate,
+  kOutUp,
+  kOutDown,
+  kOutSharedGate,
+  kOutSharedUp,
+  kOutSharedDown
 };
 
 struct BackwardParams : ForwardParams {

@@ -239,6 +239,91 @@ __device__ __forceinline__ void wgrad_epilogue(const BackwardParams& p, const Ba
   }
 }
 
+// BF16 weight-gradient tiles of two or more k-blocks are staged: the consumers write the tile
+// into the B parts of the last two ring stages its mainloop held (warpgroup w's 64 rows into the
+// w-th), hand it to the store warp through a queue and go on to their next tile; the store warp
+// stores it by TMA and, once TMA has read it, releases both stages to the producer. The gradient
+// writes then drain while the consumers multiply, where register stores stalled them on the
+// memory system. FP32 and accumulated gradients keep the register path (their tile is twice the
+// two stages' B parts; accumulation rounds its read-add-write like the reference), as do tiles
+// with one k-block (no two stages to hold).
+constexpr int kStoreSlots = 4;
+struct StoreTask {
+  int32_t stage[2];  // warpgroup 0's and 1's held stage; -1: no more tasks
+  int32_t output;    // BackwardOutput
+  int32_t x, y;      // warpgroup 0's first column and row of the output
+};
+struct StoreQueue {
+  StoreTask task[kStoreSlots];
+  uint64_t full[kStoreSlots], empty[kStoreSlots];
+};
+__device__ __forceinline__ StoreQueue& store_queue() {
+  __shared__ StoreQueue queue;
+  return queue;
+}
+
+__device__ __forceinline__ bool wgrad_staged(const BackwardParams& p, const BackwardWork& w) {
+  return !w.dgrad() && w.k_blocks >= 2 && p.wgrad_mode == kWgradBf16;
+}
+
+// Consumer thread 0's task cursor (it pushes every task), kept in the engine's Owed.
+struct BackwardOwed : DownRowCounts {
+  dev::RingCursor<kStoreSlots> stores;
+};
+
+// Pushes a task (consumer thread 0). False if the wait for a free slot gave up.
+__device__ __forceinline__ bool push_store_task(const BackwardParams& p, BackwardOwed& owed,
+                                                const StoreTask& task) {
+  StoreQueue& q = store_queue();
+  dev::RingCursor<kStoreSlots>& c = owed.stores;
+  if (!wait_unless_aborted(p, [&] { return dev::mbar_try_wait(&q.empty[c.stage], c.phase ^ 1); }))
+    return false;
+  q.task[c.stage] = task;
+  dev::mbar_arrive(&q.full[c.stage]);
+  c.advance();
+  return true;
+}
+
+// A staged tile's epilogue (both warpgroups; row0: this warpgroup's first output row).
+template <int kBlockN>
+__device__ __forceinline__ void wgrad_stage(const BackwardParams& p, const BackwardWork& w,
+                                            const float (&d)[kBlockN / 2], int row0, int wg,
+                                            const SmemRing<kBlockN>& ring,
+                                            const dev::RingCursor<TileShape<kBlockN>::kStages>& c,
+                                            BackwardOwed& owed) {
+  constexpr int kStages = TileShape<kBlockN>::kStages;
+  static_assert(TileShape<kBlockN>::kBytesB == kBlockN * 128, "a B part holds 64 x kBlockN BF16");
+  const int held[2] = {int(c.stage + kStages - 2) % kStages, int(c.stage + kStages - 1) % kStages};
+  uint8_t* staging = ring.b(held[wg]);
+  const Fragment f = Fragment::mine();
+  // Both warpgroups' wgmma have read both held stages.
+  dev::named_barrier_sync(kBackwardConsumersBarrier, kConsumers * 128);
+#pragma unroll
+  for (int j = 0; j < kBlockN / 8; ++j) {  // box j / 8 (64 x 64, 128B-swizzled), chunk j % 8
+    uint8_t* box = staging + (j / 8) * (64 * 128);
+    const uint32_t byte = 16 * (j % 8) + 2 * f.col0;
+    *reinterpret_cast<__nv_bfloat162*>(box + dev::swizzle128_offset(f.row_lo, byte)) =
+        __floats2bfloat162_rn(d[4 * j], d[4 * j + 1]);
+    *reinterpret_cast<__nv_bfloat162*>(box + dev::swizzle128_offset(f.row_lo + 8, byte)) =
+        __floats2bfloat162_rn(d[4 * j + 2], d[4 * j + 3]);
+  }
+  dev::fence_proxy_async_shared();  // the generic writes, before TMA reads them
+  dev::named_barrier_sync(kBackwardConsumersBarrier, kConsumers * 128);
+  if (threadIdx.x != 0) return;
+  const bool shared = w.shared(), down = w.kind == BackwardKind::wgrad_down;
+  const int width = shared ? p.shared_width : p.intermediate;
+  StoreTask task{{held[0], held[1]}, 0, w.n_tile * kBlockN, 0};
+  if (down) {
+    task.output = shared ? kOutSharedDown : kOutDown;
+    task.y = (shared ? 0 : w.expert() * p.hidden) + row0;
+  } else {  // the tile's 128 rows are all gate or all up rows (128 divides the width)
+    const bool up = row0 >= width;
+    task.output = shared ? (up ? kOutSharedUp : kOutSharedGate) : (up ? kOutUp : kOutGate);
+    task.y = (shared ? 0 : w.expert() * width) + (up ? row0 - width : row0);
+  }
+  if (!push_store_task(p, owed, task)) record_fault(p, kRoleConsumer, -1);
+}
+
 template <int kBlockN_>
 struct BackwardProgram {
   using Params = BackwardParams;
@@ -247,13 +332,50 @@ struct BackwardProgram {
   using Tiles = BackwardTiles;
   using Inputs = BackwardInputs;
   using Prefetch = DownRows;
-  using Owed = DownRowCounts;
+  using Owed = BackwardOwed;
   static constexpr int kBlockN = kBlockN_;
   static constexpr bool kMultiply = true, kLoads = true;
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
   static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
   static constexpr bool kClaimAhead = true;  // most tiles are short weight-gradient tiles
-  __device__ static void prepare_cta(const Params& p) { fill_backward_table(p); }
+  static constexpr bool kStoreWarp = true;
+  __device__ static void prepare_cta(const Params& p) {
+    fill_backward_table(p);
+    if (threadIdx.x == 0)
+      for (int i = 0; i < kStoreSlots; ++i) {
+        dev::mbar_init(&store_queue().full[i], 1);
+        dev::mbar_init(&store_queue().empty[i], 1);
+      }
+  }
+
+  // The store warp (one thread): each staged tile's two halves by TMA, then its stages back to
+  // the producer (standing for the eight consumer warps' arrivals), until the end task or an
+  // abort.
+  __device__ static void store_role(const Maps& maps, const Params& p,
+                                    const SmemRing<kBlockN>& ring) {
+    if (threadIdx.x % 32 != 0) return;
+    StoreQueue& q = store_queue();
+    for (dev::RingCursor<kStoreSlots> c;; c.advance()) {
+      if (!wait_unless_aborted(p, [&] { return dev::mbar_try_wait(&q.full[c.stage], c.phase); }))
+        break;  // a consumer stopped (its fault is recorded)
+      const StoreTask t = q.task[c.stage];
+      dev::mbar_arrive(&q.empty[c.stage]);
+      if (t.stage[0] < 0) break;
+      const CUtensorMap* map = &maps.d_out_maps[t.output];
+      for (int h = 0; h < 2; ++h)
+        for (int b = 0; b < kBlockN / 64; ++b)
+          dev::tma_store_2d(map, ring.b(t.stage[h]) + b * (64 * 128), t.x + 64 * b, t.y + 64 * h);
+      dev::tma_store_commit();
+      dev::tma_store_wait_read();
+      dev::mbar_arrive(&ring.empty[t.stage[0]], kConsumers * 4);
+      dev::mbar_arrive(&ring.empty[t.stage[1]], kConsumers * 4);
+    }
+    dev::tma_store_wait_all();
+  }
+  // Consumer thread 0, after the last tile: the end task.
+  __device__ static void end_stores(const Params& p, Owed& owed) {
+    if (threadIdx.x == 0) push_store_task(p, owed, StoreTask{{-1, -1}, 0, 0, 0});
+  }
   static_assert(TileShape<kBlockN, Bf16MnMajorB>::kStages == TileShape<kBlockN>::kStages &&
                     TileShape<kBlockN, Bf16MnMajorAB>::kStages == TileShape<kBlockN>::kStages &&
                     TileShape<kBlockN, Bf16MnMajorAB>::kStageBytes ==
@@ -360,9 +482,9 @@ struct BackwardProgram {
           &times.starved_first);
     }
     const SmemRing<kBlockN, Bf16MnMajorAB> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
-    return mma_tile<kBlockN, true, true, Bf16MnMajorAB>(d, r, cursor, w.k_blocks, wg, p.wait_cycles,
-                                                        times.timer.on, &times.starved, false,
-                                                        &times.starved_first);
+    return mma_tile<kBlockN, true, true, Bf16MnMajorAB>(
+        d, r, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on, &times.starved, false,
+        &times.starved_first, wgrad_staged(p, w) ? 2 : 0);
   }
 
   __device__ static Prefetch prefetch(const Params& p, const Work& w, int row0) {
@@ -373,7 +495,8 @@ struct BackwardProgram {
   template <class Timer>
   __device__ static void epilogue(const Params& p, const Work& w, const float (&d)[kBlockN / 2],
                                   int row0, int wg, const Prefetch& destinations, Owed& owed,
-                                  Timer& timer) {
+                                  Timer& timer, const SmemRing<kBlockN>& ring,
+                                  const dev::RingCursor<TileShape<kBlockN>::kStages>& cursor) {
     const uint64_t since = timer.now();
     switch (w.kind) {
       case BackwardKind::dgrad_down:
@@ -382,11 +505,15 @@ struct BackwardProgram {
         timer.add(kTimeConsumerPublish, since);
         break;
       case BackwardKind::dgrad_gate_up:
-        owed = store_down<kBlockN>(p, as_down_tile(w), d, destinations);
+        static_cast<DownRowCounts&>(owed) =
+            store_down<kBlockN>(p, as_down_tile(w), d, destinations);
         timer.add(kTimeConsumerEpilogueDown, since);
         break;
       default:
-        wgrad_epilogue<kBlockN>(p, w, d, row0);
+        if (wgrad_staged(p, w))
+          wgrad_stage<kBlockN>(p, w, d, row0, wg, ring, cursor, owed);
+        else
+          wgrad_epilogue<kBlockN>(p, w, d, row0);
         break;
     }
   }

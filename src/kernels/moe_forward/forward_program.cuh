@@ -156,7 +156,7 @@ struct ForwardProgram {
   static constexpr bool kLoads = !(kProbe & kProbeNoGemmLoads);
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
   static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
-  static constexpr bool kClaimAhead = false;
+  static constexpr bool kClaimAhead = false, kStoreWarp = false;
   __device__ static void prepare_cta(const Params&) {}
 
   __device__ static bool dispatch(const Params& p, int cta, int ctas) {
@@ -269,7 +269,8 @@ struct ForwardProgram {
   template <class Timer>
   __device__ static void epilogue(const Params& p, const Work& w, const float (&d)[kBlockN / 2],
                                   int row0, int wg, const Prefetch& destinations, Owed& owed,
-                                  Timer& timer) {
+                                  Timer& timer, const SmemRing<kBlockN>&,
+                                  const dev::RingCursor<TileShape<kBlockN>::kStages>&) {
     const uint64_t since = timer.now();
     if (is_gate_up(w)) {
       store_gate_up<kBlockN, kKeepGateUp>(p, w, d, row0);
