@@ -34,7 +34,8 @@ std::vector<uint8_t> bytes_of(const DeviceBuffer<T>& b, size_t first = 0, size_t
 const char* kNames[8] = {"d_x",           "d_topk_weights", "d_shared_gate", "d_shared_up",
                          "d_shared_down", "d_gate",         "d_up",          "d_down"};
 
-// Device buffers for one set of gradients of `c` (routed: `experts` experts), poisoned; FP32.
+// Device buffers for one set of gradients of `c` (routed: `experts` experts), poisoned; FP32-sized
+// (BF16 gradients use the first half of each).
 struct Grads {
   DeviceBuffer<uint16_t> d_x;
   DeviceBuffer<float> d_w, sg, su, sd, g, u, d;
@@ -47,24 +48,33 @@ struct Grads {
         g(size_t(experts) * size_t(c.intermediate * c.hidden), 0xFF),
         u(g.n, 0xFF),
         d(g.n, 0xFF) {}
-  mok::gpu::DeviceGradients at(const mok::Config& c, int64_t first_token, int64_t first_expert) {
-    const int64_t per = c.intermediate * c.hidden;
+  // Expert first_expert's gradients onward, in the mode's element type.
+  mok::gpu::DeviceGradients at(const mok::Config& c, int64_t first_token, int64_t first_expert,
+                               WeightGrads mode = WeightGrads::write_fp32) {
+    const int64_t bytes =
+        (mode == WeightGrads::write_bf16 ? 2 : 4) * first_expert * c.intermediate * c.hidden;
+    auto from = [&](const DeviceBuffer<float>& b) {
+      return static_cast<void*>(reinterpret_cast<char*>(b.ptr) + bytes);
+    };
     return {reinterpret_cast<__nv_bfloat16*>(d_x.ptr) + first_token * c.hidden,
             d_w.ptr + first_token * c.top_k,
             sg.ptr,
             su.ptr,
             sd.ptr,
-            g.ptr + first_expert * per,
-            u.ptr + first_expert * per,
-            d.ptr + first_expert * per};
+            from(g),
+            from(u),
+            from(d)};
   }
 };
 
-// The single-GPU forward and backward (FP32 weight gradients) of tokens [first, first + n) of the
-// global batch; the outputs' bytes in kNames order.
-std::vector<std::vector<uint8_t>> ep1_backward(
-    const GlobalBatch& g, const DeviceBuffer<uint16_t>& x, const DeviceBuffer<int32_t>& ids,
-    const DeviceBuffer<float>& w, const DeviceBuffer<uint16_t>& d_out, int64_t first, int64_t n) {
+// The single-GPU forward and backward of tokens [first, first + n) of the global batch; the
+// outputs' bytes in kNames order.
+std::vector<std::vector<uint8_t>> ep1_backward(const GlobalBatch& g,
+                                               const DeviceBuffer<uint16_t>& x,
+                                               const DeviceBuffer<int32_t>& ids,
+                                               const DeviceBuffer<float>& w,
+                                               const DeviceBuffer<uint16_t>& d_out, int64_t first,
+                                               int64_t n, WeightGrads mode) {
   mok::Config c = g.global;
   c.max_tokens_per_rank = int(std::max<int64_t>(n, 1));
   const GpuLayer layer(g.params);
@@ -75,7 +85,7 @@ std::vector<std::vector<uint8_t>> ep1_backward(
   Grads grads(c, n, c.num_experts);
   mok::gpu::MoeForward f(c);
   mok::gpu::BackwardOptions o;
-  o.weight_grads = WeightGrads::write_fp32;
+  o.weight_grads = mode;
   mok::gpu::MoeBackward b(c, o);
   mok::gpu::Schedule s(c);
   mok::gpu::ForwardContext ctx(c);
@@ -140,7 +150,8 @@ struct Group {
 };
 
 // One case: the group's outputs against the single GPU's, bit for bit.
-void expect_group_equals_ep1(int ranks, const EpCase& k) {
+void expect_group_equals_ep1(int ranks, const EpCase& k,
+                             WeightGrads mode = WeightGrads::write_fp32) {
   const GlobalBatch g = make_global_batch(ranks, k);
   const mok::Batch& b = g.batch;
   const int64_t total = g.total, H = g.global.hidden;
@@ -148,13 +159,13 @@ void expect_group_equals_ep1(int ranks, const EpCase& k) {
       d_out(to_bf16(mok::tools::random_vector(size_t(std::max<int64_t>(total * H, 1)), 81, 0.5)));
   DeviceBuffer<int32_t> ids(b.topk_ids);
   DeviceBuffer<float> w(std::vector<float>(b.topk_weights.begin(), b.topk_weights.end()));
-  const std::vector<std::vector<uint8_t>> want = ep1_backward(g, x, ids, w, d_out, 0, total);
+  const std::vector<std::vector<uint8_t>> want = ep1_backward(g, x, ids, w, d_out, 0, total, mode);
 
   Group group(g, ranks, k, x, ids, w, d_out, out);
   const mok::Config& c = group.c;
   mok::gpu::EmulatedEpForward f(c, case_options(k), case_hooks(k));
   mok::gpu::BackwardOptions o;
-  o.weight_grads = WeightGrads::write_fp32;
+  o.weight_grads = mode;
   mok::gpu::EmulatedEpBackward bw(c, o, case_hooks(k));
   EXPECT_EQ(bw.ranks(), ranks);
   // Routed gradients and d_x / d_w: slices of global buffers; shared ones: each rank its own.
@@ -163,7 +174,7 @@ void expect_group_equals_ep1(int ranks, const EpCase& k) {
   std::vector<mok::gpu::DeviceGradients> grads;
   for (int r = 0; r < ranks; ++r) {
     own.push_back(std::make_unique<Grads>(c, 0, 0));
-    mok::gpu::DeviceGradients gr = global.at(c, g.first[size_t(r)], int64_t(r) * group.El);
+    mok::gpu::DeviceGradients gr = global.at(c, g.first[size_t(r)], int64_t(r) * group.El, mode);
     gr.shared_gate = own.back()->sg.ptr;
     gr.shared_up = own.back()->su.ptr;
     gr.shared_down = own.back()->sd.ptr;
@@ -190,7 +201,7 @@ void expect_group_equals_ep1(int ranks, const EpCase& k) {
   if (c.shared_width() == 0) return;
   for (int r = 0; r < ranks; ++r) {
     const std::vector<std::vector<uint8_t>> mine =
-        ep1_backward(g, x, ids, w, d_out, g.first[size_t(r)], k.tokens[size_t(r)]);
+        ep1_backward(g, x, ids, w, d_out, g.first[size_t(r)], k.tokens[size_t(r)], mode);
     const DeviceBuffer<float>* parts[3] = {&own[size_t(r)]->sg, &own[size_t(r)]->su,
                                            &own[size_t(r)]->sd};
     for (int i = 0; i < 3; ++i)
@@ -207,6 +218,8 @@ void expect_every_case(int ranks) {
     SCOPED_TRACE("ranks " + std::to_string(ranks) + ", case " + std::to_string(i));
     expect_group_equals_ep1(ranks, all[i]);
   }
+  SCOPED_TRACE("ranks " + std::to_string(ranks) + ", BF16 weight gradients");
+  expect_group_equals_ep1(ranks, all[0], WeightGrads::write_bf16);
 }
 
 }  // namespace

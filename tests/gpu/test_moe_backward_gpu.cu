@@ -243,9 +243,9 @@ TEST(MoeBackwardGpu, SkewedRoutingZeroWeightsAndAnEmptyBatch) {
 // The same bits in 20 runs with injected dispatch delays; BF16 weight gradients are the FP32 ones
 // rounded to nearest even; accumulating adds to the caller's buffers (2W from W) and leaves the
 // experts without rows untouched.
-void expect_bitwise_across_runs_and_modes(const mok::Config& c) {
+void expect_bitwise_across_runs_and_modes(const mok::Config& c, int64_t tokens) {
   const mok::LayerParams p = mok::tools::random_params(c, 91);
-  mok::Batch b = mok::tools::random_batch(c, 500, 92);
+  mok::Batch b = mok::tools::random_batch(c, tokens, 92);
   for (int64_t t = 0; t < b.tokens; ++t) {  // expert 6 gets no rows
     int32_t* ids = &b.topk_ids[size_t(t * c.top_k)];
     for (int k = 0; k < c.top_k; ++k) {
@@ -308,10 +308,12 @@ void expect_bitwise_across_runs_and_modes(const mok::Config& c) {
 
 TEST(MoeBackwardGpu, BitwiseAcrossRunsDelaysAndWeightGradientModes) {
   MOK_REQUIRE_GPU();
-  for (const mok::Config& c : {small_config(1), wide_config()}) {
-    SCOPED_TRACE("H = " + std::to_string(c.hidden));
-    expect_bitwise_across_runs_and_modes(c);
-  }
+  // 500 tokens: about 125 rows per expert; 150: about 37 (one k-block per weight-gradient tile).
+  for (const mok::Config& c : {small_config(1), wide_config()})
+    for (const int64_t tokens : {500, 150}) {
+      SCOPED_TRACE("H = " + std::to_string(c.hidden) + ", T = " + std::to_string(tokens));
+      expect_bitwise_across_runs_and_modes(c, tokens);
+    }
 }
 
 // A forward and backward captured in one CUDA graph replay to the direct run's bits, and again

@@ -11,7 +11,7 @@
 //   kRoleRing, kRoleConsumer (its fault roles for the engine's waits)
 //   inputs(maps, p, tiles, w) -> Inputs                what a tile loads and waits on (ready,
 //                                                      needed, role, timing, gather, what)
-//   stage_bytes(in, a_top_only), load_stage(in, a, b, bar, kb, a_top_only)
+//   stage_bytes(in, a_top_only, kb), load_stage(in, a, b, bar, kb, a_top_only)
 //                                                      one k-block's TMA bytes and loads
 //   mainloop(d, ring, cursor, w, wg, p, times, gathered) -> bool   the tile's wgmma (its traits)
 //   gather_row(p, w, a_row, r) -> const bf16*          a gathered A row (nullptr: zeros)
@@ -210,7 +210,6 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
     // warpgroup skips the tile), so their A rows are not loaded (the 64-row box): those
     // shared-memory rows keep stale data that nothing reads.
     const bool a_top_only = !in.gather && Program::all_padding(p, w, int(w.m_block * kBlockM) + 64);
-    const uint32_t bytes = Program::stage_bytes(in, a_top_only);
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
       if (!leader && !gathering_warpgroup) continue;  // only the leader arrives
       const uint64_t since = timer.now();
@@ -235,7 +234,7 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
         dev::mbar_arrive(bar);
         continue;
       }
-      dev::mbar_arrive_expect_tx(bar, bytes);
+      dev::mbar_arrive_expect_tx(bar, Program::stage_bytes(in, a_top_only, kb));
       Program::load_stage(in, ring.a(cursor.stage), ring.b(cursor.stage), bar, kb, a_top_only);
     }
     if (!__all_sync(0xFFFFFFFFu, ok)) return;

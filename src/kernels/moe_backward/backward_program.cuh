@@ -67,6 +67,7 @@ struct BackwardInputs {
   const CUtensorMap *a, *b, *b_second;  // b_second: B from k-block b_split on (the up weights)
   int a_k0, b_k0, b_split;              // K coordinates of k-block 0 (B: of each half)
   int a_mn0, b_mn0;
+  int loads;  // k-blocks loaded (wgrad: a staged one-block tile's second stage stays empty)
   bool wgrad;
   const uint32_t* ready;
   uint32_t needed;
@@ -239,14 +240,14 @@ __device__ __forceinline__ void wgrad_epilogue(const BackwardParams& p, const Ba
   }
 }
 
-// BF16 weight-gradient tiles of two or more k-blocks are staged: the consumers write the tile
-// into the B parts of the last two ring stages its mainloop held (warpgroup w's 64 rows into the
-// w-th), hand it to the store warp through a queue and go on to their next tile; the store warp
-// stores it by TMA and, once TMA has read it, releases both stages to the producer. The gradient
-// writes then drain while the consumers multiply, where register stores stalled them on the
-// memory system. FP32 and accumulated gradients keep the register path (their tile is twice the
-// two stages' B parts; accumulation rounds its read-add-write like the reference), as do tiles
-// with one k-block (no two stages to hold).
+// BF16 weight-gradient tiles are staged: the consumers write the tile into the B parts of the
+// last two ring stages its mainloop held (warpgroup w's 64 rows into the w-th; a one-block tile
+// takes a second, empty stage for it), hand it to the store warp through a queue and go on to
+// their next tile; the store warp stores it by TMA and, once TMA has read it, releases both
+// stages to the producer. The gradient writes then drain while the consumers multiply, where
+// register stores stalled them on the memory system. FP32 and accumulated gradients keep the
+// register path (their tile is twice the two stages' B parts; accumulation rounds its
+// read-add-write like the reference).
 constexpr int kStoreSlots = 4;
 struct StoreTask {
   int32_t stage[2];  // warpgroup 0's and 1's held stage; -1: no more tasks
@@ -410,6 +411,7 @@ struct BackwardProgram {
     const int w_tiles = width / kBlockN;
     in.what = w.m_block;
     in.b_split = w.k_blocks;
+    in.loads = w.k_loaded;
     in.timing = kTimeGateUpWaitsDispatch;
     switch (w.kind) {
       case BackwardKind::dgrad_down:
@@ -453,11 +455,12 @@ struct BackwardProgram {
     return in;
   }
 
-  __device__ static uint32_t stage_bytes(const Inputs&, bool) {
-    return TileShape<kBlockN>::kStageBytes;
+  __device__ static uint32_t stage_bytes(const Inputs& in, bool, int kb) {
+    return kb < in.loads ? TileShape<kBlockN>::kStageBytes : 0;
   }
   __device__ static void load_stage(const Inputs& in, uint8_t* tile_a, uint8_t* tile_b,
                                     uint64_t* bar, int kb, bool) {
+    if (kb >= in.loads) return;
     if (in.wgrad) {
       Bf16MnMajorAB::A::load_at<kBlockM>(tile_a, in.a, bar, in.a_k0 + kb * kBlockK, in.a_mn0);
       Bf16MnMajorAB::B::load_at<kBlockN>(tile_b, in.b, bar, in.b_k0 + kb * kBlockK, in.b_mn0);
@@ -482,9 +485,14 @@ struct BackwardProgram {
           &times.starved_first);
     }
     const SmemRing<kBlockN, Bf16MnMajorAB> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
-    return mma_tile<kBlockN, true, true, Bf16MnMajorAB>(
-        d, r, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on, &times.starved, false,
-        &times.starved_first, wgrad_staged(p, w) ? 2 : 0);
+    const bool staged = wgrad_staged(p, w);
+    if (!mma_tile<kBlockN, true, true, Bf16MnMajorAB>(
+            d, r, cursor, w.k_loaded, wg, p.wait_cycles, times.timer.on, &times.starved, false,
+            &times.starved_first, staged ? (w.k_loaded >= 2 ? 2 : 1) : 0))
+      return false;
+    for (int kb = w.k_loaded; kb < w.k_blocks; ++kb, cursor.advance())  // empty, held
+      if (!wait_stage_full(r, cursor, p.wait_cycles, false, nullptr, false)) return false;
+    return true;
   }
 
   __device__ static Prefetch prefetch(const Params& p, const Work& w, int row0) {

@@ -42,7 +42,8 @@ struct BackwardWork {
   int unit;         // 0: the shared experts, 1 + e: local expert e
   int64_t m_block;  // dgrad: the row block (routed layout, or tokens); wgrad: the m-tile
   int n_tile;
-  int k_blocks;
+  int k_blocks;    // ring stages the tile takes
+  int k_loaded;    // of which loaded and multiplied (wgrad: a staged one-block tile takes two)
   int64_t k_row0;  // wgrad: the unit's first row (its K range starts there)
   __device__ bool shared() const { return unit == 0; }
   __device__ int expert() const { return unit - 1; }
@@ -151,7 +152,7 @@ struct BackwardTiles {
       const int n_w = u.width / p.block_n;
       if (i < int64_t(u.blocks) * n_w) {
         const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_w);
-        return {BackwardKind::dgrad_down, lo, u.first_block + c.block, c.n_tile,
+        return {BackwardKind::dgrad_down, lo, u.first_block + c.block, c.n_tile, p.hidden / kBlockK,
                 p.hidden / kBlockK,       0};
       }
       i -= int64_t(u.blocks) * n_w;
@@ -160,8 +161,13 @@ struct BackwardTiles {
       const BackwardUnitRow& u = unit(lo - lag);
       if (i < int64_t(u.blocks) * n_h) {
         const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_h);
-        return {BackwardKind::dgrad_gate_up, lo - lag, u.first_block + c.block, c.n_tile,
-                2 * u.width / kBlockK,       0};
+        return {BackwardKind::dgrad_gate_up,
+                lo - lag,
+                u.first_block + c.block,
+                c.n_tile,
+                2 * u.width / kBlockK,
+                2 * u.width / kBlockK,
+                0};
       }
       i -= int64_t(u.blocks) * n_h;
     }
@@ -169,13 +175,17 @@ struct BackwardTiles {
     const BackwardUnitRow& u = unit(unit_index);
     const int n_w = u.width / p.block_n;
     // A benchmark's variant without the weight-gradient work: its tiles load and multiply nothing.
-    const int k_blocks = p.profile_flags & kProfileNoWgrad ? 0 : (u.rows + kBlockK - 1) / kBlockK;
+    const int k_loaded = p.profile_flags & kProfileNoWgrad ? 0 : (u.rows + kBlockK - 1) / kBlockK;
+    // A staged tile (BF16) holds two stages for its output: one k-block takes an empty second.
+    const int k_blocks = k_loaded == 1 && p.wgrad_mode == kWgradBf16 ? 2 : k_loaded;
     const int64_t row0 = int64_t(u.first_block) * kBlockM;
     const int m_h = p.hidden / kBlockM;  // wgrad m-tiles are 128 rows of the output
     if (i < int64_t(m_h) * n_w)
-      return {BackwardKind::wgrad_down, unit_index, i / n_w, int(i % n_w), k_blocks, row0};
+      return {
+          BackwardKind::wgrad_down, unit_index, i / n_w, int(i % n_w), k_blocks, k_loaded, row0};
     i -= int64_t(m_h) * n_w;
-    return {BackwardKind::wgrad_gate_up, unit_index, i / n_h, int(i % n_h), k_blocks, row0};
+    return {
+        BackwardKind::wgrad_gate_up, unit_index, i / n_h, int(i % n_h), k_blocks, k_loaded, row0};
   }
 };
 

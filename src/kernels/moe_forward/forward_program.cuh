@@ -230,7 +230,7 @@ struct ForwardProgram {
     return in;
   }
 
-  __device__ static uint32_t stage_bytes(const Inputs& in, bool a_top_only) {
+  __device__ static uint32_t stage_bytes(const Inputs& in, bool a_top_only, int) {
     static_assert(kBlockM == 2 * 64 && kTileBytesA % 2 == 0);
     return (in.gather    ? 0u
             : a_top_only ? kTileBytesA / 2
