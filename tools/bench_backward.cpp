@@ -39,7 +39,7 @@ struct BackwardRow {
   gpu::detail::ForwardProfile profile;  // --breakdown: the BF16 backward's waits, one run
   double bound_ms[2] = {};              // the backward's, BF16 and FP32 dW
   double step_bound_ms = 0;
-  double workspace_gb = 0, context_gb = 0;
+  double workspace_gb = 0, context_gb = 0, step_gb = 0;
   int block_n = 0;
   const char* bound_by[2] = {};
 };
@@ -51,13 +51,15 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   c.validate();
   const double H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
                T = double(tokens);
+  size_t free_before = 0, total_bytes = 0;  // the step's memory: what it allocates from here
+  cuda_ok(cudaMemGetInfo(&free_before, &total_bytes), "cudaMemGetInfo");
   const BenchLayer data(c, int(E), tokens, 0, o.balanced_routing);
   DeviceArray<__nv_bfloat16> d_out(size_t(tokens * c.hidden)), d_x(d_out.n);
   cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, tokens * c.hidden, 21, 1.0f, nullptr), "fill");
   DeviceArray<float> d_w(size_t(tokens * c.top_k));
   // One FP32-sized buffer per weight gradient where they fit beside the workspaces (the BF16
   // backward writes the first half of each), else BF16-sized ones and no FP32 run.
-  size_t free_bytes = 0, total_bytes = 0;
+  size_t free_bytes = 0;
   cuda_ok(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
   const bool fp32_fits = 4.0 * 3.0 * (E * I * H + S * H) + 24e9 < double(free_bytes);
   const size_t per = fp32_fits ? 1 : 2;  // floats per two elements
@@ -76,7 +78,17 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   no_wgrad.without_wgrad = true;
   no_tiles.without_wgrad_tiles = true;
   wait_times.wait_times = true;
-  gpu::MoeBackward b16(c, bo[0]), without(c, bo[0], no_wgrad);
+  gpu::MoeBackward b16(c, bo[0]);
+  gpu::Schedule s(c);
+  gpu::ForwardContext ctx(c);
+  // The BF16 step's device memory: weights, inputs, d_out, BF16 gradients, the forward's and the
+  // backward's workspaces and the context (mok allocates everything up front: this is its peak).
+  size_t free_step = 0;
+  cuda_ok(cudaMemGetInfo(&free_step, &total_bytes), "cudaMemGetInfo");
+  const double grads_over = 4.0 * 3.0 * (S * H + E * I * H) / double(per) -
+                            2.0 * 3.0 * (S * H + E * I * H);  // FP32-sized buffers, BF16 used
+  const double step_gb = (double(free_before - free_step) - grads_over) * 1e-9;
+  gpu::MoeBackward without(c, bo[0], no_wgrad);
   std::unique_ptr<gpu::MoeBackward> b32, without_tiles, profiled;
   if (fp32_fits) b32 = std::make_unique<gpu::MoeBackward>(c, bo[1]);
   if (o.breakdown) {
@@ -90,8 +102,6 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   if (b32) backs.push_back(b32.get());
   const size_t no_tiles_at = without_tiles ? backs.size() : 0;
   if (without_tiles) backs.push_back(without_tiles.get());
-  gpu::Schedule s(c);
-  gpu::ForwardContext ctx(c);
 
   cudaStream_t capture;
   cuda_ok(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -151,6 +161,7 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   if (profiled) r.profile = gpu::detail::backward_profile(profiled->runner(), nullptr);
   r.step_ms = middle(st);
   r.workspace_gb = double(b16.workspace_bytes()) * 1e-9;
+  r.step_gb = step_gb;
   r.block_n = b16.block_n();
   r.context_gb = double(gpu::ForwardContext::bytes_per_token(c)) * T * 1e-9;
   // Bytes that must cross HBM: the weights once, the gradients once (2 or 4 bytes), x and d_out
@@ -217,8 +228,9 @@ int bench_backward_command(const BenchOptions& o) {
       "| shape | T | forward ms (TFLOP/s) | backward, BF16 dW: ms | TFLOP/s | %% of roofline "
       "(bound) | backward, FP32 dW: ms (TFLOP/s, %% of roofline) | backward / forward time | "
       "step ms | step TFLOP/s | %% of step roofline | backward without the wgrad work ms | "
-      "context GB | backward workspace GB | backward tile width | peak TFLOP/s, HBM TB/s "
-      "measured |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "context GB | backward workspace GB | step device memory GB (all mok allocates, weights "
+      "and BF16 gradients included) | backward tile width | peak TFLOP/s, HBM TB/s measured "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<BackwardRow> rows;
   for (const auto& [name, tokens] : shapes) {
     const Ceilings ceil = measure_ceilings_now();
@@ -236,12 +248,12 @@ int bench_backward_command(const BenchOptions& o) {
     std::printf(
         "| %s | %lld | %.3f (%.0f) | %.3f | %.0f | %.0f%% (%s) | %s | %.2f | %.3f | %.0f | %.0f%% "
         "| "
-        "%.3f | %.2f | %.2f | %d | %.0f, %.2f |\n",
+        "%.3f | %.2f | %.2f | %.1f | %d | %.0f, %.2f |\n",
         r.name.c_str(), (long long)r.tokens, r.forward_ms, tf(fwd, r.forward_ms), r.backward_ms[0],
         tf(bwd, r.backward_ms[0]), 100.0 * r.bound_ms[0] / r.backward_ms[0], r.bound_by[0], fp32,
         r.backward_ms[0] / r.forward_ms, r.step_ms, tf(fwd + bwd, r.step_ms),
-        100.0 * r.step_bound_ms / r.step_ms, r.no_wgrad_ms, r.context_gb, r.workspace_gb, r.block_n,
-        ceil.bf16_tflops, ceil.hbm_tbps);
+        100.0 * r.step_bound_ms / r.step_ms, r.no_wgrad_ms, r.context_gb, r.workspace_gb, r.step_gb,
+        r.block_n, ceil.bf16_tflops, ceil.hbm_tbps);
     std::fflush(stdout);
     rows.push_back(r);
   }
