@@ -91,13 +91,13 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
           who + ": a share of " + std::to_string(share) + " CTAs per rank is too few for " +
               std::to_string(dispatch_ctas) + " dispatch CTAs and the GEMMs");
   wait_cycles = uint64_t(wait_seconds * double(clock_khz) * 1e3);
-  // The tile order's lag (backward_tiles.cuh): units enough that two waves of a rank's CTAs fit
-  // in one lag's tiles, estimated from the mean rows per expert (the order changes when tiles
-  // run, never their bits).
+  // The tile order's lag (backward_tiles.cuh): units enough that four waves of a rank's CTAs fit
+  // in one lag's tiles, and at least two, estimated from the mean rows per expert (the order
+  // changes when tiles run, never their bits).
   const int64_t blocks = (max_t * K / El / ranks + kTileRows - 1) / kTileRows;
   const int64_t per_unit = blocks * (I + H) / block_n + (H * I + 2 * I * H) / (128 * block_n);
-  lag =
-      int(std::clamp<int64_t>((2 * share + per_unit - 1) / std::max<int64_t>(per_unit, 1), 1, El));
+  lag = int(std::clamp<int64_t>((4 * share + per_unit - 1) / std::max<int64_t>(per_unit, 1),
+                                std::min<int64_t>(2, El), El));
 
   capacity = sched::pad_to_tile(c.capacity_rows(), kTileRows);
   capacity_blocks = capacity / kTileRows;
