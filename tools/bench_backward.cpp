@@ -36,6 +36,7 @@ struct BackwardRow {
   double forward_ms = 0, backward_ms[2] = {}, step_ms = 0;  // backward: BF16, FP32 dW (0: no room)
   double no_wgrad_ms = 0;               // the BF16 backward without its weight-gradient tiles' work
   double no_wgrad_tiles_ms = 0;         // --breakdown: ... without the tiles at all
+  double staged_ms = 0;                 // the staged backward (one launch per tile kind), BF16 dW
   gpu::detail::ForwardProfile profile;  // --breakdown: the BF16 backward's waits, one run
   double bound_ms[2] = {};              // the backward's, BF16 and FP32 dW
   double step_bound_ms = 0;
@@ -74,8 +75,9 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   bo[0].weight_grads = gpu::WeightGrads::write_bf16;
   bo[1].weight_grads = gpu::WeightGrads::write_fp32;
   bo[0].block_n = bo[1].block_n = o.block_n;
-  gpu::detail::ForwardHooks no_wgrad, no_tiles, wait_times;
+  gpu::detail::ForwardHooks no_wgrad, no_tiles, wait_times, staged_hooks;
   no_wgrad.without_wgrad = true;
+  staged_hooks.staged_backward = true;
   no_tiles.without_wgrad_tiles = true;
   wait_times.wait_times = true;
   gpu::MoeBackward b16(c, bo[0]);
@@ -88,16 +90,16 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   const double grads_over = 4.0 * 3.0 * (S * H + E * I * H) / double(per) -
                             2.0 * 3.0 * (S * H + E * I * H);  // FP32-sized buffers, BF16 used
   const double step_gb = (double(free_before - free_step) - grads_over) * 1e-9;
-  gpu::MoeBackward without(c, bo[0], no_wgrad);
+  gpu::MoeBackward without(c, bo[0], no_wgrad), staged(c, bo[0], staged_hooks);
   std::unique_ptr<gpu::MoeBackward> b32, without_tiles, profiled;
   if (fp32_fits) b32 = std::make_unique<gpu::MoeBackward>(c, bo[1]);
   if (o.breakdown) {
     without_tiles = std::make_unique<gpu::MoeBackward>(c, bo[0], no_tiles);
     profiled = std::make_unique<gpu::MoeBackward>(c, bo[0], wait_times);
   }
-  // The timed backwards: BF16, without the wgrad work, then FP32 and without the wgrad tiles
-  // where they run.
-  std::vector<gpu::MoeBackward*> backs = {&b16, &without};
+  // The timed backwards: BF16, without the wgrad work, staged, then FP32 and without the wgrad
+  // tiles where they run.
+  std::vector<gpu::MoeBackward*> backs = {&b16, &without, &staged};
   const size_t fp32_at = b32 ? backs.size() : 0;
   if (b32) backs.push_back(b32.get());
   const size_t no_tiles_at = without_tiles ? backs.size() : 0;
@@ -127,9 +129,9 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   auto replay = [&](size_t g) {
     return [&graphs, g] { cuda_ok(cudaGraphLaunch(graphs[g], nullptr), "cudaGraphLaunch"); };
   };
-  // Graphs: the forward, the backwards (BF16, without wgrad, FP32), the step. The backward graphs
-  // read the context the forward graph filled: the forward runs first, and the schedule is not
-  // rebuilt between a forward and the backwards timed after it.
+  // Graphs: the forward, the backwards (BF16, without wgrad, staged, FP32), the step. The backward
+  // graphs read the context the forward graph filled: the forward runs first, and the schedule is
+  // not rebuilt between a forward and the backwards timed after it.
   const size_t step_graph = graphs.size() - 1;
   for (size_t g = 0; g < graphs.size(); ++g) median_ms(replay(g), 2);
   f.check(nullptr);
@@ -156,6 +158,7 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   r.forward_ms = middle(fw);
   r.backward_ms[0] = middle(bw[0]);
   r.no_wgrad_ms = middle(bw[1]);
+  r.staged_ms = middle(bw[2]);
   if (fp32_at) r.backward_ms[1] = middle(bw[fp32_at]);
   if (no_tiles_at) r.no_wgrad_tiles_ms = middle(bw[no_tiles_at]);
   if (profiled) r.profile = gpu::detail::backward_profile(profiled->runner(), nullptr);
@@ -217,8 +220,10 @@ int bench_backward_command(const BenchOptions& o) {
   const std::vector<std::pair<std::string, int64_t>> shapes = bench_shapes(o);
   std::printf(
       "mok bench --direction backward: the training forward (keeping its context), the backward "
-      "megakernel with BF16 and with FP32 weight gradients, and the whole step (schedule, "
-      "forward, backward with BF16 weight gradients), EP = 1, BF16, on %s; CUDA graph replays, "
+      "megakernel with BF16 and with FP32 weight gradients, the staged backward (the same tiles "
+      "in one launch per kind: dgrad-down, dgrad-gate/up, weight gradients; BF16), and the whole "
+      "step (schedule, forward, backward with BF16 weight gradients), EP = 1, BF16, on %s; CUDA "
+      "graph replays, "
       "medians of %d runs, 3 alternating rounds; TFLOP/s by design.md (backward = 2x forward); "
       "roofline: max(FLOPs / peak, bytes / HBM) with the weights read once, the gradients "
       "written once and the activations; ceilings re-measured before each shape\n\n",
@@ -228,9 +233,10 @@ int bench_backward_command(const BenchOptions& o) {
       "| shape | T | forward ms (TFLOP/s) | backward, BF16 dW: ms | TFLOP/s | %% of roofline "
       "(bound) | backward, FP32 dW: ms (TFLOP/s, %% of roofline) | backward / forward time | "
       "step ms | step TFLOP/s | %% of step roofline | backward without the wgrad work ms | "
+      "staged backward ms (TFLOP/s) | staged / fused time | "
       "context GB | backward workspace GB | step device memory GB (all mok allocates, weights "
       "and BF16 gradients included) | backward tile width | peak TFLOP/s, HBM TB/s measured "
-      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<BackwardRow> rows;
   for (const auto& [name, tokens] : shapes) {
     const Ceilings ceil = measure_ceilings_now();
@@ -247,13 +253,13 @@ int bench_backward_command(const BenchOptions& o) {
                     r.bound_by[1]);
     std::printf(
         "| %s | %lld | %.3f (%.0f) | %.3f | %.0f | %.0f%% (%s) | %s | %.2f | %.3f | %.0f | %.0f%% "
-        "| "
-        "%.3f | %.2f | %.2f | %.1f | %d | %.0f, %.2f |\n",
+        "| %.3f | %.3f (%.0f) | %.2f | %.2f | %.2f | %.1f | %d | %.0f, %.2f |\n",
         r.name.c_str(), (long long)r.tokens, r.forward_ms, tf(fwd, r.forward_ms), r.backward_ms[0],
         tf(bwd, r.backward_ms[0]), 100.0 * r.bound_ms[0] / r.backward_ms[0], r.bound_by[0], fp32,
         r.backward_ms[0] / r.forward_ms, r.step_ms, tf(fwd + bwd, r.step_ms),
-        100.0 * r.step_bound_ms / r.step_ms, r.no_wgrad_ms, r.context_gb, r.workspace_gb, r.step_gb,
-        r.block_n, ceil.bf16_tflops, ceil.hbm_tbps);
+        100.0 * r.step_bound_ms / r.step_ms, r.no_wgrad_ms, r.staged_ms, tf(bwd, r.staged_ms),
+        r.staged_ms / r.backward_ms[0], r.context_gb, r.workspace_gb, r.step_gb, r.block_n,
+        ceil.bf16_tflops, ceil.hbm_tbps);
     std::fflush(stdout);
     rows.push_back(r);
   }

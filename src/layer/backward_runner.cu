@@ -39,13 +39,18 @@ const char* backward_role_name(int role) {
 }  // namespace
 
 BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const ForwardHooks& h,
-                               Transport transport, const char* who_)
-    : config(c), options(o), hooks(h), who(who_) {
+                               Transport transport_, const char* who_)
+    : config(c), options(o), hooks(h), who(who_), transport(transport_) {
   c.validate();
   if (transport == Transport::emulated) {
     require(c.ep_size == 2 || c.ep_size == 4 || c.ep_size == 8, ErrorCode::unsupported,
             who + " runs ep_size 2, 4 or 8 logical ranks, got " + std::to_string(c.ep_size));
     ranks = c.ep_size;
+  } else if (transport == Transport::nccl) {
+    require(
+        c.ep_size == 1 || c.ep_size == 2 || c.ep_size == 4 || c.ep_size == 8,
+        ErrorCode::unsupported,
+        who + " runs EP groups of 1, 2, 4 or 8 ranks, got ep_size = " + std::to_string(c.ep_size));
   } else {
     require(transport == Transport::local && c.ep_size == 1, ErrorCode::unsupported,
             who + " runs one GPU (ep_size = 1), got ep_size = " + std::to_string(c.ep_size) +
@@ -94,7 +99,7 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   // The tile order's lag (backward_tiles.cuh): units enough that four waves of a rank's CTAs fit
   // in one lag's tiles, and at least two, estimated from the mean rows per expert (the order
   // changes when tiles run, never their bits).
-  const int64_t blocks = (max_t * K / El / ranks + kTileRows - 1) / kTileRows;
+  const int64_t blocks = (max_t * K / El + kTileRows - 1) / kTileRows;
   const int64_t per_unit = blocks * (I + H) / block_n + (H * I + 2 * I * H) / (128 * block_n);
   lag = int(std::clamp<int64_t>((4 * share + per_unit - 1) / std::max<int64_t>(per_unit, 1),
                                 std::min<int64_t>(2, El), El));
@@ -126,8 +131,10 @@ void BackwardRunner::allocate(RankBackward& r) {
     r.act_shared_copy = alloc<__nv_bfloat16>(size_t(token_rows * S));
     r.dx_shared = alloc<__nv_bfloat16>(size_t(max_t * H));
   }
-  r.dx_slots = alloc<__nv_bfloat16>(size_t(max_t * K * H));
-  r.dw_partial = alloc<float>(size_t(max_t * K * (I / 128)));
+  if (transport != Transport::nccl) {  // a group's are in the window its peers write into
+    r.dx_slots = alloc<__nv_bfloat16>(size_t(max_t * K * H));
+    r.dw_partial = alloc<float>(size_t(max_t * K * (I / 128)));
+  }
   r.step_begin = alloc<int64_t>(size_t(1 + El + 2 * lag + 1));
   const size_t words = size_t(2 * capacity_blocks + token_blocks + max_t + 2 + 1 + El);
   auto round_up = [](size_t n) { return (n + 255) / 256 * 256; };
@@ -246,11 +253,12 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
                                                    i < 2 ? S : H, i < 2 ? H : S, 64);
   }
 
-  const int ep_rank = ranks > 1 ? r : 0;
+  const int ep_rank = transport == Transport::nccl ? c.ep_rank : ranks > 1 ? r : 0;
   kern::BackwardParams& p = share_.params;
   set_batch_params(p, s, c, b, ep_rank, ranks_[0].aborted);
-  // Every rank's buffers the others reach (an emulated group: plain device pointers).
-  for (int q = 0; q < ranks; ++q) {
+  // Every rank's buffers the others reach (an emulated group: plain device pointers; a group over
+  // NCCL: the transport step's window pointers).
+  for (int q = 0; transport != Transport::nccl && q < ranks; ++q) {
     const RankBackward& other = ranks_[size_t(q)];
     const RankCall& oc = calls[size_t(q)];
     p.peer_x[q] = oc.batch.x;
@@ -306,7 +314,8 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
   return share_;
 }
 
-void BackwardRunner::backward(const std::vector<RankCall>& calls, cudaStream_t stream) {
+void BackwardRunner::backward(const std::vector<RankCall>& calls, cudaStream_t stream,
+                              const TransportStep& transport_step) {
   require(int(calls.size()) == ranks, ErrorCode::invalid_argument,
           who + "::backward: one call per rank (" + std::to_string(ranks) + "), got " +
               std::to_string(calls.size()));
@@ -351,8 +360,29 @@ void BackwardRunner::backward(const std::vector<RankCall>& calls, cudaStream_t s
   for (int r = 0; r < ranks; ++r) shares.push_back(make_share(calls, r));
   for (const RankBackward& w : ranks_)
     check_cuda(cudaMemsetAsync(w.counters, 0, w.zeroed_bytes, stream), "cudaMemsetAsync");
-  check_cuda(kern::launch_backward(shares.data(), ranks, group, grid, stream),
-             "the backward megakernel");
+  if (transport_step) transport_step(shares[0].params, stream);
+  if (!hooks.staged_backward) {
+    check_cuda(kern::launch_backward(shares.data(), ranks, group, grid, stream),
+               "the backward megakernel");
+  } else {
+    // Later launches find the earlier ones' counters filled: they restart only the claims (the
+    // tile counter and the combine's), copy no rows and combine only in the last.
+    const int stages[3] = {
+        kern::kStageDgradDown | kern::kProfileNoCombine,
+        kern::kStageDgradGateUp | kern::kProfileNoDispatchCopy | kern::kProfileNoCombine,
+        kern::kStageWgrad | kern::kProfileNoDispatchCopy};
+    const int base = shares[0].params.profile_flags;
+    for (int i = 0; i < 3; ++i) {
+      for (kern::BackwardShare& sh : shares) {
+        sh.params.profile_flags = base | stages[i];
+        if (i > 0)
+          check_cuda(cudaMemsetAsync(sh.params.combine_next, 0, 2 * sizeof(uint32_t), stream),
+                     "cudaMemsetAsync");
+      }
+      check_cuda(kern::launch_backward(shares.data(), ranks, group, grid, stream),
+                 "the staged backward");
+    }
+  }
   last_schedule = calls[0].schedule;
 }
 
@@ -375,9 +405,12 @@ void BackwardRunner::check(cudaStream_t stream) const {
   for (int role = 0; role < kern::kForwardRoles; ++role)
     for (int r = 0; r < ranks; ++r)
       if (faults[size_t(r)].records[role].seen)
-        throw_on_fault(faults[size_t(r)], wait_seconds,
-                       ranks > 1 ? "rank " + std::to_string(r) + ": " : "", backward_role_name,
-                       "the backward");
+        throw_on_fault(
+            faults[size_t(r)], wait_seconds,
+            config.ep_size > 1
+                ? "rank " + std::to_string(transport == Transport::nccl ? config.ep_rank : r) + ": "
+                : "",
+            backward_role_name, "the backward");
 }
 
 ForwardProfile BackwardRunner::profile(cudaStream_t stream) const {

@@ -1,10 +1,13 @@
 // The one host path of the backward: every rank's workspace, the tensor maps and parameters of
-// the launch, and the errors. MoeBackward (Transport::local, one rank) and EmulatedEpBackward
+// the launch, and the errors. MoeBackward (Transport::local, one rank), EmulatedEpBackward
 // (Transport::emulated: ep_size logical ranks on one GPU, one launch whose grid is split between
-// them) are fronts over it. The megakernel is src/kernels/moe_backward/.
+// them) and EpBackward (Transport::nccl: this process's rank of a group; the peer tables and the
+// buffers peers write into are its window's) are fronts over it. The megakernel is
+// src/kernels/moe_backward/.
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -50,8 +53,13 @@ class BackwardRunner {
     const __nv_bfloat16* d_out = nullptr;
     DeviceGradients grads;
   };
-  // Every rank's call (one per rank held), checked, then the launch.
-  void backward(const std::vector<RankCall>& calls, cudaStream_t stream);
+  // Every rank's call (one per rank held), checked, then the launch. `transport` (EpBackward)
+  // runs after the counters are zeroed and before the launch, on the same stream: it fills the
+  // peer tables and the buffers peers write into (dx slots, router-weight partials, token
+  // counters) and enqueues what the group needs first.
+  using TransportStep = std::function<void(kern::BackwardParams&, cudaStream_t)>;
+  void backward(const std::vector<RankCall>& calls, cudaStream_t stream,
+                const TransportStep& transport = {});
   // After the stream: throws for a failed batch or an expired wait (naming the rank under EP).
   void check(cudaStream_t stream) const;
   // After the stream has finished; one rank, built with ForwardHooks::wait_times.
@@ -61,6 +69,7 @@ class BackwardRunner {
   BackwardOptions options;
   ForwardHooks hooks;
   std::string who;
+  Transport transport = Transport::local;
   int ranks = 1, grid = 0, share = 0, dispatch_ctas = 0, block_n = 128, lag = 1;
   double wait_seconds = 0;
   uint64_t wait_cycles = 0;

@@ -18,6 +18,7 @@ namespace mok::gpu {
 namespace {
 
 using detail::check_cuda;
+using detail::DeviceGuard;
 using detail::require;
 using detail::Status;
 
@@ -89,16 +90,6 @@ __global__ void __launch_bounds__(detail::kOwnerTableThreads)
       missing == INT_MAX ? -1 : missing, epoch, a.out);
 }
 
-// Restores the caller's current device on scope exit (forward() runs on this rank's device).
-struct DeviceGuard {
-  int saved = 0;
-  explicit DeviceGuard(int device) {
-    cudaGetDevice(&saved);
-    check_cuda(cudaSetDevice(device), "cudaSetDevice");
-  }
-  ~DeviceGuard() { cudaSetDevice(saved); }
-};
-
 }  // namespace
 
 struct EpForward::Workspace {
@@ -142,17 +133,8 @@ EpForward::EpForward(const Config& c, ncclComm_t comm, const ForwardOptions& opt
 
 EpForward::EpForward(const Config& c, ncclComm_t comm, const ForwardOptions& options,
                      const detail::ForwardHooks& hooks)
-    : EpForward(c, options, hooks, c.ep_rank, [&] {
-        int device = 0, ranks = 0, rank = 0;
-        transport::check_nccl(ncclCommCuDevice(comm, &device), "ncclCommCuDevice", comm);
-        transport::check_nccl(ncclCommCount(comm, &ranks), "ncclCommCount", comm);
-        transport::check_nccl(ncclCommUserRank(comm, &rank), "ncclCommUserRank", comm);
-        require(ranks == c.ep_size && rank == c.ep_rank, ErrorCode::invalid_argument,
-                "the communicator has " + std::to_string(ranks) + " ranks and this is rank " +
-                    std::to_string(rank) + ", but the Config says ep_size = " +
-                    std::to_string(c.ep_size) + ", ep_rank = " + std::to_string(c.ep_rank));
-        return device;
-      }()) {
+    : EpForward(c, options, hooks, c.ep_rank,
+                transport::communicator_device(comm, c.ep_size, c.ep_rank, "EpForward")) {
   DeviceGuard on(device_);
   ws_->window = transport::open_window(comm, ws_->layout.bytes);
   ws_->barrier = detail::device_alloc<int>(1, "cudaMalloc (EpForward)");
@@ -166,18 +148,13 @@ std::vector<std::unique_ptr<EpForward>> EpForward::create_group(
 std::vector<std::unique_ptr<EpForward>> EpForward::create_group(
     const Config& c, const std::vector<ncclComm_t>& comms, const ForwardOptions& options,
     const detail::ForwardHooks& hooks) {
-  require(int(comms.size()) == c.ep_size, ErrorCode::invalid_argument,
-          "create_group: " + std::to_string(comms.size()) +
-              " communicators for ep_size = " + std::to_string(c.ep_size));
+  const std::vector<int> devices =
+      transport::group_devices(comms, c.ep_size, "EpForward::create_group");
   std::vector<std::unique_ptr<EpForward>> group;
-  std::vector<int> devices;
-  for (int r = 0; r < c.ep_size; ++r) {
-    int device = 0;
-    transport::check_nccl(ncclCommCuDevice(comms[size_t(r)], &device), "ncclCommCuDevice");
-    devices.push_back(device);
-    group.push_back(std::unique_ptr<EpForward>(new EpForward(c, options, hooks, r, device)));
-  }
-  for (auto& f : group) f->group_devices_ = devices;
+  for (int r = 0; r < c.ep_size; ++r)
+    group.push_back(
+        std::unique_ptr<EpForward>(new EpForward(c, options, hooks, r, devices[size_t(r)])));
+  for (auto& g : group) g->group_devices_ = devices;
   auto windows = transport::open_windows(comms, group[0]->ws_->layout.bytes);
   for (size_t r = 0; r < group.size(); ++r) group[r]->ws_->window = std::move(windows[r]);
   return group;
@@ -188,17 +165,7 @@ EpForward::~EpForward() {
   int saved = 0;
   cudaGetDevice(&saved);
   // Peers write into this window until their forward ends; only then may it go.
-  if (!group_devices_.empty()) {
-    for (int d : group_devices_) {
-      cudaSetDevice(d);
-      cudaDeviceSynchronize();
-    }
-  } else if (ws_->window) {
-    cudaSetDevice(device_);
-    cudaDeviceSynchronize();
-    ncclAllReduce(ws_->barrier, ws_->barrier, 1, ncclInt, ncclSum, ws_->window->comm, nullptr);
-    cudaDeviceSynchronize();
-  }
+  transport::quiesce_before_free(group_devices_, device_, ws_->window.get(), ws_->barrier);
   cudaSetDevice(device_);
   ws_->window.reset();
   ws_->runner.reset();

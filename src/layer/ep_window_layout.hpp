@@ -1,13 +1,25 @@
-// The layout of EpForward's symmetric window (host only; every rank computes the same offsets from
-// the same Config). The exchange area is double-buffered by the parity of the forward's epoch: a
-// rank can be at most one forward ahead of a peer's exchange (it cannot finish forward e + 1's
-// exchange before every peer has published e + 1, which each does only after finishing e's).
+// The layouts of EpForward's and EpBackward's symmetric windows (host only; every rank computes the
+// same offsets from the same Config). The exchange and barrier areas are double-buffered by the
+// parity of the epoch: a rank can be at most one step ahead of a peer's exchange (it cannot finish
+// step e + 1's exchange before every peer has published e + 1, which each does only after
+// finishing e's).
 #pragma once
 #include <cstddef>
 
 #include "mok/config.hpp"
 
 namespace mok::gpu::detail {
+
+// 256-byte aligned regions, in order.
+struct WindowRegions {
+  size_t at = 0;
+  size_t take(size_t bytes) {
+    const size_t begin = at;
+    at = (at + bytes + 255) / 256 * 256;
+    return begin;
+  }
+  size_t total() const { return (at + 4095) / 4096 * 4096; }  // NCCL_WIN_REQUIRED_ALIGNMENT
+};
 
 struct EpWindowLayout {
   size_t x, offsets, sorted, y_slots, token_done, counts, status, flags, bytes;
@@ -17,12 +29,8 @@ struct EpWindowLayout {
 inline EpWindowLayout ep_window_layout(const Config& c, size_t status_bytes) {
   const size_t T = size_t(c.max_tokens_per_rank), H = size_t(c.hidden), K = size_t(c.top_k),
                E = size_t(c.num_experts), n = size_t(c.ep_size);
-  size_t at = 0;
-  auto take = [&](size_t bytes) {  // 256-byte aligned regions, in order
-    const size_t begin = at;
-    at = (at + bytes + 255) / 256 * 256;
-    return begin;
-  };
+  WindowRegions w;
+  auto take = [&](size_t bytes) { return w.take(bytes); };
   EpWindowLayout L;
   L.x = take(T * H * 2);                  // [T, H] BF16: the rows owners pull
   L.offsets = take((E + 1) * 4);          // the source schedule owners read
@@ -32,7 +40,30 @@ inline EpWindowLayout ep_window_layout(const Config& c, size_t status_bytes) {
   L.counts = take(2 * n * E * 4);         // [parity][source][E]
   L.status = take(2 * n * status_bytes);  // [parity][source]
   L.flags = take(2 * n * 4);              // [parity][source]: the epoch, once published
-  L.bytes = (at + 4095) / 4096 * 4096;    // NCCL_WIN_REQUIRED_ALIGNMENT
+  L.bytes = w.total();
+  return L;
+}
+
+// EpBackward's window: what owners pull (x, d_out and the router weights of this rank's tokens)
+// and what they write back (the dx slots, the router-weight partials per dgrad-down n-tile of 128
+// or more columns, the token counters), then the barrier's flags.
+struct EpBackwardWindowLayout {
+  size_t x, d_out, topk_weights, dx_slots, dw_partial, token_done, flags, bytes;
+};
+
+inline EpBackwardWindowLayout ep_backward_window_layout(const Config& c) {
+  const size_t T = size_t(c.max_tokens_per_rank), H = size_t(c.hidden), K = size_t(c.top_k),
+               I = size_t(c.intermediate), n = size_t(c.ep_size);
+  WindowRegions w;
+  EpBackwardWindowLayout L;
+  L.x = w.take(T * H * 2);                       // [T, H] BF16
+  L.d_out = w.take(T * H * 2);                   // [T, H] BF16
+  L.topk_weights = w.take(T * K * 4);            // [T, K] FP32
+  L.dx_slots = w.take(T * K * H * 2);            // [T * K, H] BF16
+  L.dw_partial = w.take(T * K * (I / 128) * 4);  // [T * K, I / 128] FP32
+  L.token_done = w.take(T * 4);                  // [T]
+  L.flags = w.take(2 * n * 4);                   // [parity][source]: the epoch, once arrived
+  L.bytes = w.total();
   return L;
 }
 

@@ -75,4 +75,17 @@ T* device_alloc(size_t count, const char* what) {
   return static_cast<T*>(device_alloc_bytes((count ? count : 1) * sizeof(T), what));
 }
 
+// Makes `device` current and restores the caller's on scope exit (an EP rank's calls run on its
+// device).
+struct DeviceGuard {
+  int saved = 0;
+  explicit DeviceGuard(int device) {
+    cudaGetDevice(&saved);
+    check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  }
+  ~DeviceGuard() { cudaSetDevice(saved); }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+};
+
 }  // namespace mok::gpu::detail

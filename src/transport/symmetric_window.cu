@@ -75,6 +75,49 @@ void check_nccl(ncclResult_t r, const char* what, ncclComm_t comm) {
   throw Error(ErrorCode::unsupported, std::string(what) + " failed: " + detail);
 }
 
+int communicator_device(ncclComm_t comm, int ep_size, int ep_rank, const char* who) {
+  int device = 0, ranks = 0, rank = 0;
+  check_nccl(ncclCommCuDevice(comm, &device), "ncclCommCuDevice", comm);
+  check_nccl(ncclCommCount(comm, &ranks), "ncclCommCount", comm);
+  check_nccl(ncclCommUserRank(comm, &rank), "ncclCommUserRank", comm);
+  if (ranks != ep_size || rank != ep_rank)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(who) + ": the communicator has " + std::to_string(ranks) +
+                    " ranks and this is rank " + std::to_string(rank) +
+                    ", but the Config says ep_size = " + std::to_string(ep_size) +
+                    ", ep_rank = " + std::to_string(ep_rank));
+  return device;
+}
+
+std::vector<int> group_devices(const std::vector<ncclComm_t>& comms, int ep_size, const char* who) {
+  if (int(comms.size()) != ep_size)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(who) + ": " + std::to_string(comms.size()) +
+                    " communicators for ep_size = " + std::to_string(ep_size));
+  std::vector<int> devices;
+  for (ncclComm_t comm : comms) {
+    int device = 0;
+    check_nccl(ncclCommCuDevice(comm, &device), "ncclCommCuDevice", comm);
+    devices.push_back(device);
+  }
+  return devices;
+}
+
+void quiesce_before_free(const std::vector<int>& group_devices, int device,
+                         const SymmetricWindow* window, int* barrier_word) {
+  if (!group_devices.empty()) {
+    for (int d : group_devices) {
+      cudaSetDevice(d);
+      cudaDeviceSynchronize();
+    }
+  } else if (window) {
+    cudaSetDevice(device);
+    cudaDeviceSynchronize();
+    ncclAllReduce(barrier_word, barrier_word, 1, ncclInt, ncclSum, window->comm, nullptr);
+    cudaDeviceSynchronize();
+  }
+}
+
 std::unique_ptr<SymmetricWindow> open_window(ncclComm_t comm, size_t bytes) {
   require_matching_nccl();
   auto w = std::make_unique<SymmetricWindow>();

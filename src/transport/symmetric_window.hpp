@@ -37,6 +37,21 @@ std::unique_ptr<SymmetricWindow> open_window(ncclComm_t comm, size_t bytes);
 std::vector<std::unique_ptr<SymmetricWindow>> open_windows(const std::vector<ncclComm_t>& comms,
                                                            size_t bytes);
 
+// The device of `comm`, after checking that it has ep_size ranks and this is rank ep_rank
+// (mok::Error(invalid_argument) naming both otherwise). `who`: the caller, for the message.
+int communicator_device(ncclComm_t comm, int ep_size, int ep_rank, const char* who);
+
+// One process driving a group: each communicator's device, after checking that there is one
+// communicator per rank (mok::Error(invalid_argument) naming `who` otherwise).
+std::vector<int> group_devices(const std::vector<ncclComm_t>& comms, int ep_size, const char* who);
+
+// Before a rank frees its window: peers write into it until their step ends. One process driving
+// the group (group_devices: every rank's device) waits for every device; one process per GPU
+// waits for its device, then holds an all-reduce over the communicator as a barrier
+// (barrier_word: one int of device memory). Errors are ignored (destructors).
+void quiesce_before_free(const std::vector<int>& group_devices, int device,
+                         const SymmetricWindow* window, int* barrier_word);
+
 // Throws mok::Error(unsupported) naming the call and NCCL's message when r is not ncclSuccess.
 void check_nccl(ncclResult_t r, const char* what, ncclComm_t comm = nullptr);
 

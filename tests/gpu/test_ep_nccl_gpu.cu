@@ -12,29 +12,13 @@
 #include <memory>
 
 #include "ep_test_util.hpp"
+#include "nccl_test_util.hpp"
 #include "mok/gpu/ep_forward.hpp"
 #include "mok/transport/bootstrap.hpp"
 
 using namespace ep_test;
 
 namespace {
-
-int gpu_count() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess ? n : 0;
-}
-
-// Communicators of one process driving devices 0 .. ranks-1.
-struct Comms {
-  std::vector<ncclComm_t> comms;
-  explicit Comms(int ranks) : comms(size_t(ranks)) {
-    setenv("NCCL_NVLS_ENABLE", "0", 1);  // never NVLink multicast (read at init)
-    EXPECT_EQ(ncclCommInitAll(comms.data(), ranks, nullptr), ncclSuccess);
-  }
-  ~Comms() {
-    for (ncclComm_t c : comms) ncclCommDestroy(c);
-  }
-};
 
 std::vector<double> rank_rows(const std::vector<double>& all, const GlobalBatch& g, int r,
                               int64_t tokens) {

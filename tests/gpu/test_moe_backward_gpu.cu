@@ -1,6 +1,7 @@
 // The backward megakernel (MoeBackward) against the CPU reference backward, on fresh random inputs
 // and the odd cases, outputs poisoned (NaN) first; its bits across runs with injected dispatch
-// delays, across weight-gradient modes and under graph replay; and its refusals.
+// delays, across weight-gradient modes, staged (one launch per tile kind) and under graph replay;
+// and its refusals.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -269,7 +270,18 @@ void expect_bitwise_across_runs_and_modes(const mok::Config& c, int64_t tokens) 
       ASSERT_EQ(again.bits[i], first.bits[i]) << "run " << run << ", output " << i;
   }
 
+  // The staged backward (one launch per tile kind, the benchmark's baseline): the same tiles, so
+  // the same bits, in both weight-gradient modes it is timed in.
+  mok::gpu::detail::ForwardHooks staged;
+  staged.staged_backward = true;
+  const HostGrads staged_run = run_backward(c, p, b, d_out, WeightGrads::write_fp32, staged);
+  for (int i = 0; i < 7; ++i)
+    ASSERT_EQ(staged_run.bits[i], first.bits[i]) << "staged, output " << i;
+
   const HostGrads half = run_backward(c, p, b, d_out, WeightGrads::write_bf16);
+  const HostGrads staged_half = run_backward(c, p, b, d_out, WeightGrads::write_bf16, staged);
+  for (int i = 0; i < 7; ++i)
+    ASSERT_EQ(staged_half.bits[i], half.bits[i]) << "staged, BF16, output " << i;
   EXPECT_EQ(half.bits[6], first.bits[6]);
   for (int i = 0; i < 6; ++i)
     for (size_t j = 0; j < first.w[i].size(); ++j)

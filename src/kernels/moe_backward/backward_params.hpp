@@ -30,6 +30,11 @@ constexpr int kRoleWgradProducer = kRoleDispatchRing;              // for a unit
 constexpr int kProfileNoWgrad = 4;
 // A benchmark's variant: no weight-gradient tiles in the tile order at all (nothing claimed).
 constexpr int kProfileNoWgradTiles = 8;
+// The benchmark's staged backward: one launch per tile kind, in dependency order, the tile order
+// holding only the kinds flagged (none flagged: every kind). Each launch's waits are on counters
+// an earlier launch filled.
+constexpr int kStageDgradDown = 16, kStageDgradGateUp = 32, kStageWgrad = 64;
+constexpr int kStageMask = kStageDgradDown | kStageDgradGateUp | kStageWgrad;
 
 // The named barrier of both consumer warpgroups (1 + wg: each warpgroup's own).
 constexpr int kBackwardConsumersBarrier = 3;

@@ -85,14 +85,21 @@ __device__ __forceinline__ int backward_steps(const ForwardParams& p, int lag) {
   return backward_units(p) + 2 * lag;
 }
 
+// Whether this launch's tile order holds the tiles of `stage` (kStage*).
+__device__ __forceinline__ bool backward_runs(const ForwardParams& p, int stage) {
+  const int stages = p.profile_flags & kStageMask;
+  return stages == 0 || (stages & stage) != 0;
+}
+
 // Tiles of step j (units j, j - L, j - 2L as above), 0 <= j < units + 2L.
 __device__ __forceinline__ int64_t backward_step_tiles(const BackwardParams& p, int j) {
   const int units = backward_units(p), lag = p.lag;
   int64_t n = 0;
-  if (j < units) n += backward_tile_counts(p, backward_unit(p, j)).dgrad_down;
-  if (j >= lag && j - lag < units)
+  if (j < units && backward_runs(p, kStageDgradDown))
+    n += backward_tile_counts(p, backward_unit(p, j)).dgrad_down;
+  if (j >= lag && j - lag < units && backward_runs(p, kStageDgradGateUp))
     n += backward_tile_counts(p, backward_unit(p, j - lag)).dgrad_gate_up;
-  if (j >= 2 * lag && !(p.profile_flags & kProfileNoWgradTiles))
+  if (j >= 2 * lag && !(p.profile_flags & kProfileNoWgradTiles) && backward_runs(p, kStageWgrad))
     n += backward_tile_counts(p, backward_unit(p, j - 2 * lag)).wgrad;
   return n;
 }
@@ -147,7 +154,7 @@ struct BackwardTiles {
     int64_t i = t - table->step_begin[lo];
     const int n_h = p.hidden / p.block_n;
     const int units = steps - 2 * lag;
-    if (lo < units) {
+    if (lo < units && backward_runs(p, kStageDgradDown)) {
       const BackwardUnitRow& u = unit(lo);
       const int n_w = u.width / p.block_n;
       if (i < int64_t(u.blocks) * n_w) {
@@ -157,7 +164,7 @@ struct BackwardTiles {
       }
       i -= int64_t(u.blocks) * n_w;
     }
-    if (lo >= lag && lo - lag < units) {
+    if (lo >= lag && lo - lag < units && backward_runs(p, kStageDgradGateUp)) {
       const BackwardUnitRow& u = unit(lo - lag);
       if (i < int64_t(u.blocks) * n_h) {
         const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_h);
