@@ -37,6 +37,7 @@ struct BackwardRow {
   double no_wgrad_ms = 0;               // the BF16 backward without its weight-gradient tiles' work
   double no_wgrad_tiles_ms = 0;         // --breakdown: ... without the tiles at all
   double staged_ms = 0;                 // the staged backward (one launch per tile kind), BF16 dW
+  double staged_part_ms[2] = {};        // --breakdown: its first launch, its first two
   gpu::detail::ForwardProfile profile;  // --breakdown: the BF16 backward's waits, one run
   double bound_ms[2] = {};              // the backward's, BF16 and FP32 dW
   double step_bound_ms = 0;
@@ -77,7 +78,7 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   bo[0].block_n = bo[1].block_n = o.block_n;
   gpu::detail::ForwardHooks no_wgrad, no_tiles, wait_times, staged_hooks;
   no_wgrad.without_wgrad = true;
-  staged_hooks.staged_backward = true;
+  staged_hooks.staged_backward = 3;
   no_tiles.without_wgrad_tiles = true;
   wait_times.wait_times = true;
   gpu::MoeBackward b16(c, bo[0]);
@@ -91,10 +92,15 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
                             2.0 * 3.0 * (S * H + E * I * H);  // FP32-sized buffers, BF16 used
   const double step_gb = (double(free_before - free_step) - grads_over) * 1e-9;
   gpu::MoeBackward without(c, bo[0], no_wgrad), staged(c, bo[0], staged_hooks);
-  std::unique_ptr<gpu::MoeBackward> b32, without_tiles, profiled;
+  std::unique_ptr<gpu::MoeBackward> b32, without_tiles, profiled, staged_part[2];
   if (fp32_fits) b32 = std::make_unique<gpu::MoeBackward>(c, bo[1]);
   if (o.breakdown) {
     without_tiles = std::make_unique<gpu::MoeBackward>(c, bo[0], no_tiles);
+    for (int n = 1; n <= 2; ++n) {
+      gpu::detail::ForwardHooks first_launches;
+      first_launches.staged_backward = n;
+      staged_part[n - 1] = std::make_unique<gpu::MoeBackward>(c, bo[0], first_launches);
+    }
     profiled = std::make_unique<gpu::MoeBackward>(c, bo[0], wait_times);
   }
   // The timed backwards: BF16, without the wgrad work, staged, then FP32 and without the wgrad
@@ -104,6 +110,9 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   if (b32) backs.push_back(b32.get());
   const size_t no_tiles_at = without_tiles ? backs.size() : 0;
   if (without_tiles) backs.push_back(without_tiles.get());
+  const size_t staged_part_at = staged_part[0] ? backs.size() : 0;
+  for (auto& b : staged_part)
+    if (b) backs.push_back(b.get());
 
   cudaStream_t capture;
   cuda_ok(cudaStreamCreateWithFlags(&capture, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -161,6 +170,8 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   r.staged_ms = middle(bw[2]);
   if (fp32_at) r.backward_ms[1] = middle(bw[fp32_at]);
   if (no_tiles_at) r.no_wgrad_tiles_ms = middle(bw[no_tiles_at]);
+  for (size_t n = 0; staged_part_at && n < 2; ++n)
+    r.staged_part_ms[n] = middle(bw[staged_part_at + n]);
   if (profiled) r.profile = gpu::detail::backward_profile(profiled->runner(), nullptr);
   r.step_ms = middle(st);
   r.workspace_gb = double(b16.workspace_bytes()) * 1e-9;
@@ -190,19 +201,23 @@ void print_backward_breakdown(const std::vector<BackwardRow>& rows) {
   std::printf(
       "\nBreakdown of the BF16 backward (ms; waits from one profiled run, per GEMM CTA's producer "
       "and per consumer warpgroup; wgrad epilogue = epilogue - dgrad-gate/up - dgrad-down)\n\n"
-      "| shape | T | backward | without the wgrad work | without the wgrad tiles | producer "
+      "| shape | T | backward | without the wgrad work | without the wgrad tiles | staged "
+      "launches: dispatch and dgrad-down / dgrad-gate/up / wgrad and combine | producer "
       "waits: dispatch / dgrad-down tiles / a free stage | consumers: starved (first stages) | "
       "epilogue: dgrad-down / dgrad-gate/up / wgrad | waiting for a tile | busy | SM MHz | "
       "dispatch copying / total | combine waits / total |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const BackwardRow& r : rows) {
     const gpu::detail::ForwardProfile& f = r.profile;
     std::printf(
-        "| %s | %lld | %.3f | %.3f | %.3f | %.3f / %.3f / %.3f | %.3f (%.3f) | %.3f / %.3f / "
+        "| %s | %lld | %.3f | %.3f | %.3f | %.3f / %.3f / %.3f | %.3f / %.3f / %.3f | %.3f "
+        "(%.3f) | %.3f / %.3f / "
         "%.3f | %.3f | %.3f | %.0f | %.3f / %.3f | %.3f / %.3f |\n",
         r.name.c_str(), (long long)r.tokens, r.backward_ms[0], r.no_wgrad_ms, r.no_wgrad_tiles_ms,
-        f.gate_up_waits_dispatch, f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved,
-        f.consumer_starved_first, f.consumer_publish, f.consumer_epilogue_down,
+        r.staged_part_ms[0], r.staged_part_ms[1] - r.staged_part_ms[0],
+        r.staged_ms - r.staged_part_ms[1], f.gate_up_waits_dispatch, f.down_waits_gate_up,
+        f.producer_waits_ring, f.consumer_starved, f.consumer_starved_first, f.consumer_publish,
+        f.consumer_epilogue_down,
         f.consumer_epilogue - f.consumer_epilogue_down - f.consumer_publish, f.consumer_waits_tile,
         f.consumer_total, f.consumer_sm_mhz, f.dispatch_copying, f.dispatch_total, f.combine_waits,
         f.combine_total);

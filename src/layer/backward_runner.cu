@@ -372,7 +372,7 @@ void BackwardRunner::backward(const std::vector<RankCall>& calls, cudaStream_t s
         kern::kStageDgradGateUp | kern::kProfileNoDispatchCopy | kern::kProfileNoCombine,
         kern::kStageWgrad | kern::kProfileNoDispatchCopy};
     const int base = shares[0].params.profile_flags;
-    for (int i = 0; i < 3; ++i) {
+    for (int i = 0; i < std::min(hooks.staged_backward, 3); ++i) {
       for (kern::BackwardShare& sh : shares) {
         sh.params.profile_flags = base | stages[i];
         if (i > 0)

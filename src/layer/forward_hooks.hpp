@@ -26,8 +26,9 @@ struct ForwardHooks {
   bool without_wgrad = false, without_wgrad_tiles = false;
   // Benchmarks (the backward): the staged backward, a baseline from mok's own kernels: one launch
   // per tile kind in dependency order (dispatch and dgrad-down; dgrad-gate/up; the weight
-  // gradients and the dispatch-backward). The same tiles, so the same bits.
-  bool staged_backward = false;
+  // gradients and the dispatch-backward). The same tiles, so the same bits. n > 0: its first n
+  // launches (3: the whole backward; 1 or 2: the breakdown's partial stages, output incomplete).
+  int staged_backward = 0;
   // Benchmarks: the stage probes, the GEMM tiles without their loads (TMA and gather; the
   // consumers multiply what the ring holds) or without their MMAs (the consumers store zeros).
   // Every wait stays. They run the probe set (kern::probe_forward_kernels, given in `kernels`).

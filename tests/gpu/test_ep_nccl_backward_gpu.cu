@@ -6,7 +6,8 @@
 // rank and all-to-one-expert routings and with injected dispatch delays; and a step captured in a
 // CUDA graph replays to the direct run's bits. A group of one rank runs on any GPU machine (the
 // whole NCCL path: window, LSA pointers, copies, barrier with itself); groups of 2, 4 and 8 need
-// that many GPUs (one process driving them), as does a rank that never reaches the backward.
+// that many GPUs (one process driving them, or one process per GPU: EpNcclProcess.*), as does a
+// rank that never reaches the backward.
 #include <cuda_bf16.h>
 #include <nccl.h>
 
@@ -78,27 +79,37 @@ void expect_rank_equals_ep1(const RankStep& rs, const std::vector<std::vector<ui
         << kNames[2 + i] << ": bits differ from the rank's tokens' backward";
 }
 
+std::vector<double> global_d_out(const GlobalBatch& g) {
+  return mok::tools::random_vector(size_t(std::max<int64_t>(g.total * g.global.hidden, 1)), 81,
+                                   0.5);
+}
+
+// The single-GPU backward (current device) of the whole batch, and of each rank's tokens.
+struct Expected {
+  std::vector<std::vector<uint8_t>> all;
+  std::vector<std::vector<std::vector<uint8_t>>> own_tokens;
+};
+Expected expected(const GlobalBatch& g, const EpCase& k, const std::vector<double>& d_out_all,
+                  WeightGrads mode) {
+  DeviceBuffer<uint16_t> x(to_bf16(g.batch.x)), d_out(to_bf16(d_out_all));
+  DeviceBuffer<int32_t> ids(g.batch.topk_ids);
+  DeviceBuffer<float> w(
+      std::vector<float>(g.batch.topk_weights.begin(), g.batch.topk_weights.end()));
+  Expected e;
+  e.all = ep1_backward(g, x, ids, w, d_out, 0, g.total, mode);
+  for (size_t r = 0; r < k.tokens.size(); ++r)
+    e.own_tokens.push_back(ep1_backward(g, x, ids, w, d_out, g.first[r], k.tokens[r], mode));
+  return e;
+}
+
 // One process drives `ranks` GPUs: `rounds` training steps (schedule, forward, backward) of one
 // global batch; every rank's gradients against the single GPU's after each.
 void expect_group_equals_ep1(int ranks, const EpCase& k, int rounds,
                              WeightGrads mode = WeightGrads::write_fp32) {
   const GlobalBatch g = make_global_batch(ranks, k);
-  const int64_t total = g.total, H = g.global.hidden;
-  const std::vector<double> d_out_all =
-      mok::tools::random_vector(size_t(std::max<int64_t>(total * H, 1)), 81, 0.5);
+  const std::vector<double> d_out_all = global_d_out(g);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
-  std::vector<std::vector<uint8_t>> want;
-  std::vector<std::vector<std::vector<uint8_t>>> own_tokens;
-  {
-    DeviceBuffer<uint16_t> x(to_bf16(g.batch.x)), d_out(to_bf16(d_out_all));
-    DeviceBuffer<int32_t> ids(g.batch.topk_ids);
-    DeviceBuffer<float> w(
-        std::vector<float>(g.batch.topk_weights.begin(), g.batch.topk_weights.end()));
-    want = ep1_backward(g, x, ids, w, d_out, 0, total, mode);
-    for (int r = 0; r < ranks; ++r)
-      own_tokens.push_back(
-          ep1_backward(g, x, ids, w, d_out, g.first[size_t(r)], k.tokens[size_t(r)], mode));
-  }
+  const Expected want = expected(g, k, d_out_all, mode);
   const mok::Config c = rank_config(g, ranks, k);
   const int El = c.num_experts / ranks;
   mok::gpu::BackwardOptions o;
@@ -137,7 +148,7 @@ void expect_group_equals_ep1(int ranks, const EpCase& k, int rounds,
         forwards[size_t(r)]->check(nullptr);
         backwards[size_t(r)]->check(nullptr);
         ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
-        expect_rank_equals_ep1(*steps[size_t(r)], want, own_tokens[size_t(r)], c,
+        expect_rank_equals_ep1(*steps[size_t(r)], want.all, want.own_tokens[size_t(r)], c,
                                g.first[size_t(r)], k.tokens[size_t(r)], r, El, mode);
       }
     }
@@ -298,4 +309,68 @@ TEST(EpNcclBackwardGpu, ARankThatNeverArrivesIsAnErrorNamingIt) {
     }
   }
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
+}
+
+// One process per GPU: `scripts/ep_processes.sh RANKS build-gpu/tests/test_ep_nccl_backward_gpu`.
+// Every rank's gradients over two steps per case, then a rank that skips its backward.
+TEST(EpNcclProcess, EveryRanksBackwardEqualsTheSingleGpuBackward) {
+  if (!started_by_ep_processes())
+    GTEST_SKIP()
+        << "started by scripts/ep_processes.sh (MOK_EP_RANK, MOK_EP_RANKS, MOK_EP_ID_FILE)";
+  int rank = 0, ranks = 0;
+  ncclComm_t comm = process_comm(&rank, &ranks);
+  ASSERT_NE(comm, nullptr);
+  const std::vector<EpCase> cases = standard_cases(ranks);
+  for (size_t i : {size_t(0), size_t(1), size_t(2), size_t(3), size_t(5)}) {
+    SCOPED_TRACE("rank " + std::to_string(rank) + ", case " + std::to_string(i));
+    const EpCase& k = cases[i];
+    const GlobalBatch g = make_global_batch(ranks, k);
+    const std::vector<double> d_out_all = global_d_out(g);
+    const Expected want = expected(g, k, d_out_all, WeightGrads::write_fp32);
+    mok::Config c = rank_config(g, ranks, k);
+    c.ep_rank = rank;
+    const int64_t tokens = k.tokens[size_t(rank)];
+    RankStep rs(g, c, ranks, rank, tokens, d_out_all);
+    mok::gpu::EpForward f(c, comm, case_options(k), case_hooks(k));
+    mok::gpu::EpBackward bw(c, comm, mok::gpu::BackwardOptions{}, case_hooks(k));
+    for (int round = 0; round < 2; ++round) {
+      rs.poison();
+      f.schedule(rs.in.batch, rs.s, nullptr);
+      f.forward(rs.s, rs.in.batch, rs.in.weights, rs.in.out_ptr(), &rs.ctx, nullptr);
+      bw.backward(rs.s, rs.ctx, rs.in.batch, rs.in.weights, rs.dy(), rs.grads.at(c, 0, 0), nullptr);
+      f.check(nullptr);
+      bw.check(nullptr);
+      expect_rank_equals_ep1(rs, want.all, want.own_tokens[size_t(rank)], c, g.first[size_t(rank)],
+                             tokens, rank, c.num_experts / ranks, WeightGrads::write_fp32);
+    }
+  }
+  {  // the last rank skips its backward: every other rank's check names it, within 0.25 s
+    const EpCase k{std::vector<int64_t>(size_t(ranks), 100)};
+    const GlobalBatch g = make_global_batch(ranks, k);
+    mok::Config c = rank_config(g, ranks, k);
+    c.ep_rank = rank;
+    RankStep rs(g, c, ranks, rank, 100, global_d_out(g));
+    mok::gpu::BackwardOptions o;
+    o.wait_seconds = 0.25;
+    mok::gpu::EpForward f(c, comm);
+    mok::gpu::EpBackward late(c, comm, o);
+    f.schedule(rs.in.batch, rs.s, nullptr);
+    f.forward(rs.s, rs.in.batch, rs.in.weights, rs.in.out_ptr(), &rs.ctx, nullptr);
+    f.check(nullptr);
+    if (rank != ranks - 1) {
+      late.backward(rs.s, rs.ctx, rs.in.batch, rs.in.weights, rs.dy(), rs.grads.at(c, 0, 0),
+                    nullptr);
+      try {
+        late.check(nullptr);
+        ADD_FAILURE() << "no error";
+      } catch (const mok::Error& e) {
+        EXPECT_EQ(e.code(), mok::ErrorCode::peer_timeout);
+        EXPECT_NE(std::string(e.what()).find("rank " + std::to_string(ranks - 1) +
+                                             " did not reach the backward"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+  }
+  ncclCommDestroy(comm);
 }

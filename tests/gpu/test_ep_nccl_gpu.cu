@@ -144,28 +144,12 @@ TEST(EpNcclGpu, CapacityOverflowAndAMissingRankAreErrorsOnEveryRank) {
 
 // One process per GPU (scripts/ep_processes.sh starts one per rank).
 TEST(EpNcclProcess, EveryRankEqualsTheSingleGpuForwardAndErrorsReachEveryRank) {
-  const char* rank_env = std::getenv("MOK_EP_RANK");
-  const char* ranks_env = std::getenv("MOK_EP_RANKS");
-  const char* id_file = std::getenv("MOK_EP_ID_FILE");
-  if (!rank_env || !ranks_env || !id_file)
+  if (!started_by_ep_processes())
     GTEST_SKIP()
         << "started by scripts/ep_processes.sh (MOK_EP_RANK, MOK_EP_RANKS, MOK_EP_ID_FILE)";
-  const int rank = std::atoi(rank_env), ranks = std::atoi(ranks_env);
-  ASSERT_LE(ranks, gpu_count());
-  ASSERT_EQ(cudaSetDevice(rank), cudaSuccess);
-  setenv("NCCL_NVLS_ENABLE", "0", 1);
-  mok::transport::require_matching_nccl();
-  mok::transport::UniqueId id;
-  if (rank == 0) {
-    id = mok::transport::new_unique_id();
-    mok::transport::publish_unique_id(id_file, id);
-  } else {
-    id = mok::transport::wait_for_unique_id(id_file, 60);
-  }
-  ncclUniqueId nid;
-  std::memcpy(&nid, id.bytes.data(), sizeof nid);
-  ncclComm_t comm = nullptr;
-  ASSERT_EQ(ncclCommInitRank(&comm, ranks, nid, rank), ncclSuccess);
+  int rank = 0, ranks = 0;
+  ncclComm_t comm = process_comm(&rank, &ranks);
+  ASSERT_NE(comm, nullptr);
   const auto cases = standard_cases(ranks);
   for (size_t i = 0; i < cases.size(); ++i) {
     SCOPED_TRACE("rank " + std::to_string(rank) + ", case " + std::to_string(i));

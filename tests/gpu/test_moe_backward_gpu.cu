@@ -273,7 +273,7 @@ void expect_bitwise_across_runs_and_modes(const mok::Config& c, int64_t tokens) 
   // The staged backward (one launch per tile kind, the benchmark's baseline): the same tiles, so
   // the same bits, in both weight-gradient modes it is timed in.
   mok::gpu::detail::ForwardHooks staged;
-  staged.staged_backward = true;
+  staged.staged_backward = 3;
   const HostGrads staged_run = run_backward(c, p, b, d_out, WeightGrads::write_fp32, staged);
   for (int i = 0; i < 7; ++i)
     ASSERT_EQ(staged_run.bits[i], first.bits[i]) << "staged, output " << i;
