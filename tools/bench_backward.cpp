@@ -76,6 +76,7 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   bo[0].weight_grads = gpu::WeightGrads::write_bf16;
   bo[1].weight_grads = gpu::WeightGrads::write_fp32;
   bo[0].block_n = bo[1].block_n = o.block_n;
+  bo[0].dispatch_ctas = bo[1].dispatch_ctas = o.dispatch_ctas;
   gpu::detail::ForwardHooks no_wgrad, no_tiles, wait_times, staged_hooks;
   no_wgrad.without_wgrad = true;
   staged_hooks.staged_backward = 3;
