@@ -133,7 +133,7 @@ void BackwardRunner::allocate(RankBackward& r) {
   }
   if (transport != Transport::nccl) {  // a group's are in the window its peers write into
     r.dx_slots = alloc<__nv_bfloat16>(size_t(max_t * K * H));
-    r.dw_partial = alloc<float>(size_t(max_t * K * (I / 128)));
+    r.dw_partial = alloc<float>(size_t(kern::dw_partial_floats(max_t, K, I)));
   }
   r.step_begin = alloc<int64_t>(size_t(1 + El + 2 * lag + 1));
   const size_t words = size_t(2 * capacity_blocks + token_blocks + max_t + 2 + 1 + El);

@@ -78,7 +78,9 @@ EpBackward::EpBackward(const Config& c, const BackwardOptions& options,
   try {
     ws_->runner = std::make_unique<detail::BackwardRunner>(config, options, hooks,
                                                            detail::Transport::nccl, "EpBackward");
-    ws_->layout = detail::ep_backward_window_layout(config);
+    ws_->layout = detail::ep_backward_window_layout(
+        config, size_t(kern::dw_partial_floats(config.max_tokens_per_rank, config.top_k,
+                                               config.intermediate)));
     ws_->epoch = detail::device_alloc<uint32_t>(1, "cudaMalloc (EpBackward)");
     ws_->missing = detail::device_alloc<int>(1, "cudaMalloc (EpBackward)");
     ws_->barrier = detail::device_alloc<int>(1, "cudaMalloc (EpBackward)");

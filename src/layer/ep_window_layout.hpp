@@ -30,16 +30,15 @@ inline EpWindowLayout ep_window_layout(const Config& c, size_t status_bytes) {
   const size_t T = size_t(c.max_tokens_per_rank), H = size_t(c.hidden), K = size_t(c.top_k),
                E = size_t(c.num_experts), n = size_t(c.ep_size);
   WindowRegions w;
-  auto take = [&](size_t bytes) { return w.take(bytes); };
   EpWindowLayout L;
-  L.x = take(T * H * 2);                  // [T, H] BF16: the rows owners pull
-  L.offsets = take((E + 1) * 4);          // the source schedule owners read
-  L.sorted = take(T * K * 4);             //
-  L.y_slots = take(T * K * H * 2);        // [T * K, H] BF16: owners write expert outputs
-  L.token_done = take(T * 4);             // [T]: owners release one per finished (token, k)
-  L.counts = take(2 * n * E * 4);         // [parity][source][E]
-  L.status = take(2 * n * status_bytes);  // [parity][source]
-  L.flags = take(2 * n * 4);              // [parity][source]: the epoch, once published
+  L.x = w.take(T * H * 2);                  // [T, H] BF16: the rows owners pull
+  L.offsets = w.take((E + 1) * 4);          // the source schedule owners read
+  L.sorted = w.take(T * K * 4);             //
+  L.y_slots = w.take(T * K * H * 2);        // [T * K, H] BF16: owners write expert outputs
+  L.token_done = w.take(T * 4);             // [T]: owners release one per finished (token, k)
+  L.counts = w.take(2 * n * E * 4);         // [parity][source][E]
+  L.status = w.take(2 * n * status_bytes);  // [parity][source]
+  L.flags = w.take(2 * n * 4);              // [parity][source]: the epoch, once published
   L.bytes = w.total();
   return L;
 }
@@ -51,16 +50,18 @@ struct EpBackwardWindowLayout {
   size_t x, d_out, topk_weights, dx_slots, dw_partial, token_done, flags, bytes;
 };
 
-inline EpBackwardWindowLayout ep_backward_window_layout(const Config& c) {
+// dw_partial_floats: the router-weight partials' size (kern::dw_partial_floats, a device-side
+// layout).
+inline EpBackwardWindowLayout ep_backward_window_layout(const Config& c, size_t dw_partial_floats) {
   const size_t T = size_t(c.max_tokens_per_rank), H = size_t(c.hidden), K = size_t(c.top_k),
-               I = size_t(c.intermediate), n = size_t(c.ep_size);
+               n = size_t(c.ep_size);
   WindowRegions w;
   EpBackwardWindowLayout L;
   L.x = w.take(T * H * 2);                       // [T, H] BF16
   L.d_out = w.take(T * H * 2);                   // [T, H] BF16
   L.topk_weights = w.take(T * K * 4);            // [T, K] FP32
   L.dx_slots = w.take(T * K * H * 2);            // [T * K, H] BF16
-  L.dw_partial = w.take(T * K * (I / 128) * 4);  // [T * K, I / 128] FP32
+  L.dw_partial = w.take(dw_partial_floats * 4);  // [T * K, I / 128] FP32
   L.token_done = w.take(T * 4);                  // [T]
   L.flags = w.take(2 * n * 4);                   // [parity][source]: the epoch, once arrived
   L.bytes = w.total();

@@ -36,6 +36,12 @@ constexpr int kProfileNoWgradTiles = 8;
 constexpr int kStageDgradDown = 16, kStageDgradGateUp = 32, kStageWgrad = 64;
 constexpr int kStageMask = kStageDgradDown | kStageDgradGateUp | kStageWgrad;
 
+// Floats of a rank's router-weight partials ([T * K, I / block_n]) for any tile width: sized for
+// the narrowest, 128.
+constexpr int64_t dw_partial_floats(int64_t max_tokens, int64_t top_k, int64_t intermediate) {
+  return max_tokens * top_k * (intermediate / 128);
+}
+
 // The named barrier of both consumer warpgroups (1 + wg: each warpgroup's own).
 constexpr int kBackwardConsumersBarrier = 3;
 
