@@ -34,10 +34,13 @@ struct BackwardRow {
   std::string name;
   int64_t tokens = 0;
   double forward_ms = 0, backward_ms[2] = {}, step_ms = 0;  // backward: BF16, FP32 dW (0: no room)
-  double no_wgrad_ms = 0;               // the BF16 backward without its weight-gradient tiles' work
-  double no_wgrad_tiles_ms = 0;         // --breakdown: ... without the tiles at all
-  double staged_ms = 0;                 // the staged backward (one launch per tile kind), BF16 dW
-  double staged_part_ms[2] = {};        // --breakdown: its first launch, its first two
+  double no_wgrad_ms = 0;         // the BF16 backward without its weight-gradient tiles' work
+  double no_wgrad_tiles_ms = 0;   // --breakdown: ... without the tiles at all
+  double staged_ms = 0;           // the staged backward (one launch per tile kind), BF16 dW
+  double staged_part_ms[2] = {};  // --breakdown: its first launch, its first two
+  // GateUpMode::recompute (BF16 dW): the backward, the step (its forward keeps nothing) and the
+  // backward's workspace.
+  double recompute_ms = 0, recompute_step_ms = 0, recompute_workspace_gb = 0;
   gpu::detail::ForwardProfile profile;  // --breakdown: the BF16 backward's waits, one run
   double bound_ms[2] = {};              // the backward's, BF16 and FP32 dW
   double step_bound_ms = 0;
@@ -93,6 +96,10 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
                             2.0 * 3.0 * (S * H + E * I * H);  // FP32-sized buffers, BF16 used
   const double step_gb = (double(free_before - free_step) - grads_over) * 1e-9;
   gpu::MoeBackward without(c, bo[0], no_wgrad), staged(c, bo[0], staged_hooks);
+  gpu::BackwardOptions recompute_options = bo[0];
+  recompute_options.gate_up = gpu::GateUpMode::recompute;
+  gpu::MoeBackward recomputing(c, recompute_options);
+  gpu::ForwardContext keeps_nothing(c, gpu::GateUpMode::recompute);
   std::unique_ptr<gpu::MoeBackward> b32, without_tiles, profiled, staged_part[2];
   if (fp32_fits) b32 = std::make_unique<gpu::MoeBackward>(c, bo[1]);
   if (o.breakdown) {
@@ -135,6 +142,23 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
         b16.backward(s, ctx, batch, weights, d_out.ptr, grads, st);
       },
       "capturing the step"));
+  // Recomputing: the step (a forward into a context that keeps nothing), then the backward alone
+  // (captured after the step's forward recorded the context's origin).
+  const size_t recompute_step_graph = graphs.size();
+  graphs.push_back(capture_graph(
+      capture,
+      [&](cudaStream_t st) {
+        f.schedule(batch, s, st);
+        f.forward(s, batch, weights, data.out.ptr, &keeps_nothing, st);
+        recomputing.backward(s, keeps_nothing, batch, weights, d_out.ptr, grads, st);
+      },
+      "capturing the recomputing step"));
+  graphs.push_back(capture_graph(
+      capture,
+      [&](cudaStream_t st) {
+        recomputing.backward(s, keeps_nothing, batch, weights, d_out.ptr, grads, st);
+      },
+      "capturing the recomputing backward"));
   cudaStreamDestroy(capture);
   auto replay = [&](size_t g) {
     return [&graphs, g] { cuda_ok(cudaGraphLaunch(graphs[g], nullptr), "cudaGraphLaunch"); };
@@ -142,18 +166,21 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   // Graphs: the forward, the backwards (BF16, without wgrad, staged, FP32), the step. The backward
   // graphs read the context the forward graph filled: the forward runs first, and the schedule is
   // not rebuilt between a forward and the backwards timed after it.
-  const size_t step_graph = graphs.size() - 1;
+  const size_t step_graph = recompute_step_graph - 1;
   for (size_t g = 0; g < graphs.size(); ++g) median_ms(replay(g), 2);
   f.check(nullptr);
   for (gpu::MoeBackward* b : backs) b->check(nullptr);
-  std::vector<double> fw, st;
+  std::vector<double> fw, st, rc_step, rc;
   std::vector<std::vector<double>> bw(backs.size());
   for (int round = 0; round < 3; ++round) {  // alternating (the clock moves under the power cap)
     fw.push_back(median_ms(replay(0), o.iterations));
     for (size_t k = 0; k < backs.size(); ++k)
       bw[k].push_back(median_ms(replay(1 + k), o.iterations));
     st.push_back(median_ms(replay(step_graph), o.iterations));
+    rc_step.push_back(median_ms(replay(recompute_step_graph), o.iterations));
+    rc.push_back(median_ms(replay(recompute_step_graph + 1), o.iterations));
   }
+  recomputing.check(nullptr);
   for (gpu::MoeBackward* b : backs) b->check(nullptr);
   if (profiled) {  // one direct run after the forward graph filled the context
     cuda_ok(cudaGraphLaunch(graphs[0], nullptr), "cudaGraphLaunch");
@@ -175,6 +202,9 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
     r.staged_part_ms[n] = middle(bw[staged_part_at + n]);
   if (profiled) r.profile = gpu::detail::backward_profile(profiled->runner(), nullptr);
   r.step_ms = middle(st);
+  r.recompute_ms = middle(rc);
+  r.recompute_step_ms = middle(rc_step);
+  r.recompute_workspace_gb = double(recomputing.workspace_bytes()) * 1e-9;
   r.workspace_gb = double(b16.workspace_bytes()) * 1e-9;
   r.step_gb = step_gb;
   r.block_n = b16.block_n();
@@ -278,6 +308,26 @@ int bench_backward_command(const BenchOptions& o) {
         ceil.bf16_tflops, ceil.hbm_tbps);
     std::fflush(stdout);
     rows.push_back(r);
+  }
+  std::printf(
+      "\nRecomputing g | u (BackwardOptions::gate_up = recompute; BF16 dW): the backward runs the "
+      "gate/up GEMMs again from x into its workspace, and the forward's context keeps nothing. "
+      "TFLOP/s by design.md (the recomputed FLOPs not counted)\n\n"
+      "| shape | T | backward keeping: ms | recomputing: ms (TFLOP/s) | recomputing / keeping | "
+      "step keeping: ms | recomputing: ms (TFLOP/s) | recomputing / keeping | context GB kept "
+      "(recomputing: 0) | backward workspace GB recomputing |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const BackwardRow& r : rows) {
+    Config sized = preset(r.name);
+    sized.max_tokens_per_rank = int(r.tokens);
+    const double fwd = forward_flops(sized, r.tokens), bwd = backward_flops(sized, r.tokens);
+    auto tf = [](double flops, double ms) { return flops / (ms * 1e-3) * 1e-12; };
+    std::printf(
+        "| %s | %lld | %.3f | %.3f (%.0f) | %.2f | %.3f | %.3f (%.0f) | %.2f | %.2f | %.2f |\n",
+        r.name.c_str(), (long long)r.tokens, r.backward_ms[0], r.recompute_ms,
+        tf(bwd, r.recompute_ms), r.recompute_ms / r.backward_ms[0], r.step_ms, r.recompute_step_ms,
+        tf(fwd + bwd, r.recompute_step_ms), r.recompute_step_ms / r.step_ms, r.context_gb,
+        r.recompute_workspace_gb);
   }
   if (o.breakdown) print_backward_breakdown(rows);
   return 0;

@@ -17,7 +17,8 @@ namespace {
 const char* backward_role_name(int role) {
   switch (role) {
     case kern::kRoleDgradDownProducer:
-      return "a dgrad-down producer waiting for the dispatched d_out and x rows of row block";
+      return "a dgrad-down producer (or a recompute one) waiting for the dispatched d_out and x "
+             "rows (recomputing: for g | u; shared experts: of token block) of row block";
     case kern::kRoleSharedDgradProducer:
       return "a shared-expert dgrad-gate/up producer waiting for the dgrad-down of token block";
     case kern::kRoleDgradGateUpProducer:
@@ -68,6 +69,9 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
           "the GPU backward needs hidden, intermediate and the shared width to be multiples of "
           "128 (its 128 x 128 tiles); got H = " +
               std::to_string(H) + ", I = " + std::to_string(I) + ", S = " + std::to_string(S));
+  require(o.gate_up == GateUpMode::keep || o.gate_up == GateUpMode::recompute,
+          ErrorCode::invalid_argument,
+          who + ": gate_up must be GateUpMode::keep or GateUpMode::recompute");
   require(o.dispatch_ctas >= 0 && o.max_ctas >= 0, ErrorCode::invalid_argument,
           who + ": dispatch_ctas and max_ctas must be >= 0 (0: automatic), got " +
               std::to_string(o.dispatch_ctas) + " and " + std::to_string(o.max_ctas));
@@ -100,7 +104,9 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   // in one lag's tiles, and at least two, estimated from the mean rows per expert (the order
   // changes when tiles run, never their bits).
   const int64_t blocks = (max_t * K / El + kTileRows - 1) / kTileRows;
-  const int64_t per_unit = blocks * (I + H) / block_n + (H * I + 2 * I * H) / (128 * block_n);
+  const int64_t recompute_tiles = o.gate_up == GateUpMode::recompute ? blocks * 2 * I / block_n : 0;
+  const int64_t per_unit =
+      recompute_tiles + blocks * (I + H) / block_n + (H * I + 2 * I * H) / (128 * block_n);
   lag = int(std::clamp<int64_t>((4 * share + per_unit - 1) / std::max<int64_t>(per_unit, 1),
                                 std::min<int64_t>(2, El), El));
 
@@ -135,8 +141,17 @@ void BackwardRunner::allocate(RankBackward& r) {
     r.dx_slots = alloc<__nv_bfloat16>(size_t(max_t * K * H));
     r.dw_partial = alloc<float>(size_t(kern::dw_partial_floats(max_t, K, I)));
   }
-  r.step_begin = alloc<int64_t>(size_t(1 + El + 2 * lag + 1));
-  const size_t words = size_t(2 * capacity_blocks + token_blocks + max_t + 2 + 1 + El);
+  if (options.gate_up == GateUpMode::recompute) {
+    r.act = alloc<__nv_bfloat16>(size_t(capacity * I));
+    r.gate_up = alloc<__nv_bfloat16>(size_t(capacity * 2 * I));
+    if (S > 0) {
+      r.act_shared = alloc<__nv_bfloat16>(size_t(token_rows * S));
+      r.gate_up_shared = alloc<__nv_bfloat16>(size_t(token_rows * 2 * S));
+    }
+  }
+  r.step_begin = alloc<int64_t>(size_t(1 + El + 3 * lag + 1));
+  const size_t words = size_t(2 * capacity_blocks + token_blocks + max_t + 2 + 1 + El +
+                              capacity_blocks + token_blocks);
   auto round_up = [](size_t n) { return (n + 255) / 256 * 256; };
   const size_t fault_at = round_up(words * sizeof(uint32_t));
   const size_t aborted_at = fault_at + round_up(sizeof(kern::ForwardFault));
@@ -155,7 +170,8 @@ void BackwardRunner::release() {
     for (void* p :
          {(void*)r.dy_routed, (void*)r.x_routed, (void*)r.dgu, (void*)r.act_scaled,
           (void*)r.dgu_shared, (void*)r.act_shared_copy, (void*)r.dx_slots, (void*)r.dx_shared,
-          (void*)r.dw_partial, (void*)r.step_begin, (void*)r.counters})
+          (void*)r.dw_partial, (void*)r.act, (void*)r.gate_up, (void*)r.act_shared,
+          (void*)r.gate_up_shared, (void*)r.step_begin, (void*)r.counters})
       cudaFree(p);
     r = RankBackward{};
   }
@@ -182,6 +198,10 @@ void BackwardRunner::require_call(const RankCall& call, int r) const {
               std::to_string(ctx.intermediate()) + ", S = " + std::to_string(ctx.shared_width()) +
               "; this backward needs " + std::to_string(s.sched.capacity) + ", " +
               std::to_string(c.intermediate) + ", " + std::to_string(c.shared_width()) + ")");
+  require(ctx.keeps() || options.gate_up == GateUpMode::recompute, ErrorCode::invalid_argument,
+          at + ": the ForwardContext keeps no activations (GateUpMode::recompute) and this " +
+              "backward reads them: build it with BackwardOptions::gate_up = " +
+              "GateUpMode::recompute");
   require(ctx.origin().schedule == &s, ErrorCode::invalid_argument,
           at + ": no training forward of this schedule filled the ForwardContext " +
               "(run the forward with this schedule and context first)");
@@ -242,6 +262,16 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
   m.shared_down_mn = shared ? map(wt.shared_down, H, S, 64) : m.down_mn;
   m.shared_gate_mn = shared ? map(wt.shared_gate, S, H, 64) : m.gate_mn;
   m.shared_up_mn = shared ? map(wt.shared_up, S, H, 64) : m.up_mn;
+  const bool recompute = options.gate_up == GateUpMode::recompute;
+  if (recompute) {
+    const uint32_t half = uint32_t(block_n / 2);
+    m.x_k = map(w.x_routed, cap, H, 128);
+    m.gate_k = map(wt.gate, El * I, H, half);
+    m.up_k = map(wt.up, El * I, H, half);
+    m.shared_x_k = shared && tokens ? map(b.x, T, H, 128) : m.x_k;
+    m.shared_gate_k = shared ? map(wt.shared_gate, S, H, half) : m.gate_k;
+    m.shared_up_k = shared ? map(wt.shared_up, S, H, half) : m.up_k;
+  }
   if (options.weight_grads == WeightGrads::write_bf16) {  // staged tiles store them by TMA
     m.d_out_maps[kern::kOutGate] = map(g.gate, El * I, H, 64);
     m.d_out_maps[kern::kOutUp] = map(g.up, El * I, H, 64);
@@ -270,10 +300,10 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
   }
   p.routed_x = w.x_routed;
   p.ring_blocks = capacity_blocks;
-  p.act = ctx.act();
-  p.act_shared = ctx.act_shared();
-  p.gate_up = ctx.gate_up();
-  p.gate_up_shared = ctx.gate_up_shared();
+  p.act = recompute ? w.act : ctx.act();
+  p.act_shared = recompute ? w.act_shared : ctx.act_shared();
+  p.gate_up = recompute ? w.gate_up : ctx.gate_up();
+  p.gate_up_shared = recompute ? w.gate_up_shared : ctx.gate_up_shared();
   p.y_slots = w.dx_slots;
   p.y_shared = w.dx_shared;
   p.out = g.d_x;
@@ -284,6 +314,9 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
   p.combine_next = p.token_done + c.max_tokens_per_rank;
   p.tile_next = p.combine_next + 1;
   p.unit_done = p.tile_next + 1;
+  p.gu_ready = p.unit_done + 1 + c.experts_per_rank();
+  p.gu_shared_ready = p.gu_ready + capacity_blocks;
+  p.recompute = recompute ? 1 : 0;
   p.fault = w.fault;
   p.dispatch_ctas = dispatch_ctas;
   p.gather_rows = 0;
@@ -368,7 +401,7 @@ void BackwardRunner::backward(const std::vector<RankCall>& calls, cudaStream_t s
     // Later launches find the earlier ones' counters filled: they restart only the claims (the
     // tile counter and the combine's), copy no rows and combine only in the last.
     const int stages[3] = {
-        kern::kStageDgradDown | kern::kProfileNoCombine,
+        kern::kStageRecompute | kern::kStageDgradDown | kern::kProfileNoCombine,
         kern::kStageDgradGateUp | kern::kProfileNoDispatchCopy | kern::kProfileNoCombine,
         kern::kStageWgrad | kern::kProfileNoDispatchCopy};
     const int base = shares[0].params.profile_flags;

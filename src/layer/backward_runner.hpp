@@ -24,10 +24,14 @@ struct RankBackward {
   __nv_bfloat16 *dy_routed = nullptr, *x_routed = nullptr, *dgu = nullptr, *act_scaled = nullptr,
                 *dgu_shared = nullptr, *act_shared_copy = nullptr, *dx_slots = nullptr,
                 *dx_shared = nullptr;
+  // GateUpMode::recompute: the recomputed activations (a ForwardContext's layout).
+  __nv_bfloat16 *act = nullptr, *gate_up = nullptr, *act_shared = nullptr,
+                *gate_up_shared = nullptr;
   float* dw_partial = nullptr;
   int64_t* step_begin = nullptr;
   uint32_t* counters = nullptr;  // x_ready | act_ready | act_shared_ready | token_done |
-                                 // combine_next | tile_next | unit_done, then the fault record
+                                 // combine_next | tile_next | unit_done | gu_ready |
+                                 // gu_shared_ready, then the fault record
   kern::ForwardFault* fault = nullptr;
   int* aborted = nullptr;                 // an emulated group uses rank 0's
   unsigned long long* timings = nullptr;  // hooks.wait_times: [kForwardTimings] ns

@@ -37,8 +37,10 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
   Launch l{};
   l.ranks.resize(size_t(n));
   l.kernel = plan_.kernel;
-  l.kernel.keep_gate_up = calls[0].context != nullptr;
-  require(!l.kernel.keep_gate_up || plan_.kernel.probe == 0, ErrorCode::invalid_argument,
+  // A context that recomputes keeps nothing: its forward runs the inference kernel.
+  const ForwardContext* first = calls[0].context;
+  l.kernel.keep_gate_up = first != nullptr && first->keeps();
+  require(first == nullptr || plan_.kernel.probe == 0, ErrorCode::invalid_argument,
           who_ + ": the stage probes run inference forwards only (no ForwardContext)");
   for (int r = 0; r < n; ++r) {
     const size_t i = size_t(r);
@@ -47,8 +49,10 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
     const RankSchedule& s = call.schedule ? *call.schedule : w.schedule;
     s.require_matches(config_, call.batch.tokens, who_.c_str());
     Activations a{w.act, w.act_shared};
-    require((call.context != nullptr) == l.kernel.keep_gate_up, ErrorCode::invalid_argument,
-            who_ + ": a ForwardContext for every rank or for none");
+    require((call.context != nullptr) == (first != nullptr) &&
+                (first == nullptr || call.context->mode() == first->mode()),
+            ErrorCode::invalid_argument,
+            who_ + ": a ForwardContext for every rank or for none, all of one GateUpMode");
     if (const ForwardContext* ctx = call.context) {
       require(ctx->capacity_rows() == s.sched.capacity && ctx->token_rows() == s.sched.token_rows &&
                   ctx->intermediate() == config_.intermediate &&
@@ -60,7 +64,7 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
                   ", S = " + std::to_string(ctx->shared_width()) + "; this forward needs " +
                   std::to_string(s.sched.capacity) + ", " + std::to_string(config_.intermediate) +
                   ", " + std::to_string(config_.shared_width()) + ")");
-      a = {ctx->act(), ctx->act_shared(), ctx->gate_up(), ctx->gate_up_shared()};
+      if (ctx->keeps()) a = {ctx->act(), ctx->act_shared(), ctx->gate_up(), ctx->gate_up_shared()};
       ctx->set_origin({&s, s.generation});
     }
     if (r == 0) last_schedule_ = &s;

@@ -2,6 +2,7 @@
 #include "mok/gpu/schedule.hpp"
 
 #include "layer/rank_forward.hpp"
+#include "mok/error.hpp"
 #include "mok/schedule/routing_layout.hpp"
 
 namespace mok::gpu {
@@ -16,18 +17,27 @@ Schedule::~Schedule() {
 int64_t Schedule::capacity_rows() const { return state_->sched.capacity; }
 int64_t Schedule::tokens() const { return state_->tokens; }
 
-int64_t ForwardContext::bytes_per_token(const Config& c) {
+const char* gate_up_mode_name(GateUpMode m) {
+  return m == GateUpMode::keep ? "keep" : m == GateUpMode::recompute ? "recompute" : "?";
+}
+
+int64_t ForwardContext::bytes_per_token(const Config& c, GateUpMode mode) {
+  if (mode == GateUpMode::recompute) return 0;
   return 6 * int64_t(c.top_k) * c.intermediate + 6 * int64_t(c.shared_width());
 }
 
-ForwardContext::ForwardContext(const Config& c) {
+ForwardContext::ForwardContext(const Config& c, GateUpMode mode) : mode_(mode) {
   c.validate();
+  detail::require(mode == GateUpMode::keep || mode == GateUpMode::recompute,
+                  ErrorCode::invalid_argument,
+                  "ForwardContext: mode must be GateUpMode::keep or GateUpMode::recompute");
   const char* what = "cudaMalloc (ForwardContext)";
   capacity_rows_ = sched::pad_to_tile(c.capacity_rows(), detail::kTileRows);
   token_rows_ = sched::pad_to_tile(c.max_tokens_per_rank, detail::kTileRows);
   intermediate_ = c.intermediate;
   shared_width_ = c.shared_width();
   const int64_t I = c.intermediate, S = c.shared_width();
+  if (mode == GateUpMode::recompute) return;
   try {
     act_ = detail::device_alloc<__nv_bfloat16>(size_t(capacity_rows_ * I), what);
     gate_up_ = detail::device_alloc<__nv_bfloat16>(size_t(capacity_rows_ * 2 * I), what);

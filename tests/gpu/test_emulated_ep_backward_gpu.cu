@@ -2,9 +2,9 @@
 // logical ranks in one launch) against the single-GPU backward on the same global batch, bit for
 // bit: d_x, d_topk_weights and every routed expert's weight gradients (the ranks' local experts,
 // side by side, form the single GPU's tensors), for random, uneven (an empty rank), all-to-one-
-// rank and all-to-one-expert routings and with injected dispatch delays; the shared experts'
-// gradients equal the single-GPU backward of each rank's own tokens (per-rank partials). A rank
-// whose dispatch stops ends in an error naming it; bad calls are refused.
+// rank and all-to-one-expert routings and with injected dispatch delays (also recomputing g | u);
+// the shared experts' gradients equal the single-GPU backward of each rank's own tokens (per-rank
+// partials). A rank whose dispatch stops ends in an error naming it; bad calls are refused.
 #include <cuda_bf16.h>
 
 #include <cstring>
@@ -39,7 +39,8 @@ struct Group {
 
   Group(const GlobalBatch& g, int ranks_, const EpCase& k, const DeviceBuffer<uint16_t>& x,
         const DeviceBuffer<int32_t>& ids, const DeviceBuffer<float>& w,
-        const DeviceBuffer<uint16_t>& d_out, DeviceBuffer<uint16_t>& out)
+        const DeviceBuffer<uint16_t>& d_out, DeviceBuffer<uint16_t>& out,
+        mok::gpu::GateUpMode gate_up = mok::gpu::GateUpMode::keep)
       : c(rank_config(g, ranks_, k)), ranks(ranks_), El(c.num_experts / ranks_), layer(g.params) {
     const int64_t H = c.hidden, I = c.intermediate, K = c.top_k;
     const mok::gpu::DeviceLayerWeights all = layer.weights();
@@ -55,7 +56,7 @@ struct Group {
       outs.push_back(reinterpret_cast<__nv_bfloat16*>(out.ptr) + first * H);
       d_outs.push_back(reinterpret_cast<const __nv_bfloat16*>(d_out.ptr) + first * H);
       owned_s.push_back(std::make_unique<mok::gpu::Schedule>(c));
-      owned_ctx.push_back(std::make_unique<mok::gpu::ForwardContext>(c));
+      owned_ctx.push_back(std::make_unique<mok::gpu::ForwardContext>(c, gate_up));
       s.push_back(owned_s.back().get());
       ctx.push_back(owned_ctx.back().get());
     }
@@ -67,8 +68,8 @@ struct Group {
 };
 
 // One case: the group's outputs against the single GPU's, bit for bit.
-void expect_group_equals_ep1(int ranks, const EpCase& k,
-                             WeightGrads mode = WeightGrads::write_fp32) {
+void expect_group_equals_ep1(int ranks, const EpCase& k, WeightGrads mode = WeightGrads::write_fp32,
+                             mok::gpu::GateUpMode gate_up = mok::gpu::GateUpMode::keep) {
   const GlobalBatch g = make_global_batch(ranks, k);
   const mok::Batch& b = g.batch;
   const int64_t total = g.total, H = g.global.hidden;
@@ -78,11 +79,12 @@ void expect_group_equals_ep1(int ranks, const EpCase& k,
   DeviceBuffer<float> w(std::vector<float>(b.topk_weights.begin(), b.topk_weights.end()));
   const std::vector<std::vector<uint8_t>> want = ep1_backward(g, x, ids, w, d_out, 0, total, mode);
 
-  Group group(g, ranks, k, x, ids, w, d_out, out);
+  Group group(g, ranks, k, x, ids, w, d_out, out, gate_up);
   const mok::Config& c = group.c;
   mok::gpu::EmulatedEpForward f(c, case_options(k), case_hooks(k));
   mok::gpu::BackwardOptions o;
   o.weight_grads = mode;
+  o.gate_up = gate_up;
   mok::gpu::EmulatedEpBackward bw(c, o, case_hooks(k));
   EXPECT_EQ(bw.ranks(), ranks);
   // Routed gradients and d_x / d_w: slices of global buffers; shared ones: each rank its own.
@@ -137,6 +139,9 @@ void expect_every_case(int ranks) {
   }
   SCOPED_TRACE("ranks " + std::to_string(ranks) + ", BF16 weight gradients");
   expect_group_equals_ep1(ranks, all[0], WeightGrads::write_bf16);
+  SCOPED_TRACE("ranks " + std::to_string(ranks) + ", recomputing g | u, uneven, delays");
+  expect_group_equals_ep1(ranks, all[1], WeightGrads::write_fp32, mok::gpu::GateUpMode::recompute);
+  expect_group_equals_ep1(ranks, all[5], WeightGrads::write_fp32, mok::gpu::GateUpMode::recompute);
 }
 
 }  // namespace
@@ -200,8 +205,9 @@ TEST(EmulatedEpBackwardGpu, AStoppedRankIsAnErrorNamingItAndBadCallsAreRefused) 
     mok::gpu::EmulatedEpBackward bw(c, o, stuck);
     bw.backward(group.s, group.ctx, group.batches, group.weights, group.d_outs, grads, nullptr);
     expect_error([&] { bw.check(nullptr); }, mok::ErrorCode::peer_timeout,
-                 "rank 2: the backward stopped: a dgrad-down producer waiting for the dispatched "
-                 "d_out and x rows of row block 0");
+                 "rank 2: the backward stopped: a dgrad-down producer (or a recompute one) "
+                 "waiting for the dispatched d_out and x rows (recomputing: for g | u; shared "
+                 "experts: of token block) of row block 0");
   }
   mok::gpu::EmulatedEpBackward bw(c, o);
   expect_error(

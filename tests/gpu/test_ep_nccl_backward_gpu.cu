@@ -33,14 +33,15 @@ struct RankStep {
   mok::gpu::Schedule s;
   mok::gpu::ForwardContext ctx;
   RankStep(const GlobalBatch& g, const mok::Config& c, int ranks, int r, int64_t tokens,
-           const std::vector<double>& d_out_all)
+           const std::vector<double>& d_out_all,
+           mok::gpu::GateUpMode gate_up = mok::gpu::GateUpMode::keep)
       : in(g, ranks, r, tokens),
         d_out(to_bf16(tokens > 0
                           ? RankInputs::slice(d_out_all, g.first[size_t(r)], tokens, c.hidden)
                           : std::vector<double>(size_t(c.hidden), 0.0))),
         grads(c, tokens, c.num_experts / ranks),
         s(c),
-        ctx(c) {}
+        ctx(c, gate_up) {}
   const __nv_bfloat16* dy() const { return reinterpret_cast<const __nv_bfloat16*>(d_out.ptr); }
   void poison() {
     for (DeviceBuffer<float>* b :
@@ -103,9 +104,11 @@ Expected expected(const GlobalBatch& g, const EpCase& k, const std::vector<doubl
 }
 
 // One process drives `ranks` GPUs: `rounds` training steps (schedule, forward, backward) of one
-// global batch; every rank's gradients against the single GPU's after each.
+// global batch; every rank's gradients against the single GPU's after each (which keeps g | u:
+// recomputing them must give the same bits).
 void expect_group_equals_ep1(int ranks, const EpCase& k, int rounds,
-                             WeightGrads mode = WeightGrads::write_fp32) {
+                             WeightGrads mode = WeightGrads::write_fp32,
+                             mok::gpu::GateUpMode gate_up = mok::gpu::GateUpMode::keep) {
   const GlobalBatch g = make_global_batch(ranks, k);
   const std::vector<double> d_out_all = global_d_out(g);
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
@@ -114,11 +117,13 @@ void expect_group_equals_ep1(int ranks, const EpCase& k, int rounds,
   const int El = c.num_experts / ranks;
   mok::gpu::BackwardOptions o;
   o.weight_grads = mode;
+  o.gate_up = gate_up;
   Comms comms(ranks);
   std::vector<std::unique_ptr<RankStep>> steps;
   for (int r = 0; r < ranks; ++r) {
     ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
-    steps.push_back(std::make_unique<RankStep>(g, c, ranks, r, k.tokens[size_t(r)], d_out_all));
+    steps.push_back(
+        std::make_unique<RankStep>(g, c, ranks, r, k.tokens[size_t(r)], d_out_all, gate_up));
   }
   {
     auto forwards =
@@ -166,6 +171,9 @@ void expect_every_case(int ranks) {
   }
   SCOPED_TRACE("ranks " + std::to_string(ranks) + ", BF16 weight gradients");
   expect_group_equals_ep1(ranks, all[0], 2, WeightGrads::write_bf16);
+  SCOPED_TRACE("ranks " + std::to_string(ranks) + ", recomputing g | u, delays");
+  expect_group_equals_ep1(ranks, all[5], 2, WeightGrads::write_fp32,
+                          mok::gpu::GateUpMode::recompute);
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 // The backward megakernel (MoeBackward) against the CPU reference backward, on fresh random inputs
 // and the odd cases, outputs poisoned (NaN) first; its bits across runs with injected dispatch
-// delays, across weight-gradient modes, staged (one launch per tile kind) and under graph replay;
-// and its refusals.
+// delays, across weight-gradient modes, staged (one launch per tile kind), recomputing g | u
+// (GateUpMode::recompute: the same bits as keeping them) and under graph replay; and its refusals.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -23,6 +23,7 @@ namespace {
 using fwd_test::from_bf16;
 using fwd_test::GpuLayer;
 using fwd_test::to_bf16;
+using mok::gpu::GateUpMode;
 using mok::gpu::WeightGrads;
 
 const __nv_bfloat16* bf(const DeviceBuffer<uint16_t>& b) {
@@ -117,15 +118,17 @@ struct Step {
 
 HostGrads run_backward(const mok::Config& c, const mok::LayerParams& p, const mok::Batch& b,
                        const std::vector<double>& d_out, WeightGrads mode,
-                       const mok::gpu::detail::ForwardHooks& hooks = {}) {
+                       const mok::gpu::detail::ForwardHooks& hooks = {},
+                       GateUpMode gate_up = GateUpMode::keep) {
   Step step(c, p, b, d_out, mode);
   mok::gpu::MoeForward f(c);
   mok::gpu::BackwardOptions o;
   o.block_n = widest_tiles(c);
   o.weight_grads = mode;
+  o.gate_up = gate_up;
   mok::gpu::MoeBackward bw(c, o, hooks);
   mok::gpu::Schedule s(c);
-  mok::gpu::ForwardContext ctx(c);
+  mok::gpu::ForwardContext ctx(c, gate_up);
   step.run(f, bw, s, ctx);
   f.check(nullptr);
   bw.check(nullptr);
@@ -213,8 +216,12 @@ TEST(MoeBackwardGpu, MatchesTheReferenceOnRandomInputsAndOddBatches) {
     const mok::Batch b = mok::tools::random_batch(k.c, k.tokens, 72);
     const std::vector<double> d_out =
         mok::tools::random_vector(size_t(k.tokens * k.c.hidden), 73, 0.5);
-    expect_matches_reference(k.c, p, b, d_out,
-                             run_backward(k.c, p, b, d_out, WeightGrads::write_fp32));
+    const HostGrads kept = run_backward(k.c, p, b, d_out, WeightGrads::write_fp32);
+    expect_matches_reference(k.c, p, b, d_out, kept);
+    // Recomputing g | u: the forward's gate/up tiles again, the same K order: the same bits.
+    const HostGrads recomputed =
+        run_backward(k.c, p, b, d_out, WeightGrads::write_fp32, {}, GateUpMode::recompute);
+    for (int i = 0; i < 7; ++i) ASSERT_EQ(recomputed.bits[i], kept.bits[i]) << "output " << i;
   }
 }
 
@@ -232,13 +239,19 @@ TEST(MoeBackwardGpu, SkewedRoutingZeroWeightsAndAnEmptyBatch) {
     if (t % 7 == 0) b.topk_weights[size_t(2 * t + 1)] = 0.0;
   }
   const std::vector<double> d_out = mok::tools::random_vector(size_t(b.tokens * c.hidden), 83);
-  expect_matches_reference(c, p, b, d_out, run_backward(c, p, b, d_out, WeightGrads::write_fp32));
+  const HostGrads kept = run_backward(c, p, b, d_out, WeightGrads::write_fp32);
+  expect_matches_reference(c, p, b, d_out, kept);
+  const HostGrads recomputed =
+      run_backward(c, p, b, d_out, WeightGrads::write_fp32, {}, GateUpMode::recompute);
+  for (int i = 0; i < 7; ++i) ASSERT_EQ(recomputed.bits[i], kept.bits[i]) << "output " << i;
 
   mok::Batch empty;
   empty.tokens = 0;
-  const HostGrads g = run_backward(c, p, empty, {}, WeightGrads::write_fp32);
-  for (int i = 0; i < 6; ++i)
-    for (double v : g.w[i]) ASSERT_EQ(v, 0.0) << kGradNames[i];
+  for (const GateUpMode mode : {GateUpMode::keep, GateUpMode::recompute}) {
+    const HostGrads g = run_backward(c, p, empty, {}, WeightGrads::write_fp32, {}, mode);
+    for (int i = 0; i < 6; ++i)
+      for (double v : g.w[i]) ASSERT_EQ(v, 0.0) << kGradNames[i];
+  }
 }
 
 // The same bits in 20 runs with injected dispatch delays; BF16 weight gradients are the FP32 ones
@@ -282,6 +295,22 @@ void expect_bitwise_across_runs_and_modes(const mok::Config& c, int64_t tokens) 
   const HostGrads staged_half = run_backward(c, p, b, d_out, WeightGrads::write_bf16, staged);
   for (int i = 0; i < 7; ++i)
     ASSERT_EQ(staged_half.bits[i], half.bits[i]) << "staged, BF16, output " << i;
+
+  // Recomputing g | u: the same bits, with delays, staged and with BF16 gradients.
+  for (int run = 0; run < 4; ++run) {
+    delays.delay_seed = uint32_t(100 + run);
+    mok::gpu::detail::ForwardHooks h = run == 1  ? staged
+                                       : run > 1 ? delays
+                                                 : mok::gpu::detail::ForwardHooks{};
+    const HostGrads again =
+        run_backward(c, p, b, d_out, WeightGrads::write_fp32, h, GateUpMode::recompute);
+    for (int i = 0; i < 7; ++i)
+      ASSERT_EQ(again.bits[i], first.bits[i]) << "recomputing, run " << run << ", output " << i;
+  }
+  const HostGrads half_recomputed =
+      run_backward(c, p, b, d_out, WeightGrads::write_bf16, {}, GateUpMode::recompute);
+  for (int i = 0; i < 7; ++i)
+    ASSERT_EQ(half_recomputed.bits[i], half.bits[i]) << "recomputing, BF16, output " << i;
   EXPECT_EQ(half.bits[6], first.bits[6]);
   for (int i = 0; i < 6; ++i)
     for (size_t j = 0; j < first.w[i].size(); ++j)
@@ -340,37 +369,44 @@ TEST(MoeBackwardGpu, GraphReplayEqualsDirectRuns) {
   const HostGrads direct1 = run_backward(c, p, b, d_out1, WeightGrads::write_fp32);
   const HostGrads direct2 = run_backward(c, p, b, d_out2, WeightGrads::write_fp32);
 
-  Step step(c, p, b, d_out1, WeightGrads::write_fp32);
-  mok::gpu::MoeForward f(c);
-  mok::gpu::MoeBackward bw(c);
-  mok::gpu::Schedule s(c);
-  mok::gpu::ForwardContext ctx(c);
-  cudaStream_t stream;
-  MOK_CUDA_OK(cudaStreamCreate(&stream));
-  cudaGraph_t graph;
-  MOK_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
-  f.schedule(step.batch(), s, stream);
-  f.forward(s, step.batch(), step.layer.weights(), reinterpret_cast<__nv_bfloat16*>(step.out.ptr),
-            &ctx, stream);
-  bw.backward(s, ctx, step.batch(), step.layer.weights(), bf(step.d_out), step.gradients(), stream);
-  MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
-  cudaGraphExec_t exec;
-  MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
-  MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
-  bw.check(stream);
-  const HostGrads replay1 = step.host(WeightGrads::write_fp32);
-  const std::vector<uint16_t> second = to_bf16(d_out2);
-  MOK_CUDA_OK(cudaMemcpy(step.d_out.ptr, second.data(), second.size() * 2, cudaMemcpyHostToDevice));
-  MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
-  bw.check(stream);
-  const HostGrads replay2 = step.host(WeightGrads::write_fp32);
-  for (int i = 0; i < 7; ++i) {
-    EXPECT_EQ(replay1.bits[i], direct1.bits[i]) << "output " << i;
-    EXPECT_EQ(replay2.bits[i], direct2.bits[i]) << "output " << i;
+  for (const GateUpMode mode : {GateUpMode::keep, GateUpMode::recompute}) {
+    SCOPED_TRACE(mok::gpu::gate_up_mode_name(mode));
+    Step step(c, p, b, d_out1, WeightGrads::write_fp32);
+    mok::gpu::MoeForward f(c);
+    mok::gpu::BackwardOptions o;
+    o.gate_up = mode;
+    mok::gpu::MoeBackward bw(c, o);
+    mok::gpu::Schedule s(c);
+    mok::gpu::ForwardContext ctx(c, mode);
+    cudaStream_t stream;
+    MOK_CUDA_OK(cudaStreamCreate(&stream));
+    cudaGraph_t graph;
+    MOK_CUDA_OK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    f.schedule(step.batch(), s, stream);
+    f.forward(s, step.batch(), step.layer.weights(), reinterpret_cast<__nv_bfloat16*>(step.out.ptr),
+              &ctx, stream);
+    bw.backward(s, ctx, step.batch(), step.layer.weights(), bf(step.d_out), step.gradients(),
+                stream);
+    MOK_CUDA_OK(cudaStreamEndCapture(stream, &graph));
+    cudaGraphExec_t exec;
+    MOK_CUDA_OK(cudaGraphInstantiate(&exec, graph, 0));
+    MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
+    bw.check(stream);
+    const HostGrads replay1 = step.host(WeightGrads::write_fp32);
+    const std::vector<uint16_t> second = to_bf16(d_out2);
+    MOK_CUDA_OK(
+        cudaMemcpy(step.d_out.ptr, second.data(), second.size() * 2, cudaMemcpyHostToDevice));
+    MOK_CUDA_OK(cudaGraphLaunch(exec, stream));
+    bw.check(stream);
+    const HostGrads replay2 = step.host(WeightGrads::write_fp32);
+    for (int i = 0; i < 7; ++i) {
+      EXPECT_EQ(replay1.bits[i], direct1.bits[i]) << "output " << i;
+      EXPECT_EQ(replay2.bits[i], direct2.bits[i]) << "output " << i;
+    }
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
   }
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  cudaStreamDestroy(stream);
 }
 
 // NaN in one token's d_out reaches that token's d_x and router-weight gradients only (and the
@@ -434,6 +470,13 @@ TEST(MoeBackwardGpu, RefusesWhatItCannotUseAndEndsAStoppedDispatchInAnError) {
   mok::gpu::ForwardContext wrong(other);
   expect_error([&] { bw.backward(s, wrong, step.batch(), w, bf(step.d_out), g, nullptr); },
                "another configuration");
+  mok::gpu::ForwardContext keeps_nothing(c, GateUpMode::recompute);
+  f.forward(s, step.batch(), w, reinterpret_cast<__nv_bfloat16*>(step.out.ptr), &keeps_nothing,
+            nullptr);
+  expect_error(
+      [&] { bw.backward(s, keeps_nothing, step.batch(), w, bf(step.d_out), g, nullptr); },
+      "the ForwardContext keeps no activations (GateUpMode::recompute) and this backward reads "
+      "them");
   f.schedule(step.batch(), s, nullptr);  // rebuilt after the forward that filled ctx
   expect_error([&] { bw.backward(s, ctx, step.batch(), w, bf(step.d_out), g, nullptr); },
                "the schedule was rebuilt");
@@ -459,7 +502,10 @@ TEST(MoeBackwardGpu, RefusesWhatItCannotUseAndEndsAStoppedDispatchInAnError) {
     ADD_FAILURE() << "no error";
   } catch (const mok::Error& e) {
     EXPECT_EQ(e.code(), mok::ErrorCode::peer_timeout);
-    EXPECT_NE(std::string(e.what()).find("dgrad-down producer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("a dgrad-down producer (or a recompute one) waiting for "
+                                         "the dispatched d_out and x rows"),
+              std::string::npos)
+        << e.what();
   }
 }
 
@@ -480,6 +526,8 @@ __global__ void compare_bf16(const uint16_t* a, const uint16_t* b, size_t n,
 // kernels tile N differently but run every K loop in the same order, so d_x and every weight
 // gradient must agree bit for bit (only the router-weight gradients' partial sums, per n-tile,
 // are grouped differently: FP32 rounding apart), with nothing left unwritten or non-finite.
+// Recomputing g | u (256 wide, after a forward into a context that keeps nothing) equals keeping
+// them at the same width in every bit, the router-weight gradients included.
 TEST(MoeBackwardGpu, StandardShapesAgreeAcrossTileWidths) {
   MOK_REQUIRE_GPU();
   struct Shape {
@@ -497,9 +545,10 @@ TEST(MoeBackwardGpu, StandardShapesAgreeAcrossTileWidths) {
                                             1.0f, nullptr));
     mok::gpu::MoeForward f(c);
     mok::gpu::Schedule s(c);
-    mok::gpu::ForwardContext ctx(c);
+    mok::gpu::ForwardContext ctx(c), keeps_nothing(c, GateUpMode::recompute);
     f.schedule(data.batch(), s, nullptr);
     f.forward(s, data.batch(), data.weights(), data.out.ptr, &ctx, nullptr);
+    f.forward(s, data.batch(), data.weights(), data.out.ptr, &keeps_nothing, nullptr);
     f.check(nullptr);
     const size_t sizes[6] = {size_t(c.shared_width() * H),
                              size_t(c.shared_width() * H),
@@ -507,12 +556,14 @@ TEST(MoeBackwardGpu, StandardShapesAgreeAcrossTileWidths) {
                              data.g.n,
                              data.g.n,
                              data.g.n};
-    std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> out[2];  // d_x, then the six gradients
-    std::vector<float> d_w[2];
-    for (int v = 0; v < 2; ++v) {
+    // 128 wide, 256 wide, 256 wide recomputing g | u.
+    std::vector<std::unique_ptr<DeviceBuffer<uint16_t>>> out[3];  // d_x, then the six gradients
+    std::vector<float> d_w[3];
+    for (int v = 0; v < 3; ++v) {
       mok::gpu::BackwardOptions o;
       o.weight_grads = WeightGrads::write_bf16;
       o.block_n = v == 0 ? 128 : 256;
+      if (v == 2) o.gate_up = GateUpMode::recompute;
       mok::gpu::MoeBackward b(c, o);
       out[v].push_back(std::make_unique<DeviceBuffer<uint16_t>>(size_t(T * H), 0xFF));
       for (size_t n : sizes) out[v].push_back(std::make_unique<DeviceBuffer<uint16_t>>(n, 0xFF));
@@ -526,7 +577,8 @@ TEST(MoeBackwardGpu, StandardShapesAgreeAcrossTileWidths) {
                                         ptr(4),
                                         ptr(5),
                                         ptr(6)};
-      b.backward(s, ctx, data.batch(), data.weights(), bf(d_out), g, nullptr);
+      b.backward(s, v == 2 ? keeps_nothing : ctx, data.batch(), data.weights(), bf(d_out), g,
+                 nullptr);
       b.check(nullptr);
       d_w[v] = dw.to_host();
     }
@@ -540,6 +592,13 @@ TEST(MoeBackwardGpu, StandardShapesAgreeAcrossTileWidths) {
     }
     std::vector<double> a(d_w[0].begin(), d_w[0].end()), b(d_w[1].begin(), d_w[1].end());
     EXPECT_LT(mok::relative_l2_error(a, b), 1e-5) << "router-weight gradients";
+    for (size_t i = 0; i < out[1].size(); ++i) {
+      MOK_CUDA_OK(cudaMemset(counts.ptr, 0, 2 * sizeof(unsigned long long)));
+      compare_bf16<<<264, 256>>>(out[2][i]->ptr, out[1][i]->ptr, out[1][i]->n, counts.ptr);
+      EXPECT_EQ(counts.to_host()[0], 0u) << "output " << i << ": recomputing changed bits";
+    }
+    EXPECT_EQ(std::memcmp(d_w[2].data(), d_w[1].data(), d_w[1].size() * sizeof(float)), 0)
+        << "router-weight gradients: recomputing changed bits";
   }
 }
 

@@ -50,6 +50,11 @@ struct BackwardOptions {
   int max_ctas = 0;         // persistent grid; 0: one CTA per SM
   int block_n = 0;          // tile width 128 or 256; 0: 256 where it divides H, I and S, else 128
   double wait_seconds = 0;  // as ForwardOptions::wait_seconds
+  // keep: read the activations the forward kept in its ForwardContext. recompute: run the gate/up
+  // GEMMs again from x into the workspace (its act and g | u, 6 K I + 6 S bytes per token: one
+  // layer's, where contexts kept every layer's), at 2/3 of the forward's FLOPs; the forward's
+  // context may then be a GateUpMode::recompute one, which keeps nothing. Same bits either way.
+  GateUpMode gate_up = GateUpMode::keep;
 };
 
 namespace detail {
@@ -71,8 +76,9 @@ class MoeBackward {
   // The gradients of the forward that filled `context` from schedule `s` with the same batch and
   // weights, given d_out [T, H] BF16. Asynchronous on `stream`; capturable in a CUDA graph.
   // Throws mok::Error for a context or schedule of another configuration, a context no forward
-  // of this schedule's current batch filled, T other than the scheduled batch's, and pointers
-  // that are null or not 16-byte aligned.
+  // of this schedule's current batch filled, a GateUpMode::recompute context given to a backward
+  // that keeps, T other than the scheduled batch's, and pointers that are null or not 16-byte
+  // aligned.
   void backward(const Schedule& s, const ForwardContext& context, const DeviceBatch& batch,
                 const DeviceLayerWeights& weights, const __nv_bfloat16* d_out,
                 const DeviceGradients& grads, cudaStream_t stream);
@@ -85,7 +91,8 @@ class MoeBackward {
   int block_n() const;  // every tile's width (BackwardOptions::block_n)
   WeightGrads weight_grads() const;
   // Device memory of the backward's workspace (d_out and x rows per routed row, dg | du, the
-  // scaled activations, the dx slots, the router-weight partials and the counters).
+  // scaled activations, the dx slots, the router-weight partials and the counters; recomputing,
+  // also act and g | u).
   size_t workspace_bytes() const;
   const detail::BackwardRunner& runner() const { return *runner_; }  // tests and benchmarks
 

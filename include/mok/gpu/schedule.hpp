@@ -38,24 +38,36 @@ class Schedule {
   std::unique_ptr<detail::RankSchedule> state_;
 };
 
-// What the backward needs from a training forward, per rank. Kept (not recomputed) BF16, in the
-// schedule's padded row order:
+// What a training forward keeps for its backward.
+enum class GateUpMode {
+  keep,       // the SwiGLU outputs and inputs (ForwardContext below): the backward reads them
+  recompute,  // nothing: the backward runs the gate/up GEMMs again from x (2/3 of the routed and
+              // shared forward FLOPs) into its own workspace, for memory
+};
+const char* gate_up_mode_name(GateUpMode m);
+
+// What the backward needs from a training forward, per rank, in the schedule's padded row order.
+// GateUpMode::keep keeps, BF16:
 //   act       [capacity, I]    SwiGLU outputs of the routed rows (the down GEMM's A; dW_down)
 //   gate_up   [capacity, 2I]   their gate, then up, pre-activations (the SwiGLU backward)
 //   act_shared, gate_up_shared [token_rows, S], [token_rows, 2S] for the shared experts
 // bytes_per_token: 6 K I + 6 S at the dropless capacity (dsv3: 110,592 B per token). Keeping g and
-// u costs their stores in the gate/up epilogue (a kernel instantiation of its own); recomputing
-// them would cost the backward a second gate/up GEMM (2/3 of the routed forward's FLOPs).
+// u costs their stores in the gate/up epilogue (a kernel instantiation of its own).
+// GateUpMode::recompute keeps nothing (0 bytes per token; the context only records which forward
+// ran): the backward, built with BackwardOptions::gate_up = recompute, recomputes them.
 class ForwardContext {
  public:
-  explicit ForwardContext(const Config& c);
+  explicit ForwardContext(const Config& c, GateUpMode mode = GateUpMode::keep);
   ~ForwardContext();
   ForwardContext(const ForwardContext&) = delete;
   ForwardContext& operator=(const ForwardContext&) = delete;
 
-  static int64_t bytes_per_token(const Config& c);
+  static int64_t bytes_per_token(const Config& c, GateUpMode mode = GateUpMode::keep);
+  GateUpMode mode() const { return mode_; }
+  bool keeps() const { return mode_ == GateUpMode::keep; }
   int64_t capacity_rows() const { return capacity_rows_; }
   int64_t token_rows() const { return token_rows_; }
+  // GateUpMode::recompute: all nullptr.
   __nv_bfloat16* act() const { return act_; }
   __nv_bfloat16* gate_up() const { return gate_up_; }
   __nv_bfloat16* act_shared() const { return act_shared_; }          // nullptr without S
@@ -76,6 +88,7 @@ class ForwardContext {
   void release();
   int64_t capacity_rows_ = 0, token_rows_ = 0;
   int intermediate_ = 0, shared_width_ = 0;
+  GateUpMode mode_ = GateUpMode::keep;
   __nv_bfloat16 *act_ = nullptr, *gate_up_ = nullptr, *act_shared_ = nullptr,
                 *gate_up_shared_ = nullptr;
   mutable Origin origin_;

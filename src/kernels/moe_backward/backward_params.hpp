@@ -6,6 +6,8 @@
 //   y_slots, y_shared, out        dx per (token, k) slot, the shared experts' dx, and d_x
 //   act_ready, act_shared_ready   +1 per warpgroup per dgrad-down tile of a row (token) block
 //   token_done                    +1 per dgrad-gate/up tile that wrote one of the token's dx rows
+// With GateUpMode::recompute, act and gate_up (+ shared) are the backward's own, written by its
+// recompute tiles (the forward's gate/up tiles again), which count into gu_ready (+ shared).
 // The token ring holds the whole batch (ring_blocks = the capacity in blocks).
 #pragma once
 #include <cuda.h>
@@ -20,7 +22,7 @@ namespace mok::kern {
 
 // The backward's fault roles: the forward's records, with the dispatch-ring role (the backward's
 // ring never wraps) standing for the weight-gradient producers.
-constexpr int kRoleDgradDownProducer = kRoleGateUpProducer;        // waits for dispatched rows
+constexpr int kRoleDgradDownProducer = kRoleGateUpProducer;  // for dispatched rows or their g | u
 constexpr int kRoleSharedDgradProducer = kRoleSharedDownProducer;  // for shared dgrad-down
 constexpr int kRoleDgradGateUpProducer = kRoleDownProducer;        // for a block's dgrad-down
 constexpr int kRoleWgradProducer = kRoleDispatchRing;              // for a unit's dgrad-down
@@ -33,8 +35,8 @@ constexpr int kProfileNoWgradTiles = 8;
 // The benchmark's staged backward: one launch per tile kind, in dependency order, the tile order
 // holding only the kinds flagged (none flagged: every kind). Each launch's waits are on counters
 // an earlier launch filled.
-constexpr int kStageDgradDown = 16, kStageDgradGateUp = 32, kStageWgrad = 64;
-constexpr int kStageMask = kStageDgradDown | kStageDgradGateUp | kStageWgrad;
+constexpr int kStageDgradDown = 16, kStageDgradGateUp = 32, kStageWgrad = 64, kStageRecompute = 128;
+constexpr int kStageMask = kStageDgradDown | kStageDgradGateUp | kStageWgrad | kStageRecompute;
 
 // Floats of a rank's router-weight partials ([T * K, I / block_n]) for any tile width: sized for
 // the narrowest, 128.
@@ -58,6 +60,9 @@ struct BackwardMaps {
   CUtensorMap shared_dy_k, shared_dgu_k;    // [T, H] (d_out), [token_rows, 2S]
   CUtensorMap shared_down_mn, shared_gate_mn, shared_up_mn;             // [H, S], [S, H] x 2
   CUtensorMap shared_dy_mn, shared_act_mn, shared_dgu_mn, shared_x_mn;  // [T | rows, H | S | 2S]
+  // Recompute (K-major, the forward's gate/up operands): A = routed x [capacity, H] and x [T, H]
+  // (boxes of 128 rows), B = gate and up [E * I, H] and shared [S, H] (boxes of block_n / 2 rows).
+  CUtensorMap x_k, shared_x_k, gate_k, up_k, shared_gate_k, shared_up_k;
   // BF16 weight gradients, stored by TMA (boxes of 64 rows x 64 columns): routed [E * I, H] x 2
   // and [E * H, I], then shared [S, H] x 2 and [H, S] (BackwardOutput's order).
   CUtensorMap d_out_maps[6];
@@ -88,10 +93,12 @@ struct BackwardParams : ForwardParams {
   // shared [S, H] x 2 and [H, S].
   void *d_gate, *d_up, *d_down, *d_shared_gate, *d_shared_up, *d_shared_down;
   int wgrad_mode;
-  int block_n;          // every tile's width, 128 or 256 (dividing H, I and S)
-  int lag;              // units between a unit's dgrad-down and dgrad-gate/up steps (tile order)
+  int block_n;    // every tile's width, 128 or 256 (dividing H, I and S)
+  int lag;        // units between a unit's dgrad-down and dgrad-gate/up steps (tile order)
+  int recompute;  // GateUpMode::recompute: recompute tiles fill act and gate_up (+ shared)
+  uint32_t *gu_ready, *gu_shared_ready;  // +1 per warpgroup per recompute tile of a block
   uint32_t* unit_done;  // [1 + E]: the shared experts', then each expert's dgrad-down count
-  int64_t* step_begin;  // [1 + E + 2 lag + 1]: first tile of each step (backward_tiles.cuh)
+  int64_t* step_begin;  // [1 + E + 3 lag + 1]: first tile of each step (backward_tiles.cuh)
 };
 
 // One rank's share, and a launch (the engine's shape): one rank's share by value, or an emulated

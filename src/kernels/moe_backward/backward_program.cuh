@@ -1,5 +1,8 @@
 // The backward's tile program on the megakernel engine (megakernel/engine.cuh); which tiles exist
 // and their order: backward_tiles.cuh. Per tile kind (A x B, traits, epilogue):
+//   recompute      x rows [128, H] x [W_gate | W_up] rows (Bf16KMajor; GateUpMode::recompute):
+//                  the forward's gate/up tile and its training epilogue (act and g | u), then +1
+//                  per warpgroup on the block's gu_ready
 //   dgrad-down     d_out rows [128, H] x W_down as [H, W] (Bf16MnMajorB): the FP32 accumulator
 //                  dA' = d_out W_down gives <dA', act> per row (the router-weight gradient's
 //                  partial for this n-tile, in a fixed quad order), then dA = w dA' and the
@@ -68,7 +71,7 @@ struct BackwardInputs {
   int a_k0, b_k0, b_split;              // K coordinates of k-block 0 (B: of each half)
   int a_mn0, b_mn0;
   int loads;  // k-blocks loaded (wgrad: a staged one-block tile's second stage stays empty)
-  bool wgrad;
+  bool wgrad, recompute;
   const uint32_t* ready;
   uint32_t needed;
   int role, timing;
@@ -81,9 +84,29 @@ struct BackwardInputs {
 __device__ __forceinline__ TileWork as_down_tile(const BackwardWork& w) {
   return {w.shared() ? TileKind::shared_down : TileKind::routed_down, w.m_block, w.n_tile, 0, 0};
 }
+// What a recompute tile stores like the forward's gate/up tile (store_gate_up).
+__device__ __forceinline__ TileWork as_gate_up_tile(const BackwardWork& w) {
+  return {w.shared() ? TileKind::shared_gate_up : TileKind::routed_gate_up, w.m_block, w.n_tile, 0,
+          0};
+}
+__device__ __forceinline__ uint32_t* recompute_counter(const BackwardParams& p,
+                                                       const BackwardWork& w) {
+  return (w.shared() ? p.gu_shared_ready : p.gu_ready) + w.m_block;
+}
+
+// A pair of act or g | u elements. Recomputed ones were written in this launch (by other CTAs,
+// ordered by the producer's acquire): a coherent load, where the kept ones take the read-only path.
+template <bool kWrittenHere>
+__device__ __forceinline__ uint32_t load_pair(const __nv_bfloat16* at) {
+  const unsigned int* word = reinterpret_cast<const unsigned int*>(at);
+  if constexpr (kWrittenHere)
+    return *word;
+  else
+    return __ldg(word);
+}
 
 // The dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from row0).
-template <int kBlockN>
+template <int kBlockN, bool kRecomputed>
 __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, const BackwardWork& w,
                                                     const float (&d)[kBlockN / 2], int row0) {
   const Fragment f = Fragment::mine();
@@ -125,9 +148,9 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
 #pragma unroll
       for (int jj = 0; jj < kPairs; ++jj) {
         const int c = 8 * (chunk * kPairs + jj) + f.col0;
-        a_raw[jj] = valid ? __ldg(reinterpret_cast<const unsigned int*>(act + c)) : 0u;
-        g_raw[jj] = valid ? __ldg(reinterpret_cast<const unsigned int*>(g_in + c)) : 0u;
-        u_raw[jj] = valid ? __ldg(reinterpret_cast<const unsigned int*>(g_in + width + c)) : 0u;
+        a_raw[jj] = valid ? load_pair<kRecomputed>(act + c) : 0u;
+        g_raw[jj] = valid ? load_pair<kRecomputed>(g_in + c) : 0u;
+        u_raw[jj] = valid ? load_pair<kRecomputed>(g_in + width + c) : 0u;
       }
 #pragma unroll
       for (int jj = 0; jj < kPairs; ++jj) {
@@ -325,12 +348,14 @@ __device__ __forceinline__ void wgrad_stage(const BackwardParams& p, const Backw
   if (!push_store_task(p, owed, task)) record_fault(p, kRoleConsumer, -1);
 }
 
-template <int kBlockN_>
+// kRecompute: GateUpMode::recompute's instantiation (its recompute tiles' epilogue beside the
+// others made ptxas spill four times as much in the kernel that keeps).
+template <int kBlockN_, bool kRecompute>
 struct BackwardProgram {
   using Params = BackwardParams;
   using Maps = BackwardMaps;
   using Work = BackwardWork;
-  using Tiles = BackwardTiles;
+  using Tiles = BackwardTiles<kRecompute>;
   using Inputs = BackwardInputs;
   using Prefetch = DownRows;
   using Owed = BackwardOwed;
@@ -396,9 +421,9 @@ struct BackwardProgram {
     return nullptr;
   }
 
-  // dgrad rows [row0, row0 + 64) past the unit's rows; wgrad tiles have none.
+  // Row-block rows [row0, row0 + 64) past the unit's rows; wgrad tiles have none.
   __device__ static bool all_padding(const Params&, const Work& w, int row0) {
-    if (!w.dgrad()) return false;
+    if (!w.row_block()) return false;
     const BackwardUnitRow& u = backward_table().units[w.unit];
     return row0 - int64_t(u.first_block) * kBlockM >= u.rows;
   }
@@ -414,12 +439,28 @@ struct BackwardProgram {
     in.loads = w.k_loaded;
     in.timing = kTimeGateUpWaitsDispatch;
     switch (w.kind) {
+      case BackwardKind::recompute:
+        if constexpr (!kRecompute) break;
+        in.recompute = true;
+        in.a = shared ? &maps.shared_x_k : &maps.x_k;
+        in.b = shared ? &maps.shared_gate_k : &maps.gate_k;
+        in.b_second = shared ? &maps.shared_up_k : &maps.up_k;
+        // The tile's block_n / 2 gate rows and the up rows of the same outputs (store_gate_up).
+        in.a_mn0 = int(w.m_block * kBlockM);
+        in.b_mn0 = (shared ? 0 : w.expert() * width) + w.n_tile * (kBlockN / 2);
+        if (!shared) in.ready = p.x_ready + w.m_block, in.needed = sched::kRingFilled;
+        in.role = kRoleDgradDownProducer;
+        break;
       case BackwardKind::dgrad_down:
         in.a = shared ? &maps.shared_dy_k : &maps.dy_k;
         in.b = shared ? &maps.shared_down_mn : &maps.down_mn;
         in.b_k0 = shared ? 0 : w.expert() * p.hidden;
         in.a_mn0 = int(w.m_block * kBlockM), in.b_mn0 = w.n_tile * kBlockN;
-        if (!shared) in.ready = p.x_ready + w.m_block, in.needed = sched::kRingFilled;
+        if (kRecompute) {  // the block's g | u (its recompute tiles waited for its dispatch)
+          in.ready = recompute_counter(p, w), in.needed = uint32_t(kConsumers * 2 * w_tiles);
+        } else if (!shared) {
+          in.ready = p.x_ready + w.m_block, in.needed = sched::kRingFilled;
+        }
         in.role = kRoleDgradDownProducer;
         break;
       case BackwardKind::dgrad_gate_up:
@@ -461,6 +502,13 @@ struct BackwardProgram {
   __device__ static void load_stage(const Inputs& in, uint8_t* tile_a, uint8_t* tile_b,
                                     uint64_t* bar, int kb, bool) {
     if (kb >= in.loads) return;
+    if (kRecompute && in.recompute) {
+      Bf16KMajor::A::load_at<kBlockM>(tile_a, in.a, bar, kb * kBlockK, in.a_mn0);
+      Bf16KMajor::B::load_at<kBlockN / 2>(tile_b, in.b, bar, kb * kBlockK, in.b_mn0);
+      Bf16KMajor::B::load_at<kBlockN / 2>(tile_b + Bf16KMajor::B::row_offset(kBlockN / 2),
+                                          in.b_second, bar, kb * kBlockK, in.b_mn0);
+      return;
+    }
     if (in.wgrad) {
       Bf16MnMajorAB::A::load_at<kBlockM>(tile_a, in.a, bar, in.a_k0 + kb * kBlockK, in.a_mn0);
       Bf16MnMajorAB::B::load_at<kBlockN>(tile_b, in.b, bar, in.b_k0 + kb * kBlockK, in.b_mn0);
@@ -472,12 +520,18 @@ struct BackwardProgram {
                                       in.b_k0 + (second ? kb - in.b_split : kb) * kBlockK,
                                       in.b_mn0);
   }
-  // dgrad: B MN-major; wgrad: both MN-major (a unit without rows: no k-blocks, d untouched, its
-  // epilogue stores zeros). One wgmma group in flight (every operand comes by TMA).
+  // recompute: both K-major; dgrad: B MN-major; wgrad: both MN-major (a unit without rows: no
+  // k-blocks, d untouched, its epilogue stores zeros). One wgmma group in flight (every operand
+  // comes by TMA).
   template <class Times>
   __device__ static bool mainloop(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
                                   dev::RingCursor<TileShape<kBlockN>::kStages>& cursor,
                                   const Work& w, int wg, const Params& p, Times& times, bool) {
+    if constexpr (kRecompute)
+      if (w.kind == BackwardKind::recompute)
+        return mma_tile<kBlockN, true, true>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles,
+                                             times.timer.on, &times.starved, false,
+                                             &times.starved_first);
     if (w.dgrad()) {
       const SmemRing<kBlockN, Bf16MnMajorB> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
       return mma_tile<kBlockN, true, true, Bf16MnMajorB>(
@@ -507,8 +561,15 @@ struct BackwardProgram {
                                   const dev::RingCursor<TileShape<kBlockN>::kStages>& cursor) {
     const uint64_t since = timer.now();
     switch (w.kind) {
+      case BackwardKind::recompute:
+        if constexpr (kRecompute) {
+          store_gate_up<kBlockN, true>(p, as_gate_up_tile(w), d, row0);
+          publish_warpgroup(recompute_counter(p, w), wg);
+          timer.add(kTimeConsumerPublish, since);
+        }
+        break;
       case BackwardKind::dgrad_down:
-        dgrad_down_epilogue<kBlockN>(p, w, d, row0);
+        dgrad_down_epilogue<kBlockN, kRecompute>(p, w, d, row0);
         publish_dgrad_down(p, w, wg);
         timer.add(kTimeConsumerPublish, since);
         break;
@@ -532,10 +593,13 @@ struct BackwardProgram {
     timer.add(kTimeConsumerEpilogueDown, since);
   }
 
-  // An all-padding warpgroup of a dgrad-down tile still counts (its rows are never read: a wgrad
-  // K loop stops at the unit's last 64-row block with a row in it).
+  // An all-padding warpgroup of a dgrad-down or recompute tile still counts (its rows are never
+  // read: a wgrad K loop stops at the unit's last 64-row block with a row in it, and dgrad-down
+  // reads no g | u of a padding row).
   __device__ static void skipped(const Params& p, const Work& w, int wg) {
     if (w.kind == BackwardKind::dgrad_down) publish_dgrad_down(p, w, wg);
+    if (kRecompute && w.kind == BackwardKind::recompute)
+      publish_warpgroup(recompute_counter(p, w), wg);
   }
 };
 

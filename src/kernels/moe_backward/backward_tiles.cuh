@@ -2,6 +2,9 @@
 // blocks; no tiles without them) or one local expert (unit 1 + e, over its routed row blocks).
 // Every tile is 128 x N (N = block_n, 128 or 256). Per unit, with W its width (S or I), nW = W / N
 // and nH = H / N n-tiles, and mH = H / 128, mW = 2W / 128 m-tiles:
+//   recompute      blocks x 2nW  g | u = x [W_gate | W_up] of a row block, the forward's gate/up
+//                                tile and SwiGLU epilogue into act and gate_up
+//                                (GateUpMode::recompute)
 //   dgrad-down     blocks x nW   dA' = d_out W_down of a row block; SwiGLU backward -> dg | du
 //   dgrad-gate/up  blocks x nH   dx = [dg | du] [W_gate; W_up] of a row block
 //   wgrad          mH x nW       dW_down = sum over the unit's rows of d_out^T (w act)
@@ -9,12 +12,15 @@
 // The GEMM CTAs claim tiles from one counter in the order of a pipeline of steps with a lag L
 // (BackwardParams::lag): step j holds unit j's dgrad-down tiles, unit j-L's dgrad-gate/up tiles and
 // unit j-2L's wgrad tiles, so every kind runs at once and the gradient stores overlap arithmetic
-// instead of forming a tail. L is the host's: enough units that the tiles a wave of CTAs claims
-// rarely wait on tiles still in flight (units with few tiles need a longer lag).
-// Inside a kind the row blocks go in the forward's weight-sharing groups (tile_order.hpp).
+// instead of forming a tail. Recomputing, every kind moves one lag later behind unit j's recompute
+// tiles (a dgrad-down tile then finds its block's g | u done, as it finds its rows dispatched). L
+// is the host's: enough units that the tiles a wave of CTAs claims rarely wait on tiles still in
+// flight (units with few tiles need a longer lag). Inside a kind the row blocks go in the forward's
+// weight-sharing groups (tile_order.hpp).
 //
 // Deadlock freedom (the forward's argument, tile_schedule.cuh): a dgrad-down tile waits only on
-// dispatch (which waits on nothing: the ring holds the whole batch), a dgrad-gate/up tile on its
+// dispatch (which waits on nothing: the ring holds the whole batch) or on its block's recompute
+// tiles (an earlier step; they wait on dispatch), a dgrad-gate/up tile on its
 // block's dgrad-down tiles (an earlier step), a wgrad tile on every dgrad-down tile of its unit
 // (an earlier step), the combine on dgrad-gate/up tiles. Tiles are claimed in sequence order by
 // resident CTAs, so the earliest unfinished tile always has what it waits for.
@@ -34,7 +40,8 @@ enum class BackwardKind : int {
   dgrad_down = 0,
   dgrad_gate_up = 1,
   wgrad_down = 2,
-  wgrad_gate_up = 3
+  wgrad_gate_up = 3,
+  recompute = 4
 };
 
 struct BackwardWork {
@@ -50,6 +57,7 @@ struct BackwardWork {
   __device__ bool dgrad() const {
     return kind == BackwardKind::dgrad_down || kind == BackwardKind::dgrad_gate_up;
   }
+  __device__ bool row_block() const { return dgrad() || kind == BackwardKind::recompute; }
 };
 
 // A unit's shape for this batch.
@@ -72,17 +80,23 @@ __device__ __forceinline__ BackwardUnit backward_unit(const ForwardParams& p, in
 }
 
 struct BackwardTileCounts {
-  int64_t dgrad_down, dgrad_gate_up, wgrad;
+  int64_t dgrad_down, dgrad_gate_up, wgrad, recompute;
 };
 __device__ __forceinline__ BackwardTileCounts backward_tile_counts(const BackwardParams& p,
                                                                    const BackwardUnit& u) {
   const int64_t n_w = u.width / p.block_n, n_h = p.hidden / p.block_n;
   const int64_t m_h = p.hidden / kBlockM, m_w = 2 * u.width / kBlockM;
-  return {u.blocks * n_w, u.blocks * n_h, m_h * n_w + m_w * n_h};
+  return {u.blocks * n_w, u.blocks * n_h, m_h * n_w + m_w * n_h, u.blocks * 2 * n_w};
 }
 
-__device__ __forceinline__ int backward_steps(const ForwardParams& p, int lag) {
-  return backward_units(p) + 2 * lag;
+// The kinds in pipeline order (kKind of backward_step_unit), and the lags before each one's step:
+// 0, 1, 2, 3 when recomputing, else the last three from 0.
+constexpr int kKindRecompute = 0, kKindDgradDown = 1, kKindDgradGateUp = 2, kKindWgrad = 3;
+__device__ __forceinline__ int backward_kind_shift(bool recompute, int kind) {
+  return kind - (recompute ? 0 : 1);
+}
+__device__ __forceinline__ int backward_steps(const BackwardParams& p, int lag) {
+  return backward_units(p) + backward_kind_shift(p.recompute != 0, kKindWgrad) * lag;
 }
 
 // Whether this launch's tile order holds the tiles of `stage` (kStage*).
@@ -91,16 +105,32 @@ __device__ __forceinline__ bool backward_runs(const ForwardParams& p, int stage)
   return stages == 0 || (stages & stage) != 0;
 }
 
-// Tiles of step j (units j, j - L, j - 2L as above), 0 <= j < units + 2L.
+// The unit whose tiles of kind kKind step j holds, or -1 (recompute: p.recompute, or the
+// instantiation's constant).
+template <int kKind>
+__device__ __forceinline__ int backward_step_unit(const BackwardParams& p, int j, bool recompute) {
+  constexpr int kStage = kKind == kKindRecompute     ? kStageRecompute
+                         : kKind == kKindDgradDown   ? kStageDgradDown
+                         : kKind == kKindDgradGateUp ? kStageDgradGateUp
+                                                     : kStageWgrad;
+  if (kKind == kKindRecompute && !recompute) return -1;
+  if (kKind == kKindWgrad && (p.profile_flags & kProfileNoWgradTiles)) return -1;
+  const int u = j - backward_kind_shift(recompute, kKind) * p.lag;
+  return u >= 0 && u < backward_units(p) && backward_runs(p, kStage) ? u : -1;
+}
+
+// Tiles of step j (units j, j - L, j - 2L, j - 3L as above), 0 <= j < backward_steps.
 __device__ __forceinline__ int64_t backward_step_tiles(const BackwardParams& p, int j) {
-  const int units = backward_units(p), lag = p.lag;
+  const bool recompute = p.recompute != 0;
   int64_t n = 0;
-  if (j < units && backward_runs(p, kStageDgradDown))
-    n += backward_tile_counts(p, backward_unit(p, j)).dgrad_down;
-  if (j >= lag && j - lag < units && backward_runs(p, kStageDgradGateUp))
-    n += backward_tile_counts(p, backward_unit(p, j - lag)).dgrad_gate_up;
-  if (j >= 2 * lag && !(p.profile_flags & kProfileNoWgradTiles) && backward_runs(p, kStageWgrad))
-    n += backward_tile_counts(p, backward_unit(p, j - 2 * lag)).wgrad;
+  if (const int u = backward_step_unit<kKindRecompute>(p, j, recompute); u >= 0)
+    n += backward_tile_counts(p, backward_unit(p, u)).recompute;
+  if (const int u = backward_step_unit<kKindDgradDown>(p, j, recompute); u >= 0)
+    n += backward_tile_counts(p, backward_unit(p, u)).dgrad_down;
+  if (const int u = backward_step_unit<kKindDgradGateUp>(p, j, recompute); u >= 0)
+    n += backward_tile_counts(p, backward_unit(p, u)).dgrad_gate_up;
+  if (const int u = backward_step_unit<kKindWgrad>(p, j, recompute); u >= 0)
+    n += backward_tile_counts(p, backward_unit(p, u)).wgrad;
   return n;
 }
 
@@ -109,7 +139,7 @@ __device__ __forceinline__ int64_t backward_step_tiles(const BackwardParams& p, 
 // (from global memory, after the producer's acquires had emptied L1, the binary search over the
 // steps was a chain of L2 round trips per tile).
 constexpr int kMaxBackwardUnits = 1 + 512;                // Config::validate: at most 512 experts
-constexpr int kMaxBackwardSteps = 3 * kMaxBackwardUnits;  // units + 2L with L < units
+constexpr int kMaxBackwardSteps = 4 * kMaxBackwardUnits;  // units + 3L with L < units
 struct BackwardUnitRow {
   int32_t first_block, blocks, rows, width;
 };
@@ -132,12 +162,15 @@ __device__ __forceinline__ void fill_backward_table(const BackwardParams& p) {
   }
 }
 
+// kRecompute: the instantiation's GateUpMode (BackwardParams::recompute).
+template <bool kRecompute>
 struct BackwardTiles {
   const BackwardTable* table;
-  int steps, lag;
+  int steps;
 
   __device__ static BackwardTiles make(const BackwardParams& p) {
-    return {&backward_table(), backward_steps(p, p.lag), p.lag};
+    return {&backward_table(),
+            backward_units(p) + backward_kind_shift(kRecompute, kKindWgrad) * p.lag};
   }
   __device__ int64_t count() const { return table->step_begin[steps]; }
   __device__ const BackwardUnitRow& unit(int u) const { return table->units[u]; }
@@ -153,23 +186,32 @@ struct BackwardTiles {
     }
     int64_t i = t - table->step_begin[lo];
     const int n_h = p.hidden / p.block_n;
-    const int units = steps - 2 * lag;
-    if (lo < units && backward_runs(p, kStageDgradDown)) {
-      const BackwardUnitRow& u = unit(lo);
+    if (const int ui = backward_step_unit<kKindRecompute>(p, lo, kRecompute); ui >= 0) {
+      const BackwardUnitRow& u = unit(ui);
+      const int n_gu = 2 * u.width / p.block_n;
+      if (i < int64_t(u.blocks) * n_gu) {
+        const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_gu);
+        return {BackwardKind::recompute, ui, u.first_block + c.block, c.n_tile, p.hidden / kBlockK,
+                p.hidden / kBlockK,      0};
+      }
+      i -= int64_t(u.blocks) * n_gu;
+    }
+    if (const int ui = backward_step_unit<kKindDgradDown>(p, lo, kRecompute); ui >= 0) {
+      const BackwardUnitRow& u = unit(ui);
       const int n_w = u.width / p.block_n;
       if (i < int64_t(u.blocks) * n_w) {
         const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_w);
-        return {BackwardKind::dgrad_down, lo, u.first_block + c.block, c.n_tile, p.hidden / kBlockK,
+        return {BackwardKind::dgrad_down, ui, u.first_block + c.block, c.n_tile, p.hidden / kBlockK,
                 p.hidden / kBlockK,       0};
       }
       i -= int64_t(u.blocks) * n_w;
     }
-    if (lo >= lag && lo - lag < units && backward_runs(p, kStageDgradGateUp)) {
-      const BackwardUnitRow& u = unit(lo - lag);
+    if (const int ui = backward_step_unit<kKindDgradGateUp>(p, lo, kRecompute); ui >= 0) {
+      const BackwardUnitRow& u = unit(ui);
       if (i < int64_t(u.blocks) * n_h) {
         const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_h);
         return {BackwardKind::dgrad_gate_up,
-                lo - lag,
+                ui,
                 u.first_block + c.block,
                 c.n_tile,
                 2 * u.width / kBlockK,
@@ -178,7 +220,7 @@ struct BackwardTiles {
       }
       i -= int64_t(u.blocks) * n_h;
     }
-    const int unit_index = lo - 2 * lag;
+    const int unit_index = backward_step_unit<kKindWgrad>(p, lo, kRecompute);
     const BackwardUnitRow& u = unit(unit_index);
     const int n_w = u.width / p.block_n;
     // A benchmark's variant without the weight-gradient work: its tiles load and multiply nothing.

@@ -17,12 +17,13 @@ static_assert(128 * kBackwardProducerRegs + kConsumers * 128 * kBackwardConsumer
                   kThreads * 168,
               "setmaxnreg budget");
 
-// kGroup: an emulated group's shares in device memory (launch.group).
-template <int kBlockN, bool kGroup>
+// kGroup: an emulated group's shares in device memory (launch.group); kRecompute:
+// GateUpMode::recompute (BackwardProgram).
+template <int kBlockN, bool kGroup, bool kRecompute>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_backward_kernel(const __grid_constant__ BackwardLaunch launch) {
-  run_megakernel<BackwardProgram<kBlockN>, kBackwardProducerRegs, kBackwardConsumerRegs, kGroup>(
-      launch);
+  run_megakernel<BackwardProgram<kBlockN, kRecompute>, kBackwardProducerRegs, kBackwardConsumerRegs,
+                 kGroup>(launch);
 }
 
 // Before a group's megakernel: one rank's share into device memory, then the release that lets
@@ -67,13 +68,15 @@ __global__ void backward_steps_kernel(const __grid_constant__ BackwardParams p) 
 cudaError_t prepare_backward_kernel(int block_n, int* ctas_per_sm) {
   return with_block_n(block_n, [&](auto n) {
     constexpr int kBlockN = decltype(n)::value, kSmem = TileShape<kBlockN>::kSmemBytes;
-    for (auto* kernel : {moe_backward_kernel<kBlockN, false>, moe_backward_kernel<kBlockN, true>})
+    for (auto* kernel :
+         {moe_backward_kernel<kBlockN, false, false>, moe_backward_kernel<kBlockN, true, false>,
+          moe_backward_kernel<kBlockN, false, true>, moe_backward_kernel<kBlockN, true, true>})
       if (cudaError_t e =
               cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
           e != cudaSuccess)
         return e;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctas_per_sm, moe_backward_kernel<kBlockN, false>, kThreads, kSmem);
+        ctas_per_sm, moe_backward_kernel<kBlockN, false, false>, kThreads, kSmem);
   });
 }
 
@@ -82,7 +85,9 @@ cudaError_t launch_backward(const BackwardShare* shares, int ranks, BackwardShar
   if (ranks < 1 || ranks > kMaxRanks || grid < ranks || (ranks > 1 && !group))
     return cudaErrorInvalidValue;
   for (int r = 0; r < ranks; ++r) {
-    if (shares[r].params.block_n != shares[0].params.block_n) return cudaErrorInvalidValue;
+    if (shares[r].params.block_n != shares[0].params.block_n ||
+        shares[r].params.recompute != shares[0].params.recompute)
+      return cudaErrorInvalidValue;
     backward_steps_kernel<<<1, 1024, 0, stream>>>(shares[r].params);
     if (ranks > 1) backward_share_copy_kernel<<<1, 128, 0, stream>>>(shares[r], group + r);
   }
@@ -90,12 +95,17 @@ cudaError_t launch_backward(const BackwardShare* shares, int ranks, BackwardShar
     constexpr int kBlockN = decltype(n)::value, kSmem = TileShape<kBlockN>::kSmemBytes;
     BackwardLaunch launch{};
     launch.ranks = ranks;
+    const bool recompute = shares[0].params.recompute != 0;
     if (ranks == 1) {
       launch.local = shares[0];
-      moe_backward_kernel<kBlockN, false><<<grid, kThreads, kSmem, stream>>>(launch);
+      (recompute
+           ? moe_backward_kernel<kBlockN, false, true>
+           : moe_backward_kernel<kBlockN, false, false>)<<<grid, kThreads, kSmem, stream>>>(launch);
     } else {
       launch.group = group;
-      moe_backward_kernel<kBlockN, true><<<grid, kThreads, kSmem, stream>>>(launch);
+      (recompute
+           ? moe_backward_kernel<kBlockN, true, true>
+           : moe_backward_kernel<kBlockN, true, false>)<<<grid, kThreads, kSmem, stream>>>(launch);
     }
     return cudaGetLastError();
   });
