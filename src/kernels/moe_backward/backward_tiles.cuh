@@ -169,8 +169,7 @@ struct BackwardTiles {
   int steps;
 
   __device__ static BackwardTiles make(const BackwardParams& p) {
-    return {&backward_table(),
-            backward_units(p) + backward_kind_shift(kRecompute, kKindWgrad) * p.lag};
+    return {&backward_table(), backward_steps(p, p.lag)};
   }
   __device__ int64_t count() const { return table->step_begin[steps]; }
   __device__ const BackwardUnitRow& unit(int u) const { return table->units[u]; }
@@ -186,40 +185,32 @@ struct BackwardTiles {
     }
     int64_t i = t - table->step_begin[lo];
     const int n_h = p.hidden / p.block_n;
-    if (const int ui = backward_step_unit<kKindRecompute>(p, lo, kRecompute); ui >= 0) {
+    // The row-block kinds: unit ui's blocks x n-tiles, grouped; false (i past them) if t is not
+    // one.
+    BackwardWork w{};
+    auto row_block_tile = [&](BackwardKind kind, int ui) {
+      if (ui < 0) return false;
       const BackwardUnitRow& u = unit(ui);
-      const int n_gu = 2 * u.width / p.block_n;
-      if (i < int64_t(u.blocks) * n_gu) {
-        const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_gu);
-        return {BackwardKind::recompute, ui, u.first_block + c.block, c.n_tile, p.hidden / kBlockK,
-                p.hidden / kBlockK,      0};
+      const int n_tiles = kind == BackwardKind::recompute    ? 2 * u.width / p.block_n
+                          : kind == BackwardKind::dgrad_down ? u.width / p.block_n
+                                                             : n_h;
+      const int k_blocks =
+          kind == BackwardKind::dgrad_gate_up ? 2 * u.width / kBlockK : p.hidden / kBlockK;
+      if (i >= int64_t(u.blocks) * n_tiles) {
+        i -= int64_t(u.blocks) * n_tiles;
+        return false;
       }
-      i -= int64_t(u.blocks) * n_gu;
-    }
-    if (const int ui = backward_step_unit<kKindDgradDown>(p, lo, kRecompute); ui >= 0) {
-      const BackwardUnitRow& u = unit(ui);
-      const int n_w = u.width / p.block_n;
-      if (i < int64_t(u.blocks) * n_w) {
-        const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_w);
-        return {BackwardKind::dgrad_down, ui, u.first_block + c.block, c.n_tile, p.hidden / kBlockK,
-                p.hidden / kBlockK,       0};
-      }
-      i -= int64_t(u.blocks) * n_w;
-    }
-    if (const int ui = backward_step_unit<kKindDgradGateUp>(p, lo, kRecompute); ui >= 0) {
-      const BackwardUnitRow& u = unit(ui);
-      if (i < int64_t(u.blocks) * n_h) {
-        const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_h);
-        return {BackwardKind::dgrad_gate_up,
-                ui,
-                u.first_block + c.block,
-                c.n_tile,
-                2 * u.width / kBlockK,
-                2 * u.width / kBlockK,
-                0};
-      }
-      i -= int64_t(u.blocks) * n_h;
-    }
+      const sched::TileCoord c = sched::grouped_tile(i, u.blocks, n_tiles);
+      w = {kind, ui, u.first_block + c.block, c.n_tile, k_blocks, k_blocks, 0};
+      return true;
+    };
+    if (row_block_tile(BackwardKind::recompute,
+                       backward_step_unit<kKindRecompute>(p, lo, kRecompute)) ||
+        row_block_tile(BackwardKind::dgrad_down,
+                       backward_step_unit<kKindDgradDown>(p, lo, kRecompute)) ||
+        row_block_tile(BackwardKind::dgrad_gate_up,
+                       backward_step_unit<kKindDgradGateUp>(p, lo, kRecompute)))
+      return w;
     const int unit_index = backward_step_unit<kKindWgrad>(p, lo, kRecompute);
     const BackwardUnitRow& u = unit(unit_index);
     const int n_w = u.width / p.block_n;
