@@ -1,5 +1,6 @@
 """mok: a deterministic MoE layer for Hopper. This module exposes the CPU reference layer, the
-routers and the quantizers on NumPy arrays (the GPU layer comes with the kernels)."""
+routers and the quantizers on NumPy arrays, and, in a build with the CUDA kernels
+(has_gpu_layer), GpuLayer: the GPU forward and backward on CUDA tensors passed by DLPack."""
 
 from ._mok import (  # noqa: F401
     Error,
@@ -15,6 +16,7 @@ from ._mok import (  # noqa: F401
     encode_e2m1,
     encode_e4m3,
     encode_e5m2,
+    has_gpu_layer,
     preset,
     preset_names,
     quantize_fp8_block,
@@ -24,5 +26,8 @@ from ._mok import (  # noqa: F401
     route_deepseek_v3,
     route_softmax_topk,
 )
+
+if has_gpu_layer:
+    from ._mok import GpuLayer  # noqa: F401
 
 __version__ = "0.1.0"

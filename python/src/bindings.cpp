@@ -7,6 +7,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include "bindings.hpp"
 #include "mok/build_info.hpp"
 #include "mok/error.hpp"
 #include "mok/formats.hpp"
@@ -46,7 +47,9 @@ std::pair<int64_t, int64_t> matrix_shape(const char* name, const In<float>& a) {
 
 mok::BlockShape block_of(std::tuple<int, int> b) { return {std::get<0>(b), std::get<1>(b)}; }
 
-mok::Config config_from(const nb::dict& d) {
+}  // namespace
+
+mok::Config mok_py::config_from(const nb::dict& d) {
   mok::Config c;
   for (auto [key, value] : d) {
     const std::string k = nb::cast<std::string>(key);
@@ -81,6 +84,9 @@ mok::Config config_from(const nb::dict& d) {
   }
   return c;
 }
+
+namespace {
+using mok_py::config_from;
 
 nb::dict config_to(const mok::Config& c) {
   nb::dict d;
@@ -194,6 +200,7 @@ Out<float> decode_bytes(const In<uint8_t>& c, Decode decode) {
 
 NB_MODULE(_mok, m) {
   nb::exception<mok::Error>(m, "Error", PyExc_ValueError);
+  mok_py::register_gpu_layer(m);
 
   m.def(
       "preset", [](const std::string& name) { return config_to(mok::preset(name)); }, "name"_a,

@@ -1,6 +1,6 @@
 #include "mok/config.hpp"
 
-#include <sstream>
+#include <string>
 
 #include "mok/error.hpp"
 
@@ -91,12 +91,12 @@ void Config::validate() const {
 }
 
 std::string Config::describe() const {
-  std::ostringstream s;
-  s << "H=" << hidden << " I=" << intermediate << " E=" << num_experts << " K=" << top_k
-    << " shared=" << num_shared_experts << "x" << shared_intermediate
-    << " T<=" << max_tokens_per_rank << " EP=" << ep_size
-    << " precision=" << precision_name(precision);
-  return s.str();
+  using std::to_string;
+  return "H=" + to_string(hidden) + " I=" + to_string(intermediate) +
+         " E=" + to_string(num_experts) + " K=" + to_string(top_k) +
+         " shared=" + to_string(num_shared_experts) + "x" + to_string(shared_intermediate) +
+         " T<=" + to_string(max_tokens_per_rank) + " EP=" + to_string(ep_size) +
+         " precision=" + precision_name(precision);
 }
 
 namespace {

@@ -118,23 +118,27 @@ void RankSchedule::release() {
 }
 
 void RankSchedule::require_config(const Config& c, const char* who) const {
-  const std::string name(who);
-  require(config.num_experts == c.num_experts && config.top_k == c.top_k &&
-              config.ep_size == c.ep_size && config.max_tokens_per_rank == c.max_tokens_per_rank &&
-              sched.capacity == sched::pad_to_tile(c.capacity_rows(), kTileRows),
-          ErrorCode::invalid_argument,
-          name + ": the schedule was made for another configuration (" + config.describe() +
-              "), this forward's is " + c.describe());
+  // Messages are built only on failure: these checks run on every forward and backward.
+  const bool same = config.num_experts == c.num_experts && config.top_k == c.top_k &&
+                    config.ep_size == c.ep_size &&
+                    config.max_tokens_per_rank == c.max_tokens_per_rank &&
+                    sched.capacity == sched::pad_to_tile(c.capacity_rows(), kTileRows);
+  if (!same)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(who) + ": the schedule was made for another configuration (" +
+                    config.describe() + "), this forward's is " + c.describe());
 }
 
 void RankSchedule::require_matches(const Config& c, int64_t t, const char* who) const {
-  const std::string name(who);
   require_config(c, who);
-  require(tokens >= 0, ErrorCode::invalid_argument,
-          name + ": the schedule holds no batch yet: call schedule(batch, s, stream) first");
-  require(tokens == t, ErrorCode::invalid_argument,
-          name + ": the schedule was built for a batch of " + std::to_string(tokens) +
-              " tokens, the forward got " + std::to_string(t));
+  if (tokens < 0)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(who) +
+                    ": the schedule holds no batch yet: call schedule(batch, s, stream) first");
+  if (tokens != t)
+    throw Error(ErrorCode::invalid_argument,
+                std::string(who) + ": the schedule was built for a batch of " +
+                    std::to_string(tokens) + " tokens, the forward got " + std::to_string(t));
 }
 
 void RankBuffers::allocate(const Config& c, const Parts& parts) {

@@ -1,0 +1,16 @@
+// What the Python module's source files share.
+#pragma once
+#include <nanobind/nanobind.h>
+
+#include "mok/config.hpp"
+
+namespace mok_py {
+
+// A Config from a dict of its fields (mok.preset's keys); unknown keys are errors.
+mok::Config config_from(const nanobind::dict& d);
+
+// GpuLayer and has_gpu_layer (gpu_layer.cpp); without the CUDA kernels, only has_gpu_layer =
+// False (no_gpu_layer.cpp).
+void register_gpu_layer(nanobind::module_& m);
+
+}  // namespace mok_py
