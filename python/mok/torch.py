@@ -1,101 +1,144 @@
-"""mok for PyTorch: the MoE layer as an nn.Module with autograd. On CUDA tensors it runs mok's
-forward and backward megakernels (mok.GpuLayer: one GPU, BF16, bit-for-bit reproducible); on CPU
-tensors the reference layer (FP64 math on the same operands; slow, for tests and machines
-without a GPU). Parameters in the usual layout: router [E, H], shared_gate / shared_up [S, H],
-shared_down [H, S], gate / up [E, I, H], down [E, H, I]."""
+"""mok for PyTorch: the MoE layer as an nn.Module, a functional form, the routers, and loaders
+from Hugging Face-style state dicts (DeepSeek-V3, Qwen3-MoE).
+
+On CUDA tensors the layer runs mok's forward and backward megakernels (one GPU, BF16, bit for bit
+reproducible); on CPU tensors the reference layer (FP64 math on the same operands; slow, for tests
+and machines without a GPU). Both go through the custom operators mok::moe_forward and
+mok::moe_backward (mok._ops), so torch.compile(fullgraph=True) and CUDA graph capture of a
+training step work. Parameters in the usual layout: router [E, H], shared_gate / shared_up [S, H],
+shared_down [H, S], gate / up [E, I, H], down [E, H, I] (S = shared experts x their width)."""
+import weakref
+
 import torch
 from torch import nn
 
-from . import _mok
+from . import _ops
 
-_PARAMS = ("shared_gate", "shared_up", "shared_down", "gate", "up", "down")
-
-
-class _GpuLayerFunction(torch.autograd.Function):
-    """out = the routed and shared experts of x (mok.GpuLayer); gradients for x, the router
-    weights and the six expert parameters (BF16, like the parameters)."""
-
-    @staticmethod
-    def forward(ctx, layer, x, topk_ids, topk_weights, *params):
-        out = torch.empty_like(x)
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        training = any(ctx.needs_input_grad[1:])
-        ctx.generation = layer.forward(x, topk_ids, topk_weights, params, out, training, stream)
-        ctx.layer = layer
-        ctx.save_for_backward(x, topk_ids, topk_weights, *params)
-        return out
-
-    @staticmethod
-    def backward(ctx, d_out):
-        x, topk_ids, topk_weights, *params = ctx.saved_tensors
-        d_out = d_out.contiguous()
-        d_x = torch.empty_like(x)
-        d_w = torch.empty(topk_weights.shape, dtype=torch.float32, device=x.device)
-        grads = tuple(torch.empty_like(p) for p in params)
-        stream = torch.cuda.current_stream(x.device).cuda_stream
-        ctx.layer.backward(ctx.generation, x, topk_ids, topk_weights, tuple(params), d_out, d_x,
-                           d_w, grads, stream)
-        return (None, d_x, None, d_w) + grads
+PARAMS = _ops.PARAMS
 
 
-class _ReferenceFunction(torch.autograd.Function):
-    """The same on CPU tensors, by the reference layer (operands rounded to BF16 when they are
-    BF16, FP64 math)."""
+def route_softmax(logits, top_k, normalize=True):
+    """(topk_ids int32 [T, K], topk_weights float32 [T, K]): softmax over the experts in FP32,
+    the K largest, renormalised to sum 1 when `normalize`."""
+    weights, ids = logits.float().softmax(dim=-1).topk(top_k, dim=-1)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids.int(), weights
 
-    @staticmethod
-    def _run(config, x, topk_ids, topk_weights, params, d_out=None):
-        f64 = lambda t: t.detach().double().numpy()  # noqa: E731
-        return _mok.reference_layer(
-            config, {n: f64(p) for n, p in zip(_PARAMS, params)}, f64(x),
-            topk_ids.detach().int().numpy(), f64(topk_weights),
-            d_out=None if d_out is None else f64(d_out), numerics="fp64",
-            quant="bf16" if x.dtype == torch.bfloat16 else "none")
 
-    @staticmethod
-    def forward(ctx, config, x, topk_ids, topk_weights, *params):
-        ctx.config = config
-        ctx.save_for_backward(x, topk_ids, topk_weights, *params)
-        r = _ReferenceFunction._run(config, x, topk_ids, topk_weights, params)
-        return torch.from_numpy(r["out"]).to(x.dtype)
+def route_deepseek_v3(logits, expert_bias, top_k, num_groups=1, topk_groups=1, normalize=True,
+                      scaling_factor=1.0):
+    """DeepSeek-V3's router: s = sigmoid(logits) (FP32); the choice is s + expert_bias (the
+    auxiliary-loss-free balancing bias, no gradient); experts in `num_groups` equal groups, each
+    scored by the sum of its two best choices; the K best choices within the `topk_groups` best
+    groups; weights = s of those (normalised to sum 1 when `normalize`) times scaling_factor."""
+    s = logits.float().sigmoid()
+    choice = s.detach() + (0 if expert_bias is None else expert_bias.float())
+    T, E = choice.shape
+    if num_groups > 1:
+        grouped = choice.view(T, num_groups, E // num_groups)
+        group_score = grouped.topk(min(2, E // num_groups), dim=-1).values.sum(dim=-1)
+        kept = group_score.topk(topk_groups, dim=-1).indices
+        mask = torch.zeros(T, num_groups, dtype=torch.bool, device=choice.device)
+        mask.scatter_(1, kept, True)
+        choice = choice.masked_fill(~mask.repeat_interleave(E // num_groups, dim=1),
+                                    float("-inf"))
+    ids = choice.topk(top_k, dim=-1).indices
+    weights = s.gather(1, ids)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return ids.int(), weights * scaling_factor
 
-    @staticmethod
-    def backward(ctx, d_out):
-        x, topk_ids, topk_weights, *params = ctx.saved_tensors
-        r = _ReferenceFunction._run(ctx.config, x, topk_ids, topk_weights, params, d_out)
-        grads = tuple(torch.from_numpy(r["d_" + n]).to(p.dtype) for n, p in zip(_PARAMS, params))
-        return ((None, torch.from_numpy(r["d_x"]).to(x.dtype), None,
-                 torch.from_numpy(r["d_topk_weights"]).to(topk_weights.dtype)) + grads)
+
+def moe(x, topk_ids, topk_weights, params, config, recompute=False, check_ids=True, group=None):
+    """The functional layer: out [T, H] of x [T, H] routed by (topk_ids int32 [T, K],
+    topk_weights float32 [T, K]) through `params` (the six tensors of PARAMS, in that order), for
+    `config` (mok.preset's keys; max_tokens_per_rank bounds T). Differentiable in x, topk_weights
+    and the parameters. The GPU workspace is cached per (configuration, recompute) and device.
+    check_ids: raise a ValueError naming topk_ids when an id is out of range (it reads the ids on
+    the host: a synchronisation; skipped under torch.compile and CUDA graph capture, where the
+    layer's own check reports it after the stream, as an error of the next layer.check).
+    group: a torch.distributed process group of config's ep_size ranks (this rank is
+    config["ep_rank"]): expert parallelism, params then holding this rank's experts."""
+    E = config["num_experts"]
+    capturing = x.is_cuda and torch.cuda.is_current_stream_capturing()
+    if check_ids and not torch.compiler.is_compiling() and not capturing and topk_ids.numel():
+        lo, hi = int(topk_ids.min()), int(topk_ids.max())
+        if lo < 0 or hi >= E:
+            raise ValueError(f"mok.torch.moe: topk_ids must lie in [0, {E}) (num_experts = {E}); "
+                             f"got ids from {lo} to {hi}")
+    return _ops.apply(_ops.handle_for(config, recompute, group=group), x, topk_ids, topk_weights,
+                      params)
 
 
 class MoE(nn.Module):
-    """A DeepSeek- / Qwen-style MoE layer: a softmax top-k router (renormalised over the top k
-    when `normalize`), `num_shared_experts` shared SwiGLU experts of width `shared_intermediate`
-    each, and `num_experts` routed ones of width `intermediate`. `max_tokens`: the largest batch
-    (tokens) one forward takes (the GPU workspace is sized for it). `recompute`: the backward
-    recomputes the gate/up activations instead of keeping them (less memory, ~1.2-1.3x the
-    backward's time; the same bits). On the GPU the parameters must be BF16."""
+    """A DeepSeek- / Qwen-style MoE layer: a router, `num_shared_experts` shared SwiGLU experts of
+    width `shared_intermediate` each, and `num_experts` routed ones of width `intermediate`.
+
+    router: "softmax" (softmax top-k, renormalised over the top k when `normalize`; Qwen3-MoE,
+    Mixtral) or "deepseek_v3" (sigmoid scores with the `expert_bias` buffer, group-limited top-k
+    over `num_groups` groups keeping `topk_groups`, `normalize`, times `scaling_factor`).
+    max_tokens: the largest batch (tokens) one forward takes (the GPU workspace is sized for it).
+    recompute: the backward recomputes the gate/up activations instead of keeping them (less
+    memory, about 1.2-1.3x the backward's time; the same bits). On the GPU the parameters must be
+    BF16; their gradients are BF16 too, accumulated into .grad by autograd. Each module owns its
+    GPU workspace and keeps one training forward's context: a backward must follow its own
+    forward before the module runs again (checked).
+
+    process_group: a torch.distributed process group (run under torchrun): expert parallelism
+    over its ranks, one GPU each, through NCCL's device API (the communicator is built on the
+    first CUDA forward, its unique id broadcast over the group; export NCCL_NVLS_ENABLE=0 before
+    torch.distributed starts). Every forward and backward is then a collective of the group; each
+    rank holds experts [ep_rank * E / ep_size, (ep_rank + 1) * E / ep_size) (gate, up, down are
+    [E / ep_size, ...]) and a copy of the router and shared experts, whose gradients are this
+    rank's partial sums (over its tokens): reduce them over the group as data-parallel
+    gradients."""
 
     def __init__(self, hidden, intermediate, num_experts, top_k, num_shared_experts=0,
-                 shared_intermediate=0, max_tokens=4096, normalize=True, recompute=False,
-                 device=None, dtype=torch.bfloat16):
+                 shared_intermediate=0, max_tokens=4096, router="softmax", normalize=True,
+                 num_groups=1, topk_groups=1, scaling_factor=1.0, recompute=False,
+                 process_group=None, device=None, dtype=torch.bfloat16):
         super().__init__()
+        if router not in ("softmax", "deepseek_v3"):
+            raise ValueError(f"mok.torch.MoE: router must be 'softmax' or 'deepseek_v3'; got "
+                             f"{router!r}")
+        if num_experts % num_groups or not 1 <= topk_groups <= num_groups:
+            raise ValueError(f"mok.torch.MoE: num_groups = {num_groups} must divide num_experts "
+                             f"= {num_experts} and 1 <= topk_groups = {topk_groups} <= num_groups")
         self.config = {"hidden": hidden, "intermediate": intermediate,
                        "num_experts": num_experts, "top_k": top_k,
                        "num_shared_experts": num_shared_experts,
                        "shared_intermediate": shared_intermediate if num_shared_experts else 0,
                        "max_tokens_per_rank": max_tokens}
-        self.normalize, self.recompute = normalize, recompute
+        if process_group is not None:
+            import torch.distributed as dist
+
+            ep_size, ep_rank = dist.get_world_size(process_group), dist.get_rank(process_group)
+            if num_experts % ep_size:
+                raise ValueError(f"mok.torch.MoE: num_experts = {num_experts} must be a multiple "
+                                 f"of the process group's size {ep_size}")
+            self.config.update(ep_size=ep_size, ep_rank=ep_rank)
+        ep_size, ep_rank = self.config.get("ep_size", 1), self.config.get("ep_rank", 0)
+        local = num_experts // ep_size
+        self.expert_range = range(ep_rank * local, (ep_rank + 1) * local)  # this rank's experts
+        self.router_kind, self.normalize, self.recompute = router, normalize, recompute
+        self.num_groups, self.topk_groups, self.scaling_factor = (num_groups, topk_groups,
+                                                                  scaling_factor)
         S = num_shared_experts * self.config["shared_intermediate"]
-        H, I, E = hidden, intermediate, num_experts
+        H, I, E = hidden, intermediate, local
         kw = {"device": device, "dtype": dtype}
-        self.router = nn.Parameter(torch.empty(E, H, **kw))
+        self.router = nn.Parameter(torch.empty(num_experts, H, **kw))
         self.shared_gate = nn.Parameter(torch.empty(S, H, **kw))
         self.shared_up = nn.Parameter(torch.empty(S, H, **kw))
         self.shared_down = nn.Parameter(torch.empty(H, S, **kw))
         self.gate = nn.Parameter(torch.empty(E, I, H, **kw))
         self.up = nn.Parameter(torch.empty(E, I, H, **kw))
         self.down = nn.Parameter(torch.empty(E, H, I, **kw))
-        self._layers = {}  # GpuLayer per CUDA device
+        if router == "deepseek_v3":
+            self.register_buffer("expert_bias", torch.zeros(num_experts, device=device))
+        self._handle = _ops.handle_for(self.config, recompute, shared=False,
+                                       group=process_group)
+        weakref.finalize(self, _ops.release, self._handle)
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -109,23 +152,11 @@ class MoE(nn.Module):
 
     def route(self, x):
         """(topk_ids int32 [T, K], topk_weights float32 [T, K]) of x [T, H]."""
-        probs = (x.float() @ self.router.float().t()).softmax(dim=-1)
-        weights, ids = probs.topk(self.config["top_k"], dim=-1)
-        if self.normalize:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return ids.int(), weights
-
-    def gpu_layer(self, device):
-        """The mok.GpuLayer this module runs on `device` (made on first use)."""
-        key = torch.device(device).index
-        if key not in self._layers:
-            if not _mok.has_gpu_layer:
-                raise RuntimeError("mok.torch.MoE on a CUDA tensor needs mok built with nvcc "
-                                   "(this build holds the CPU reference only)")
-            with torch.cuda.device(device):
-                self._layers[key] = _mok.GpuLayer(self.config, weight_grads="write_bf16",
-                                                  recompute=self.recompute)
-        return self._layers[key]
+        logits = x.float() @ self.router.float().t()
+        if self.router_kind == "softmax":
+            return route_softmax(logits, self.config["top_k"], self.normalize)
+        return route_deepseek_v3(logits, self.expert_bias, self.config["top_k"], self.num_groups,
+                                 self.topk_groups, self.normalize, self.scaling_factor)
 
     def forward(self, x):
         H = self.config["hidden"]
@@ -134,10 +165,71 @@ class MoE(nn.Module):
                              f"{list(x.shape)}")
         flat = x.reshape(-1, H).contiguous()
         ids, weights = self.route(flat)
-        params = [getattr(self, n) for n in _PARAMS]
-        if flat.is_cuda:
-            out = _GpuLayerFunction.apply(self.gpu_layer(flat.device), flat, ids, weights,
-                                          *params)
-        else:
-            out = _ReferenceFunction.apply(self.config, flat, ids, weights, *params)
-        return out.reshape(x.shape)
+        params = [getattr(self, n) for n in PARAMS]
+        return _ops.apply(self._handle, flat, ids, weights, params).reshape(x.shape)
+
+
+def _stack(state_dict, prefix, experts, name):
+    def get(key):
+        if key not in state_dict:
+            raise KeyError(f"mok.torch: the state dict has no {key!r}")
+        return state_dict[key]
+    return torch.stack([get(f"{prefix}experts.{e}.{name}.weight") for e in experts])
+
+
+def _load(m, state_dict, prefix, shared_prefix):
+    E = m.expert_range  # this rank's experts (all of them without a process group)
+    want = {"router": state_dict.get(prefix + "gate.weight"),
+            "gate": _stack(state_dict, prefix, E, "gate_proj"),
+            "up": _stack(state_dict, prefix, E, "up_proj"),
+            "down": _stack(state_dict, prefix, E, "down_proj")}
+    if want["router"] is None:
+        raise KeyError(f"mok.torch: the state dict has no {prefix + 'gate.weight'!r}")
+    if shared_prefix is not None:
+        for ours, theirs in (("shared_gate", "gate_proj"), ("shared_up", "up_proj"),
+                             ("shared_down", "down_proj")):
+            key = f"{prefix}{shared_prefix}.{theirs}.weight"
+            if key not in state_dict:
+                raise KeyError(f"mok.torch: the state dict has no {key!r}")
+            want[ours] = state_dict[key]
+    with torch.no_grad():
+        for name, t in want.items():
+            p = getattr(m, name)
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"mok.torch: {name} must be {list(p.shape)} for this "
+                                 f"configuration; the state dict's is {list(t.shape)}")
+            p.copy_(t)
+    return m
+
+
+def from_deepseek_v3(state_dict, config, prefix="", max_tokens=4096, **kwargs):
+    """A MoE from one DeepSeek-V3 MoE layer's Hugging Face state dict (keys `{prefix}gate.weight`,
+    `gate.e_score_correction_bias`, `experts.{e}.{gate,up,down}_proj.weight`,
+    `shared_experts.{gate,up,down}_proj.weight`) and its model config (the keys hidden_size,
+    moe_intermediate_size, n_routed_experts, num_experts_per_tok, n_shared_experts, n_group,
+    topk_group, norm_topk_prob, routed_scaling_factor). kwargs: MoE's (device, dtype,
+    process_group: each rank then loads its own experts)."""
+    n_shared = config.get("n_shared_experts") or 0
+    m = MoE(config["hidden_size"], config["moe_intermediate_size"], config["n_routed_experts"],
+            config["num_experts_per_tok"], num_shared_experts=n_shared,
+            shared_intermediate=config["moe_intermediate_size"], max_tokens=max_tokens,
+            router="deepseek_v3", normalize=config.get("norm_topk_prob", True),
+            num_groups=config.get("n_group", 1), topk_groups=config.get("topk_group", 1),
+            scaling_factor=config.get("routed_scaling_factor", 1.0), **kwargs)
+    _load(m, state_dict, prefix, "shared_experts" if n_shared else None)
+    bias = state_dict.get(prefix + "gate.e_score_correction_bias")
+    if bias is not None:
+        with torch.no_grad():
+            m.expert_bias.copy_(bias)
+    return m
+
+
+def from_qwen3_moe(state_dict, config, prefix="", max_tokens=4096, **kwargs):
+    """A MoE from one Qwen3-MoE sparse block's Hugging Face state dict (keys `{prefix}gate.weight`,
+    `experts.{e}.{gate,up,down}_proj.weight`) and its model config (hidden_size,
+    moe_intermediate_size, num_experts, num_experts_per_tok, norm_topk_prob). Qwen3-MoE has no
+    shared experts; its router is softmax top-k (mok computes the router logits in FP32)."""
+    m = MoE(config["hidden_size"], config["moe_intermediate_size"], config["num_experts"],
+            config["num_experts_per_tok"], max_tokens=max_tokens, router="softmax",
+            normalize=config.get("norm_topk_prob", False), **kwargs)
+    return _load(m, state_dict, prefix, None)

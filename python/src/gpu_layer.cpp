@@ -1,10 +1,13 @@
-// mok._mok.GpuLayer: the GPU forward and backward megakernels (one GPU, BF16) on tensors that
-// cross by DLPack (any framework's CUDA tensors; no link against PyTorch). One layer owns its
-// workspace, schedule and forward context, sized for max_tokens_per_rank, on the device current
-// at construction; every call is asynchronous on the stream it is given.
+// mok._mok.GpuLayer: the GPU forward and backward megakernels (BF16) on tensors that cross by
+// DLPack (any framework's CUDA tensors; no link against PyTorch). One layer owns its workspace,
+// schedule and forward context, sized for max_tokens_per_rank, on the device current at
+// construction; every call is asynchronous on the stream it is given. With a unique id it is one
+// rank of an expert-parallel group over NCCL (EpForward / EpBackward): every call is then a
+// collective of the group, and the expert parameters are this rank's E / ep_size experts.
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
 #include <memory>
@@ -15,6 +18,16 @@
 #include "mok/error.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
+#include "mok/transport/bootstrap.hpp"
+#if defined(MOK_WITH_NCCL_DEVICE)
+#include <nccl.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "mok/gpu/ep_backward.hpp"
+#include "mok/gpu/ep_forward.hpp"
+#endif
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -98,9 +111,46 @@ mok::gpu::WeightGrads weight_grads_from(const std::string& s) {
       "weight_grads '" + s + "' is unknown (allowed: write_fp32, write_bf16, accumulate_fp32)");
 }
 
+// One rank's NCCL communicator of an expert-parallel group (destroyed after the layer's parts).
+struct Communicator {
+#if defined(MOK_WITH_NCCL_DEVICE)
+  ncclComm_t comm = nullptr;
+  Communicator(const mok::Config& c, const nb::bytes& unique_id) {
+    if (unique_id.size() != sizeof(ncclUniqueId))
+      throw mok::Error(mok::ErrorCode::invalid_argument,
+                       "GpuLayer: unique_id must be the " + std::to_string(sizeof(ncclUniqueId)) +
+                           " bytes of mok.nccl_unique_id(); got " +
+                           std::to_string(unique_id.size()));
+    mok::transport::require_matching_nccl();
+    setenv("NCCL_NVLS_ENABLE", "0", 1);  // never NVLink multicast (nccl-device-api.md)
+    ncclUniqueId id;
+    std::memcpy(&id, unique_id.c_str(), sizeof id);
+    ncclResult_t r;
+    {
+      nb::gil_scoped_release release;  // a collective: every rank constructs at the same time
+      r = ncclCommInitRank(&comm, c.ep_size, id, c.ep_rank);
+    }
+    if (r != ncclSuccess)
+      throw mok::Error(mok::ErrorCode::unsupported,
+                       "GpuLayer: ncclCommInitRank (rank " + std::to_string(c.ep_rank) + " of " +
+                           std::to_string(c.ep_size) + ") failed: " + ncclGetErrorString(r));
+  }
+  ~Communicator() {
+    if (comm) ncclCommDestroy(comm);
+  }
+#else
+  Communicator(const mok::Config&, const nb::bytes&) {
+    throw mok::Error(mok::ErrorCode::unsupported,
+                     "GpuLayer: expert parallelism needs mok built with NCCL's device API "
+                     "(NCCL >= 2.28 with nccl_device.h); this build has none");
+  }
+#endif
+};
+
 class GpuLayer {
  public:
-  GpuLayer(const nb::dict& config, const std::string& weight_grads, bool recompute)
+  GpuLayer(const nb::dict& config, const std::string& weight_grads, bool recompute,
+           std::optional<nb::bytes> unique_id)
       : c_(mok_py::config_from(config)) {
     c_.validate();
     int gpus = 0;
@@ -113,8 +163,23 @@ class GpuLayer {
     mok::gpu::BackwardOptions o;
     o.weight_grads = weight_grads_from(weight_grads);
     o.gate_up = mode;
-    forward_ = std::make_unique<mok::gpu::MoeForward>(c_);
-    backward_ = std::make_unique<mok::gpu::MoeBackward>(c_, o);
+    weight_grads_ = o.weight_grads;
+    if (unique_id) {
+      comm_ = std::make_unique<Communicator>(c_, *unique_id);
+#if defined(MOK_WITH_NCCL_DEVICE)
+      nb::gil_scoped_release release;  // collectives (the windows' registration)
+      ep_forward_ = std::make_unique<mok::gpu::EpForward>(c_, comm_->comm);
+      ep_backward_ = std::make_unique<mok::gpu::EpBackward>(c_, comm_->comm, o);
+#endif
+    } else {
+      if (c_.ep_size != 1)
+        throw mok::Error(mok::ErrorCode::invalid_argument,
+                         "GpuLayer: ep_size = " + std::to_string(c_.ep_size) +
+                             " needs the group's unique_id (mok.nccl_unique_id() on rank 0, "
+                             "shared with every rank)");
+      forward_ = std::make_unique<mok::gpu::MoeForward>(c_);
+      backward_ = std::make_unique<mok::gpu::MoeBackward>(c_, o);
+    }
     schedule_ = std::make_unique<mok::gpu::Schedule>(c_);
     context_ = std::make_unique<mok::gpu::ForwardContext>(c_, mode);
   }
@@ -131,9 +196,16 @@ class GpuLayer {
                                       ptr<const float>(w)};
     const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
     DeviceScope scope(device_);
-    forward_->schedule(batch, *schedule_, st);
-    forward_->forward(*schedule_, batch, weights, ptr<__nv_bfloat16>(out),
-                      training ? context_.get() : nullptr, st);
+    const mok::gpu::ForwardContext* context = training ? context_.get() : nullptr;
+    if (forward_) {
+      forward_->schedule(batch, *schedule_, st);
+      forward_->forward(*schedule_, batch, weights, ptr<__nv_bfloat16>(out), context, st);
+    } else {
+#if defined(MOK_WITH_NCCL_DEVICE)
+      ep_forward_->schedule(batch, *schedule_, st);
+      ep_forward_->forward(*schedule_, batch, weights, ptr<__nv_bfloat16>(out), context, st);
+#endif
+    }
     trained_ = training;
     return ++generation_;
   }
@@ -160,8 +232,7 @@ class GpuLayer {
       throw mok::Error(mok::ErrorCode::invalid_argument,
                        std::string(who) + ": grads must be six tensors (d_shared_gate, " +
                            "d_shared_up, d_shared_down, d_gate, d_up, d_down)");
-    const Dtype gd =
-        backward_->weight_grads() == mok::gpu::WeightGrads::write_bf16 ? Dtype::bf16 : Dtype::fp32;
+    const Dtype gd = weight_grads_ == mok::gpu::WeightGrads::write_bf16 ? Dtype::bf16 : Dtype::fp32;
     void* g[6];
     for (int i = 0; i < 6; ++i) {
       const Tensor t = nb::cast<Tensor>(grads[size_t(i)]);
@@ -171,10 +242,18 @@ class GpuLayer {
     const mok::gpu::DeviceBatch batch{T, ptr<const __nv_bfloat16>(x), ptr<const int32_t>(ids),
                                       ptr<const float>(w)};
     DeviceScope scope(device_);
-    backward_->backward(
-        *schedule_, *context_, batch, weights, ptr<const __nv_bfloat16>(d_out),
-        {ptr<__nv_bfloat16>(d_x), ptr<float>(d_w), g[0], g[1], g[2], g[3], g[4], g[5]},
-        reinterpret_cast<cudaStream_t>(stream));
+    const mok::gpu::DeviceGradients out{
+        ptr<__nv_bfloat16>(d_x), ptr<float>(d_w), g[0], g[1], g[2], g[3], g[4], g[5]};
+    const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
+    if (backward_) {
+      backward_->backward(*schedule_, *context_, batch, weights, ptr<const __nv_bfloat16>(d_out),
+                          out, st);
+    } else {
+#if defined(MOK_WITH_NCCL_DEVICE)
+      ep_backward_->backward(*schedule_, *context_, batch, weights, ptr<const __nv_bfloat16>(d_out),
+                             out, st);
+#endif
+    }
     backed_ = true;
   }
 
@@ -183,15 +262,28 @@ class GpuLayer {
   void check(uintptr_t stream) {
     DeviceScope scope(device_);
     const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
-    if (generation_ > 0) forward_->check(st);
-    if (backed_) backward_->check(st);
+    if (forward_) {
+      if (generation_ > 0) forward_->check(st);
+      if (backed_) backward_->check(st);
+      return;
+    }
+#if defined(MOK_WITH_NCCL_DEVICE)
+    if (generation_ > 0) ep_forward_->check(st);
+    if (backed_) ep_backward_->check(st);
+#endif
   }
 
   int device() const { return device_; }
-  std::string weight_grads() const {
-    return mok::gpu::weight_grads_name(backward_->weight_grads());
+  int ep_rank() const { return c_.ep_rank; }
+  int ep_size() const { return c_.ep_size; }
+  bool has_communicator() const { return comm_ != nullptr; }
+  std::string weight_grads() const { return mok::gpu::weight_grads_name(weight_grads_); }
+  size_t workspace_bytes() const {
+#if defined(MOK_WITH_NCCL_DEVICE)
+    if (ep_backward_) return ep_backward_->workspace_bytes();
+#endif
+    return backward_->workspace_bytes();
   }
-  size_t workspace_bytes() const { return backward_->workspace_bytes(); }
 
  private:
   struct DeviceScope {  // the layer's device for the call, the caller's again after it
@@ -209,7 +301,8 @@ class GpuLayer {
   static constexpr const char* kParamDims[6] = {"[S, H]",    "[S, H]",    "[H, S]",
                                                 "[E, I, H]", "[E, I, H]", "[E, H, I]"};
   std::vector<int64_t> param_shape(int i) const {
-    const int64_t H = c_.hidden, I = c_.intermediate, S = c_.shared_width(), E = c_.num_experts;
+    const int64_t H = c_.hidden, I = c_.intermediate, S = c_.shared_width();
+    const int64_t E = c_.experts_per_rank();  // this rank's experts (all of them at ep_size 1)
     switch (i) {
       case 0:
       case 1:
@@ -253,8 +346,14 @@ class GpuLayer {
   int device_ = 0;
   uint64_t generation_ = 0;
   bool trained_ = false, backed_ = false;
-  std::unique_ptr<mok::gpu::MoeForward> forward_;
+  mok::gpu::WeightGrads weight_grads_ = mok::gpu::WeightGrads::write_fp32;
+  std::unique_ptr<Communicator> comm_;             // declared first: destroyed after the EP parts
+  std::unique_ptr<mok::gpu::MoeForward> forward_;  // ep_size 1 without a communicator
   std::unique_ptr<mok::gpu::MoeBackward> backward_;
+#if defined(MOK_WITH_NCCL_DEVICE)
+  std::unique_ptr<mok::gpu::EpForward> ep_forward_;  // a rank of an NCCL group
+  std::unique_ptr<mok::gpu::EpBackward> ep_backward_;
+#endif
   std::unique_ptr<mok::gpu::Schedule> schedule_;
   std::unique_ptr<mok::gpu::ForwardContext> context_;
 };
@@ -263,17 +362,32 @@ class GpuLayer {
 
 void mok_py::register_gpu_layer(nb::module_& m) {
   m.attr("has_gpu_layer") = true;
+  m.def(
+      "nccl_unique_id",
+      [] {
+        const mok::transport::UniqueId id = mok::transport::new_unique_id();
+        return nb::bytes(reinterpret_cast<const char*>(id.bytes.data()), id.bytes.size());
+      },
+      "A new NCCL unique id (on rank 0 of an expert-parallel group; share it with every rank).");
   nb::class_<GpuLayer>(m, "GpuLayer",
                        "The GPU forward and backward megakernels of one layer (one GPU, BF16), "
                        "on CUDA tensors passed by DLPack; owns its workspace.")
-      .def(nb::init<const nb::dict&, const std::string&, bool>(), "config"_a,
-           "weight_grads"_a = "write_fp32", "recompute"_a = false)
+      .def(nb::init<const nb::dict&, const std::string&, bool, std::optional<nb::bytes>>(),
+           "config"_a, "weight_grads"_a = "write_fp32", "recompute"_a = false,
+           "unique_id"_a = nb::none(),
+           "unique_id: the NCCL unique id (mok.nccl_unique_id() of rank 0) of the expert-parallel "
+           "group of config's ep_size in which this layer is rank ep_rank (a collective: every "
+           "rank constructs at the same time); None: one GPU")
       .def("forward", &GpuLayer::forward, "x"_a, "topk_ids"_a, "topk_weights"_a, "params"_a,
            "out"_a, "training"_a, "stream"_a)
       .def("backward", &GpuLayer::backward, "generation"_a, "x"_a, "topk_ids"_a, "topk_weights"_a,
            "params"_a, "d_out"_a, "d_x"_a, "d_topk_weights"_a, "grads"_a, "stream"_a)
       .def("check", &GpuLayer::check, "stream"_a, nb::call_guard<nb::gil_scoped_release>())
       .def_prop_ro("device", &GpuLayer::device)
+      .def_prop_ro("ep_rank", &GpuLayer::ep_rank)
+      .def_prop_ro("ep_size", &GpuLayer::ep_size)
+      .def_prop_ro("has_communicator", &GpuLayer::has_communicator,
+                   "whether the layer is a rank of an NCCL group (built with a unique id)")
       .def_prop_ro("weight_grads", &GpuLayer::weight_grads)
       .def_prop_ro("workspace_bytes", &GpuLayer::workspace_bytes);
 }

@@ -1,45 +1,54 @@
-"""mok.torch.MoE: its autograd on CPU tensors against PyTorch's autograd over an eager FP64
-implementation of the same layer; on the GPU (BF16 megakernels) against the CPU module on the
-same BF16 parameters, and bit for bit across runs. Needs PyTorch (and a GPU for the GPU tests)."""
+"""mok.torch: the module, the functional form, the routers and the loaders on CPU tensors against
+PyTorch's autograd over eager FP64 implementations written here; the custom operators by
+torch.library.opcheck and torch.compile(fullgraph=True). On the GPU (BF16 megakernels): against
+the CPU module on the same BF16 parameters, bit for bit across runs, under torch.compile and in a
+captured CUDA graph replayed with new inputs. Needs PyTorch (and a GPU for the GPU tests)."""
 import pytest
 
 torch = pytest.importorskip("torch")
-import mok.torch as mt  # noqa: E402
 import mok  # noqa: E402
+import mok.torch as mt  # noqa: E402
 
 gpu = pytest.mark.skipif(not torch.cuda.is_available() or not mok.has_gpu_layer,
                          reason="needs a GPU and a build with the CUDA kernels")
+silu = torch.nn.functional.silu
 
 
-def eager_layer(m, x):
-    """The same layer by PyTorch ops: router, shared and routed SwiGLU experts."""
-    ids, w = m.route(x)
-    silu = torch.nn.functional.silu
+def mlp(r, gate, up, down):
+    return (silu(r @ gate.t()) * (r @ up.t())) @ down.t()
 
-    def mlp(r, gate, up, down):
-        return (silu(r @ gate.t()) * (r @ up.t())) @ down.t()
 
-    out = mlp(x, m.shared_gate, m.shared_up, m.shared_down) if m.shared_gate.shape[0] else 0
+def eager_layer(x, ids, w, shared, experts):
+    """shared(x) + sum_k w[:, k] expert_{ids[:, k]}(x), by PyTorch ops; shared: (gate, up, down)
+    or None, experts: a list of (gate, up, down)."""
+    out = mlp(x, *shared) if shared is not None else torch.zeros_like(x)
     for k in range(ids.shape[1]):
-        for e in range(m.config["num_experts"]):
+        for e, (g, u, d) in enumerate(experts):
             rows = (ids[:, k] == e).nonzero().flatten()
             if rows.numel():
-                y = mlp(x[rows], m.gate[e], m.up[e], m.down[e]) * w[rows, k:k + 1].to(x.dtype)
+                y = mlp(x[rows], g, u, d) * w[rows, k:k + 1].to(x.dtype)
                 out = out + torch.zeros_like(x).index_add(0, rows, y)
     return out
 
 
-def grads_of(m, x, d_out):
+def eager_module(m, x):
+    ids, w = m.route(x)
+    shared = (m.shared_gate, m.shared_up, m.shared_down) if m.shared_gate.shape[0] else None
+    return eager_layer(x, ids, w, shared, list(zip(m.gate, m.up, m.down)))
+
+
+def grads_of(m, x, d_out, run=None):
     x = x.clone().requires_grad_(True)
     m.zero_grad()
-    (m(x) * d_out).sum().backward()
-    return [x.grad] + [p.grad for p in m.parameters()]
+    out = (m if run is None else run)(x)
+    (out * d_out).sum().backward()
+    return [out.detach(), x.grad] + [p.grad for p in m.parameters()]
 
 
-def make(device, dtype, tokens=96, seed=3):
+def make(device, dtype, tokens=96, seed=3, **kw):
     torch.manual_seed(seed)
     m = mt.MoE(256, 128, 16, 4, num_shared_experts=1, shared_intermediate=128, max_tokens=tokens,
-               device=device, dtype=dtype)
+               device=device, dtype=dtype, **kw)
     x = torch.randn(tokens, 256, device=device, dtype=dtype)
     d_out = torch.randn(tokens, 256, device=device, dtype=dtype)
     return m, x, d_out
@@ -50,46 +59,273 @@ def rel_l2(a, b):
     return ((a - b).norm() / b.norm().clamp_min(1e-300)).item()
 
 
-def test_cpu_module_matches_eager_autograd():
-    m, x, d_out = make("cpu", torch.float64)
+DSV3 = dict(router="deepseek_v3", num_groups=4, topk_groups=2, scaling_factor=2.5)
+
+
+@pytest.mark.parametrize("router", [{}, DSV3], ids=["softmax", "deepseek_v3"])
+def test_cpu_module_matches_eager_autograd(router):
+    m, x, d_out = make("cpu", torch.float64, **router)
+    if "router" in router:
+        m.expert_bias.normal_(0, 0.05)
     got = grads_of(m, x, d_out)
-    out = m(x)
-    xe = x.clone().requires_grad_(True)
-    m.zero_grad()
-    ref = eager_layer(m, xe)
-    assert rel_l2(out, ref) < 1e-12
-    (ref * d_out).sum().backward()
-    want = [xe.grad] + [p.grad for p in m.parameters()]
+    want = grads_of(m, x, d_out, run=lambda t: eager_module(m, t))
+    assert rel_l2(got[0], want[0]) < 1e-12
     # The router weights cross as FP32 (route's softmax): their gradient too.
     for i, (g, r) in enumerate(zip(got, want)):
-        assert rel_l2(g, r) < 1e-6, f"gradient {i}"
+        assert rel_l2(g, r) < 1e-6, f"output {i}"
+
+
+def test_deepseek_v3_router_matches_the_reference_router():
+    torch.manual_seed(5)
+    logits = torch.randn(300, 64)
+    bias = torch.randn(64) * 0.1
+    ids, w = mt.route_deepseek_v3(logits, bias, 6, num_groups=8, topk_groups=3,
+                                  scaling_factor=2.5)
+    ref_ids, ref_w = mok.route_deepseek_v3(logits.numpy(), bias.numpy(), top_k=6, num_groups=8,
+                                           topk_groups=3, normalize=True, scaling_factor=2.5)
+    # The same experts (the reference orders them by choice, torch.topk too).
+    assert torch.equal(ids, torch.from_numpy(ref_ids))
+    assert rel_l2(w, torch.from_numpy(ref_w)) < 1e-6
+    soft_ids, soft_w = mt.route_softmax(logits, 6)
+    ref_ids, ref_w = mok.route_softmax_topk(logits.numpy(), 6, renormalize=True)
+    assert torch.equal(soft_ids, torch.from_numpy(ref_ids))
+    assert rel_l2(soft_w, torch.from_numpy(ref_w)) < 1e-6
+
+
+def hf_deepseek_v3(sd, cfg, x):
+    """DeepSeek-V3's MoE block as its Hugging Face modelling code computes it, from the state dict
+    (sigmoid router, e_score_correction_bias, group-limited top-k, normalised, scaled)."""
+    E, K = cfg["n_routed_experts"], cfg["num_experts_per_tok"]
+    G, TG = cfg["n_group"], cfg["topk_group"]
+    s = (x.float() @ sd["gate.weight"].float().t()).sigmoid()
+    choice = s + sd["gate.e_score_correction_bias"]
+    group = choice.view(-1, G, E // G).topk(2, dim=-1).values.sum(-1)
+    keep = torch.zeros_like(group).scatter_(1, group.topk(TG, dim=-1).indices, 1)
+    keep = keep.unsqueeze(-1).expand(-1, G, E // G).reshape(-1, E).bool()
+    ids = choice.masked_fill(~keep, float("-inf")).topk(K, dim=-1).indices
+    w = s.gather(1, ids)
+    w = w / w.sum(-1, keepdim=True) * cfg["routed_scaling_factor"]
+    experts = [tuple(sd[f"experts.{e}.{n}_proj.weight"] for n in ("gate", "up", "down"))
+               for e in range(E)]
+    shared = tuple(sd[f"shared_experts.{n}_proj.weight"] for n in ("gate", "up", "down"))
+    return eager_layer(x, ids, w, shared, experts)
+
+
+def hf_qwen3_moe(sd, cfg, x):
+    """Qwen3-MoE's sparse block from its state dict: softmax top-k, renormalised when
+    norm_topk_prob, no shared experts (router logits in FP32, as mok computes them)."""
+    E, K = cfg["num_experts"], cfg["num_experts_per_tok"]
+    w, ids = (x.float() @ sd["gate.weight"].float().t()).softmax(-1).topk(K, dim=-1)
+    if cfg["norm_topk_prob"]:
+        w = w / w.sum(-1, keepdim=True)
+    experts = [tuple(sd[f"experts.{e}.{n}_proj.weight"] for n in ("gate", "up", "down"))
+               for e in range(E)]
+    return eager_layer(x, ids, w, None, experts)
+
+
+def synthetic_state_dict(H, I, E, shared_width, seed):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64) * s[-1] ** -0.5  # noqa: E731
+    sd = {"gate.weight": r(E, H)}
+    for e in range(E):
+        sd.update({f"experts.{e}.gate_proj.weight": r(I, H), f"experts.{e}.up_proj.weight": r(I, H),
+                   f"experts.{e}.down_proj.weight": r(H, I)})
+    if shared_width:
+        S = shared_width
+        sd.update({"shared_experts.gate_proj.weight": r(S, H),
+                   "shared_experts.up_proj.weight": r(S, H),
+                   "shared_experts.down_proj.weight": r(H, S)})
+    return sd
+
+
+def test_loaders_build_the_layer_of_a_hugging_face_state_dict():
+    cfg = dict(hidden_size=128, moe_intermediate_size=64, n_routed_experts=16,
+               num_experts_per_tok=4, n_shared_experts=2, n_group=4, topk_group=2,
+               norm_topk_prob=True, routed_scaling_factor=2.5)
+    sd = synthetic_state_dict(128, 64, 16, 2 * 64, seed=1)
+    sd["gate.e_score_correction_bias"] = torch.randn(16, dtype=torch.float64) * 0.05
+    x = torch.randn(50, 128, dtype=torch.float64)
+    m = mt.from_deepseek_v3({"mlp." + k: v for k, v in sd.items()}, cfg, prefix="mlp.",
+                            max_tokens=50, dtype=torch.float64)
+    assert m.shared_gate.shape == (128, 128) and m.router_kind == "deepseek_v3"
+    assert torch.equal(m.expert_bias, sd["gate.e_score_correction_bias"].float())
+    assert rel_l2(m(x), hf_deepseek_v3(sd, cfg, x)) < 1e-12
+
+    qcfg = dict(hidden_size=128, moe_intermediate_size=64, num_experts=16,
+                num_experts_per_tok=4, norm_topk_prob=True)
+    qsd = synthetic_state_dict(128, 64, 16, 0, seed=2)
+    q = mt.from_qwen3_moe(qsd, qcfg, max_tokens=50, dtype=torch.float64)
+    assert q.shared_gate.shape == (0, 128)
+    assert rel_l2(q(x), hf_qwen3_moe(qsd, qcfg, x)) < 1e-12
+
+    del qsd["experts.3.up_proj.weight"]
+    with pytest.raises(KeyError, match="experts.3.up_proj.weight"):
+        mt.from_qwen3_moe(qsd, qcfg, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"gate must be \[16, 32, 128\].*\[16, 64, 128\]"):
+        mt.from_deepseek_v3(sd, dict(cfg, moe_intermediate_size=32), dtype=torch.float64)
+
+
+def test_functional_form_equals_the_module_and_names_bad_ids():
+    m, x, d_out = make("cpu", torch.float64, tokens=40)
+    ids, w = m.route(x)
+    params = [getattr(m, n) for n in mt.PARAMS]
+    assert torch.equal(mt.moe(x, ids, w, params, m.config), m(x).detach())
+    bad = ids.clone()
+    bad[7, 2] = 16
+    with pytest.raises(ValueError, match=r"topk_ids must lie in \[0, 16\).*from 0 to 16"):
+        mt.moe(x, bad, w, params, m.config)
 
 
 def test_bad_input_is_named():
     m, x, _ = make("cpu", torch.float64, tokens=8)
     with pytest.raises(ValueError, match=r"x must be \[\.\.\., 256\].*got shape \[8, 255\]"):
         m(x[:, :255])
+    with pytest.raises(ValueError, match="router must be 'softmax' or 'deepseek_v3'"):
+        mt.MoE(256, 128, 16, 4, router="sigmoid")
+    with pytest.raises(ValueError, match="num_groups = 3 must divide num_experts = 16"):
+        mt.MoE(256, 128, 16, 4, router="deepseek_v3", num_groups=3)
+
+
+def op_args(m, x):
+    ids, w = m.route(x)
+    return (m._handle, x, ids, w, *[getattr(m, n) for n in mt.PARAMS], True)
+
+
+def test_the_custom_operators_pass_opcheck_on_cpu():
+    m, x, _ = make("cpu", torch.float64, tokens=24)
+    args = op_args(m, x.requires_grad_(True))
+    torch.library.opcheck(torch.ops.mok.moe_forward.default, args,
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))
+
+
+def test_compiled_module_equals_eager_on_cpu():
+    m, x, d_out = make("cpu", torch.float64, tokens=40, **DSV3)
+    eager = grads_of(m, x, d_out)
+    compiled = torch.compile(m, fullgraph=True, backend="aot_eager")
+    for i, (a, b) in enumerate(zip(grads_of(m, x, d_out, run=compiled), eager)):
+        assert rel_l2(a, b) < 1e-12, f"output {i}"
 
 
 @gpu
 def test_gpu_module_matches_the_cpu_module_and_repeats_bit_for_bit():
     m, x, d_out = make("cuda", torch.bfloat16)
     got = grads_of(m, x, d_out)
-    out = m(x)
     cpu = mt.MoE(256, 128, 16, 4, num_shared_experts=1, shared_intermediate=128, max_tokens=96,
                  device="cpu", dtype=torch.bfloat16)
     cpu.load_state_dict({k: v.cpu() for k, v in m.state_dict().items()})
     want = grads_of(cpu, x.cpu(), d_out.cpu())
-    assert rel_l2(out, cpu(x.cpu())) < 1e-2
     # BF16 gradients: one more rounding than the reference's FP64 (2^-8), 2e-2 leaves room for
     # the router's (its gradient flows through d_topk_weights and the softmax in BF16 x).
     for i, (g, r) in enumerate(zip(got, want)):
-        assert rel_l2(g, r) < 2e-2, f"gradient {i}"
+        assert rel_l2(g, r) < 2e-2, f"output {i}"
     again = grads_of(m, x, d_out)
     recomputing = mt.MoE(256, 128, 16, 4, num_shared_experts=1, shared_intermediate=128,
                          max_tokens=96, recompute=True, device="cuda", dtype=torch.bfloat16)
     recomputing.load_state_dict(m.state_dict())
     third = grads_of(recomputing, x, d_out)
     for i, (a, b, c) in enumerate(zip(got, again, third)):
-        assert torch.equal(a, b), f"a second run, gradient {i}"
-        assert torch.equal(a, c), f"recomputing, gradient {i}"
+        assert torch.equal(a, b), f"a second run, output {i}"
+        assert torch.equal(a, c), f"recomputing, output {i}"
+
+
+@gpu
+def test_gpu_operators_pass_opcheck_and_a_second_forward_is_refused():
+    m, x, d_out = make("cuda", torch.bfloat16, tokens=64, **DSV3)
+    torch.library.opcheck(torch.ops.mok.moe_forward.default, op_args(m, x.requires_grad_(True)),
+                          test_utils=("test_schema", "test_faketensor",
+                                      "test_autograd_registration"))
+    first = m(x)
+    m(x).sum().backward()  # the second forward's backward: fine
+    with pytest.raises(mok.Error, match="is not this layer's latest training forward"):
+        first.sum().backward()
+    with pytest.raises(mok.Error, match=r"x must be a contiguous bfloat16 CUDA tensor.*float32"):
+        m(x.detach().float())
+    with pytest.raises(mok.Error, match="T <= max_tokens_per_rank = 64"):
+        m(torch.zeros(65, 256, dtype=torch.bfloat16, device="cuda"))
+
+
+@gpu
+def test_gpu_compiled_module_matches_eager_and_repeats_bit_for_bit():
+    m, x, d_out = make("cuda", torch.bfloat16, tokens=96, **DSV3)
+    eager = grads_of(m, x, d_out)
+    compiled = torch.compile(m, fullgraph=True)
+    first = grads_of(m, x, d_out, run=compiled)
+    second = grads_of(m, x, d_out, run=compiled)
+    # Inductor fuses the router's FP32 ops its own way: the routing weights may differ from
+    # eager's in the last bits, so compiled and eager agree to BF16 rounding, compiled runs exactly.
+    for i, (a, b, c) in enumerate(zip(first, second, eager)):
+        assert torch.equal(a, b), f"a second compiled run, output {i}"
+        assert rel_l2(a, c) < 1e-2, f"compiled against eager, output {i}"
+
+
+@gpu
+def test_a_captured_training_step_replays_with_new_inputs():
+    m, x, d_out = make("cuda", torch.bfloat16, tokens=96, **DSV3)
+    static_x = x.clone().requires_grad_(True)
+    static_d = d_out.clone()
+    params = list(m.parameters())
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the graph (workspaces, autograd's state)
+        for _ in range(2):
+            for p in params + [static_x]:
+                p.grad = None
+            (m(static_x) * static_d).sum().backward()
+    torch.cuda.current_stream().wait_stream(side)
+    for p in params + [static_x]:  # the captured backward makes its own .grad, not adds to one
+        p.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = m(static_x)
+        (static_out * static_d).sum().backward()
+    static_grads = [static_x.grad] + [p.grad for p in params]  # the graph's own memory
+    for seed in (11, 12):
+        g = torch.Generator(device="cuda").manual_seed(seed)
+        new_x = torch.randn(x.shape, generator=g, device="cuda").to(x.dtype)
+        new_d = torch.randn(x.shape, generator=g, device="cuda").to(x.dtype)
+        with torch.no_grad():
+            static_x.copy_(new_x)
+            static_d.copy_(new_d)
+        graph.replay()
+        replayed = [t.clone() for t in [static_out] + static_grads]
+        direct = grads_of(m, new_x, new_d)
+        for i, (a, b) in enumerate(zip(replayed, direct)):
+            assert torch.equal(a, b), f"replay {seed}, output {i}"
+
+
+@gpu
+def test_a_one_rank_process_group_runs_the_nccl_path_bit_for_bit():
+    import torch.distributed as dist
+
+    if not hasattr(mok, "nccl_unique_id"):
+        pytest.skip("a build without NCCL")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        m, x, d_out = make("cuda", torch.bfloat16, tokens=96, **DSV3)
+        ep = mt.MoE(256, 128, 16, 4, num_shared_experts=1, shared_intermediate=128,
+                    max_tokens=96, process_group=dist.group.WORLD, device="cuda", **DSV3)
+        ep.load_state_dict(m.state_dict())
+        assert ep.config["ep_size"] == 1 and ep.expert_range == range(0, 16)
+        for i, (a, b) in enumerate(zip(grads_of(ep, x, d_out), grads_of(m, x, d_out))):
+            assert torch.equal(a, b), f"output {i}"
+        layer = mok._ops._handles[ep._handle].gpu_layers[torch.cuda.current_device()]
+        assert layer.has_communicator and layer.ep_size == 1
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2
+                    or not mok.has_gpu_layer, reason="needs two GPUs")
+def test_an_expert_parallel_group_over_torchrun_equals_one_gpu():
+    import os
+    import subprocess
+    import sys
+
+    n = 2 if torch.cuda.device_count() < 4 else 4
+    worker = os.path.join(os.path.dirname(__file__), "ep_worker.py")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+                        f"--nproc-per-node={n}", worker], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert r.stdout.count("EP OK") == n

@@ -1,0 +1,174 @@
+"""The layer as two PyTorch custom operators, `mok::moe_forward` and `mok::moe_backward`
+(torch.library), with fake implementations (so torch.compile traces them with fullgraph=True)
+and the autograd formula that joins them. CUDA tensors run mok.GpuLayer on the current stream;
+CPU tensors run the reference layer (FP64 math on the same operands).
+
+A layer is named by an integer handle (custom operators take no Python objects): `handle_for`
+makes one per (configuration, options), holding one GpuLayer per CUDA device. A GpuLayer keeps one
+training forward's context, so the forward also returns its generation (a CPU int64 scalar) and
+the backward checks it: a backward that does not follow its own forward is an error, not a wrong
+gradient."""
+import itertools
+import threading
+
+import torch
+
+from . import _mok
+
+PARAMS = ("shared_gate", "shared_up", "shared_down", "gate", "up", "down")
+
+
+class _Handle:
+    def __init__(self, config, recompute, group):
+        self.config, self.recompute, self.group = dict(config), recompute, group
+        self.gpu_layers = {}  # CUDA device index -> mok.GpuLayer
+        self.cpu_generation = 0
+
+    def gpu_layer(self, device):
+        if device.index not in self.gpu_layers:
+            if not _mok.has_gpu_layer:
+                raise RuntimeError("mok: a CUDA tensor needs mok built with nvcc (this build "
+                                   "holds the CPU reference only)")
+            with torch.cuda.device(device):
+                self.gpu_layers[device.index] = _mok.GpuLayer(
+                    self.config, weight_grads="write_bf16", recompute=self.recompute,
+                    unique_id=None if self.group is None else self._unique_id())
+        return self.gpu_layers[device.index]
+
+    def _unique_id(self):
+        """The group's NCCL unique id: made on its rank 0, broadcast over the process group (a
+        collective: every rank's first CUDA forward)."""
+        import torch.distributed as dist
+
+        box = [_mok.nccl_unique_id() if dist.get_rank(self.group) == 0 else None]
+        dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0),
+                                   group=self.group)
+        return box[0]
+
+
+_handles = {}
+_by_key = {}
+_next = itertools.count(1)
+_lock = threading.Lock()
+
+
+def handle_for(config, recompute=False, shared=True, group=None):
+    """The handle of a layer of `config` (mok.preset's keys) on one GPU or, with `group` (a
+    torch.distributed process group of config's ep_size ranks, this one ep_rank), a rank of an
+    expert-parallel group. `shared`: one per (configuration, options, group) in this process (the
+    functional API's cache), else a new one (each module's own: two modules never share a forward
+    context)."""
+    key = (tuple(sorted(config.items())), bool(recompute), id(group))
+    with _lock:
+        if shared and key in _by_key:
+            return _by_key[key]
+        h = next(_next)
+        _handles[h] = _Handle(config, recompute, group)
+        if shared:
+            _by_key[key] = h
+        return h
+
+
+def release(handle):
+    """Frees the handle's GPU workspaces (a module's finalizer calls it)."""
+    with _lock:
+        _handles.pop(handle, None)
+
+
+def _handle(h):
+    try:
+        return _handles[h]
+    except KeyError:
+        raise RuntimeError(f"mok: layer handle {h} was released") from None
+
+
+def _reference(config, x, ids, w, params, d_out=None):
+    f64 = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
+    return _mok.reference_layer(
+        config, {n: f64(p) for n, p in zip(PARAMS, params)}, f64(x), ids.detach().int().numpy(),
+        f64(w), d_out=None if d_out is None else f64(d_out), numerics="fp64",
+        quant="bf16" if x.dtype == torch.bfloat16 else "none")
+
+
+@torch.library.custom_op("mok::moe_forward", mutates_args=())
+def moe_forward(handle: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                shared_gate: torch.Tensor, shared_up: torch.Tensor, shared_down: torch.Tensor,
+                gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [T, H], generation): the routed and shared experts of x [T, H] routed by topk_ids
+    (int32 [T, K]) with topk_weights (float32 [T, K])."""
+    h = _handle(handle)
+    params = (shared_gate, shared_up, shared_down, gate, up, down)
+    if x.is_cuda:
+        layer = h.gpu_layer(x.device)
+        out = torch.empty_like(x)
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        gen = layer.forward(x, topk_ids, topk_weights, params, out, training, stream)
+        return out, torch.tensor(gen, dtype=torch.int64)
+    if h.group is not None:
+        raise RuntimeError("mok: an expert-parallel layer (process_group) runs on CUDA tensors "
+                           "only; x is on the CPU")
+    out = torch.from_numpy(_reference(h.config, x, topk_ids, topk_weights, params)["out"])
+    h.cpu_generation += 1
+    return out.to(x.dtype), torch.tensor(h.cpu_generation, dtype=torch.int64)
+
+
+@moe_forward.register_fake
+def _(handle, x, topk_ids, topk_weights, shared_gate, shared_up, shared_down, gate, up, down,
+      training):
+    return torch.empty_like(x), torch.empty((), dtype=torch.int64)
+
+
+@torch.library.custom_op("mok::moe_backward", mutates_args=())
+def moe_backward(handle: int, generation: torch.Tensor, d_out: torch.Tensor, x: torch.Tensor,
+                 topk_ids: torch.Tensor, topk_weights: torch.Tensor, shared_gate: torch.Tensor,
+                 shared_up: torch.Tensor, shared_down: torch.Tensor, gate: torch.Tensor,
+                 up: torch.Tensor, down: torch.Tensor) -> list[torch.Tensor]:
+    """[d_x, d_topk_weights, d_shared_gate, d_shared_up, d_shared_down, d_gate, d_up, d_down] of
+    the training forward `generation` (the layer's latest) for d_out [T, H]."""
+    h = _handle(handle)
+    params = (shared_gate, shared_up, shared_down, gate, up, down)
+    if x.is_cuda:
+        layer = h.gpu_layer(x.device)
+        d_x = torch.empty_like(x)
+        d_w = torch.empty_like(topk_weights)  # float32 (the layer checks)
+        grads = tuple(torch.empty_like(p) for p in params)
+        stream = torch.cuda.current_stream(x.device).cuda_stream
+        layer.backward(int(generation), x, topk_ids, topk_weights, params, d_out, d_x, d_w, grads,
+                       stream)
+        return [d_x, d_w, *grads]
+    r = _reference(h.config, x, topk_ids, topk_weights, params, d_out)
+    grads = [torch.from_numpy(r["d_" + n]).to(p.dtype) for n, p in zip(PARAMS, params)]
+    return [torch.from_numpy(r["d_x"]).to(x.dtype),
+            torch.from_numpy(r["d_topk_weights"]).to(topk_weights.dtype), *grads]
+
+
+@moe_backward.register_fake
+def _(handle, generation, d_out, x, topk_ids, topk_weights, shared_gate, shared_up, shared_down,
+      gate, up, down):
+    params = (shared_gate, shared_up, shared_down, gate, up, down)
+    return [torch.empty_like(x), torch.empty_like(topk_weights),
+            *(torch.empty_like(p) for p in params)]
+
+
+def _setup_context(ctx, inputs, output):
+    handle, x, ids, w, *params, _ = inputs
+    ctx.handle = handle
+    ctx.save_for_backward(output[1], x, ids, w, *params)
+
+
+def _backward(ctx, d_out, _d_generation):
+    generation, x, ids, w, *params = ctx.saved_tensors
+    d_x, d_w, *grads = moe_backward(ctx.handle, generation, d_out.contiguous(), x, ids, w, *params)
+    return (None, d_x, None, d_w, *grads, None)
+
+
+torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_setup_context)
+
+
+def apply(handle, x, topk_ids, topk_weights, params):
+    """out = the layer of `handle` on x [T, H] (autograd: gradients for x, topk_weights and the
+    six parameters)."""
+    training = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (x, topk_weights, *params))
+    return moe_forward(handle, x, topk_ids, topk_weights, *params, training)[0]
