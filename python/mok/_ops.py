@@ -21,19 +21,21 @@ PARAMS = ("shared_gate", "shared_up", "shared_down", "gate", "up", "down")
 class _Handle:
     def __init__(self, config, recompute, group):
         self.config, self.recompute, self.group = dict(config), recompute, group
-        self.gpu_layers = {}  # CUDA device index -> mok.GpuLayer
+        self.gpu_layers = {}  # (CUDA device index, FP32 weight gradients) -> mok.GpuLayer
         self.cpu_generation = 0
 
-    def gpu_layer(self, device):
-        if device.index not in self.gpu_layers:
+    def gpu_layer(self, device, fp32_grads):
+        key = (device.index, fp32_grads)
+        if key not in self.gpu_layers:
             if not _mok.has_gpu_layer:
                 raise RuntimeError("mok: a CUDA tensor needs mok built with nvcc (this build "
                                    "holds the CPU reference only)")
             with torch.cuda.device(device):
-                self.gpu_layers[device.index] = _mok.GpuLayer(
-                    self.config, weight_grads="write_bf16", recompute=self.recompute,
+                self.gpu_layers[key] = _mok.GpuLayer(
+                    self.config, weight_grads="write_fp32" if fp32_grads else "write_bf16",
+                    recompute=self.recompute,
                     unique_id=None if self.group is None else self._unique_id())
-        return self.gpu_layers[device.index]
+        return self.gpu_layers[key]
 
     def _unique_id(self):
         """The group's NCCL unique id: made on its rank 0, broadcast over the process group (a
@@ -82,6 +84,15 @@ def _handle(h):
         raise RuntimeError(f"mok: layer handle {h} was released") from None
 
 
+def _operands(params):
+    """(the BF16 parameters the GPU layer reads, whether their gradients are FP32): FP32
+    parameters (master weights) are rounded to BF16 for the GEMMs and get FP32 gradients, written
+    by the backward's epilogues; BF16 ones are used as they are and get BF16 gradients."""
+    if all(p.dtype == torch.float32 for p in params):
+        return tuple(p.to(torch.bfloat16) for p in params), True
+    return params, False
+
+
 def _reference(config, x, ids, w, params, d_out=None):
     f64 = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
     return _mok.reference_layer(
@@ -100,7 +111,8 @@ def moe_forward(handle: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weigh
     h = _handle(handle)
     params = (shared_gate, shared_up, shared_down, gate, up, down)
     if x.is_cuda:
-        layer = h.gpu_layer(x.device)
+        params, fp32_grads = _operands(params)
+        layer = h.gpu_layer(x.device, fp32_grads)
         out = torch.empty_like(x)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         gen = layer.forward(x, topk_ids, topk_weights, params, out, training, stream)
@@ -129,10 +141,11 @@ def moe_backward(handle: int, generation: torch.Tensor, d_out: torch.Tensor, x: 
     h = _handle(handle)
     params = (shared_gate, shared_up, shared_down, gate, up, down)
     if x.is_cuda:
-        layer = h.gpu_layer(x.device)
+        grads = tuple(torch.empty_like(p) for p in params)  # FP32 or BF16, as the parameters
+        params, fp32_grads = _operands(params)  # the forward's BF16 operands, bit for bit
+        layer = h.gpu_layer(x.device, fp32_grads)
         d_x = torch.empty_like(x)
         d_w = torch.empty_like(topk_weights)  # float32 (the layer checks)
-        grads = tuple(torch.empty_like(p) for p in params)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         layer.backward(int(generation), x, topk_ids, topk_weights, params, d_out, d_x, d_w, grads,
                        stream)

@@ -80,9 +80,10 @@ class MoE(nn.Module):
     over `num_groups` groups keeping `topk_groups`, `normalize`, times `scaling_factor`).
     max_tokens: the largest batch (tokens) one forward takes (the GPU workspace is sized for it).
     recompute: the backward recomputes the gate/up activations instead of keeping them (less
-    memory, about 1.2-1.3x the backward's time; the same bits). On the GPU the parameters must be
-    BF16; their gradients are BF16 too, accumulated into .grad by autograd. Each module owns its
-    GPU workspace and keeps one training forward's context: a backward must follow its own
+    memory, about 1.2-1.3x the backward's time; the same bits). On the GPU, x is BF16 and the
+    parameters BF16 (BF16 gradients) or FP32 (master weights: rounded to BF16 for the GEMMs, FP32
+    gradients from the backward's FP32 accumulators); autograd adds them into .grad. Each module
+    owns its GPU workspace and keeps one training forward's context: a backward must follow its own
     forward before the module runs again (checked).
 
     process_group: a torch.distributed process group (run under torchrun): expert parallelism

@@ -230,6 +230,20 @@ def test_gpu_module_matches_the_cpu_module_and_repeats_bit_for_bit():
 
 
 @gpu
+def test_fp32_master_parameters_get_fp32_gradients_of_the_same_step():
+    m, x, d_out = make("cuda", torch.bfloat16, tokens=96)
+    master = mt.MoE(256, 128, 16, 4, num_shared_experts=1, shared_intermediate=128,
+                    max_tokens=96, device="cuda", dtype=torch.float32)
+    master.load_state_dict({k: v.float() for k, v in m.state_dict().items()})
+    got, want = grads_of(master, x, d_out), grads_of(m, x, d_out)
+    # The same BF16 operands: out, d_x and the router's gradient bit for bit; the expert weights'
+    # FP32 gradients round (RNE) to exactly the BF16 gradients of the BF16 module.
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == (torch.float32 if i >= 2 else torch.bfloat16), f"output {i}"
+        assert torch.equal(a.to(b.dtype), b), f"output {i}"
+
+
+@gpu
 def test_gpu_operators_pass_opcheck_and_a_second_forward_is_refused():
     m, x, d_out = make("cuda", torch.bfloat16, tokens=64, **DSV3)
     torch.library.opcheck(torch.ops.mok.moe_forward.default, op_args(m, x.requires_grad_(True)),
@@ -309,7 +323,7 @@ def test_a_one_rank_process_group_runs_the_nccl_path_bit_for_bit():
         assert ep.config["ep_size"] == 1 and ep.expert_range == range(0, 16)
         for i, (a, b) in enumerate(zip(grads_of(ep, x, d_out), grads_of(m, x, d_out))):
             assert torch.equal(a, b), f"output {i}"
-        layer = mok._ops._handles[ep._handle].gpu_layers[torch.cuda.current_device()]
+        layer = mok._ops._handles[ep._handle].gpu_layers[(torch.cuda.current_device(), False)]
         assert layer.has_communicator and layer.ep_size == 1
     finally:
         dist.destroy_process_group()
