@@ -60,8 +60,9 @@ def sustain(what, seconds, fn, flops):
           f"{ms:.3f} ms each, {flops / ms * 1e-9:.0f} TFLOP/s", flush=True)
 
 
-def bench_backward(p, x, ids, w, k, iterations):
-    """(forward ms, backward ms, step ms, peak GB of a step) under autograd."""
+def bench_backward(p, x, ids, w, k, iterations, fn=forward):
+    """(forward ms, backward ms, step ms, peak GB of a step) of fn (forward's signature) under
+    autograd."""
     leaves = list(p.values()) + [x, w]
     for t in leaves:
         t.requires_grad_(True)
@@ -74,11 +75,11 @@ def bench_backward(p, x, ids, w, k, iterations):
 
     def forward_only():
         clear()
-        held["out"] = forward(p, x, ids, w, k)
+        held["out"] = fn(p, x, ids, w, k)
 
     def step():
         clear()
-        forward(p, x, ids, w, k).backward(d_out)
+        fn(p, x, ids, w, k).backward(d_out)
 
     for _ in range(3):
         step()

@@ -72,9 +72,18 @@ def handle_for(config, recompute=False, shared=True, group=None):
 
 
 def release(handle):
-    """Frees the handle's GPU workspaces (a module's finalizer calls it)."""
+    """Frees the handle's GPU workspaces (a module's finalizer calls it; `free_workspaces` for the
+    functional API's)."""
     with _lock:
         _handles.pop(handle, None)
+        for key in [k for k, h in _by_key.items() if h == handle]:
+            del _by_key[key]
+
+
+def release_shared():
+    """Frees the GPU workspaces the functional API cached (the next call makes them again)."""
+    for h in list(_by_key.values()):
+        release(h)
 
 
 def _handle(h):

@@ -71,6 +71,12 @@ def moe(x, topk_ids, topk_weights, params, config, recompute=False, check_ids=Tr
                       params)
 
 
+def free_workspaces():
+    """Frees the GPU workspaces that `moe` cached (per configuration and device); the next call
+    makes them again. A module's own workspace goes with the module."""
+    _ops.release_shared()
+
+
 class MoE(nn.Module):
     """A DeepSeek- / Qwen-style MoE layer: a router, `num_shared_experts` shared SwiGLU experts of
     width `shared_intermediate` each, and `num_experts` routed ones of width `intermediate`.
