@@ -8,6 +8,7 @@ makes one per (configuration, options), holding one GpuLayer per CUDA device. A 
 training forward's context, so the forward also returns its generation (a CPU int64 scalar) and
 the backward checks it: a backward that does not follow its own forward is an error, not a wrong
 gradient."""
+import atexit
 import itertools
 import threading
 
@@ -83,6 +84,14 @@ def release(handle):
 def release_shared():
     """Frees the GPU workspaces the functional API cached (the next call makes them again)."""
     for h in list(_by_key.values()):
+        release(h)
+
+
+@atexit.register
+def _release_all():
+    """Every GPU workspace goes before the interpreter does (the layers' CUDA and NCCL resources
+    are freed while their libraries are still loaded)."""
+    for h in list(_handles):
         release(h)
 
 

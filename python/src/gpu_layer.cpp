@@ -10,6 +10,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
@@ -85,7 +86,10 @@ void require_tensor(const char* who, const char* name, const Tensor& t, Dtype dt
   std::vector<int64_t> got(t.ndim());
   for (size_t i = 0; i < t.ndim(); ++i) got[i] = int64_t(t.shape(i));
   if (got != shape) fail("shape " + shape_text(got));
-  int64_t expected = 1;  // element strides of a C-contiguous tensor (size-1 dims: any stride)
+  // Element strides of a C-contiguous tensor (size-1 dims: any stride; no elements: any layout,
+  // e.g. the [H, 0] shared_down of a layer without shared experts).
+  if (std::find(got.begin(), got.end(), 0) != got.end()) return;
+  int64_t expected = 1;
   for (size_t i = t.ndim(); i-- > 0;) {
     if (got[i] != 1 && t.stride(i) != expected) fail("a non-contiguous tensor");
     expected *= got[i];
