@@ -49,6 +49,8 @@ Nvfp4Tensor quantize_nvfp4(const float* x, int64_t rows, int64_t cols, BlockShap
 Fp8BlockTensor quantize_fp8_block(const float* x, int64_t rows, int64_t cols, BlockShape block,
                                   bool ue8m0 = false);
 
+// Throws mok::Error, before reading anything, for a block the format does not allow or data and
+// scales that do not hold exactly the tensor's codes and its blocks' scales.
 std::vector<float> dequantize(const Mxfp8Tensor& t);
 std::vector<float> dequantize(const Nvfp4Tensor& t);
 std::vector<float> dequantize(const Fp8BlockTensor& t);

@@ -47,6 +47,42 @@ std::pair<int64_t, int64_t> matrix_shape(const char* name, const In<float>& a) {
 
 mok::BlockShape block_of(std::tuple<int, int> b) { return {std::get<0>(b), std::get<1>(b)}; }
 
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// Throws naming the array unless its shape is exactly `want` (`dims` names the dimensions, e.g.
+// "[E, I, H]"): a transposed matrix of the right element count is an error, not a wrong answer.
+template <class T>
+void require_shape(const std::string& name, const In<T>& a, const std::vector<int64_t>& want,
+                   const char* dims) {
+  std::vector<int64_t> got(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) got[i] = int64_t(a.shape(i));
+  if (got != want)
+    throw mok::Error(
+        mok::ErrorCode::invalid_argument,
+        name + " must be " + dims + " = " + shape_text(want) + "; got shape " + shape_text(got));
+}
+
+// The scale grid of a [rows, cols] tensor in blocks of b: [ceil(rows / br), ceil(cols / bc)].
+std::vector<int64_t> scale_grid(int64_t rows, int64_t cols, mok::BlockShape b) {
+  if (b.rows < 1 || b.cols < 1)
+    throw mok::Error(
+        mok::ErrorCode::invalid_argument,
+        "block " + std::to_string(b.rows) + "x" + std::to_string(b.cols) + " must be positive");
+  return {(rows + b.rows - 1) / b.rows, (cols + b.cols - 1) / b.cols};
+}
+
+// data must be 2-D [rows, stored cols]; returns (rows, stored cols).
+std::pair<int64_t, int64_t> codes_shape(const In<uint8_t>& data) {
+  if (data.ndim() != 2)
+    throw mok::Error(mok::ErrorCode::invalid_argument,
+                     "data must be 2-D, got " + std::to_string(data.ndim()) + "-D");
+  return {int64_t(data.shape(0)), int64_t(data.shape(1))};
+}
+
 }  // namespace
 
 mok::Config mok_py::config_from(const nb::dict& d) {
@@ -135,15 +171,29 @@ nb::dict reference_layer(const nb::dict& config, const nb::dict& params, const I
                                                                  {"gate", &p.gate},
                                                                  {"up", &p.up},
                                                                  {"down", &p.down}};
+  const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width(), L = c.experts_per_rank();
+  const std::vector<int64_t> shapes[] = {{S, H}, {S, H}, {H, S}, {L, I, H}, {L, I, H}, {L, H, I}};
+  const char* dims[] = {"[S, H]", "[S, H]", "[H, S]", "[E, I, H]", "[E, I, H]", "[E, H, I]"};
+  int i = 0;
   for (auto [name, dst] : fields) {
     if (!params.contains(name))
       throw mok::Error(mok::ErrorCode::invalid_argument,
                        std::string("params has no '") + name + "'");
-    *dst = to_vector(nb::cast<In<double>>(params[name]));
+    const In<double> a = nb::cast<In<double>>(params[name]);
+    require_shape(std::string("params['") + name + "']", a, shapes[i], dims[i]);
+    *dst = to_vector(a);
+    ++i;
   }
   mok::Batch b;
-  b.tokens = x.ndim() == 2 ? int64_t(x.shape(0)) : -1;
-  if (x.ndim() != 2) throw mok::Error(mok::ErrorCode::invalid_argument, "x must be [T, H]");
+  if (x.ndim() != 2)
+    throw mok::Error(mok::ErrorCode::invalid_argument,
+                     "x must be [T, H]; got " + std::to_string(x.ndim()) + " dimensions");
+  b.tokens = int64_t(x.shape(0));
+  const int64_t T = b.tokens, K = c.top_k;
+  require_shape("x", x, {T, H}, "[T, H]");
+  require_shape("topk_ids", topk_ids, {T, K}, "[T, K]");
+  require_shape("topk_weights", topk_weights, {T, K}, "[T, K]");
+  if (d_out) require_shape("d_out", *d_out, {T, H}, "[T, H]");
   b.x = to_vector(x);
   b.topk_ids = to_vector(topk_ids);
   b.topk_weights = to_vector(topk_weights);
@@ -155,7 +205,6 @@ nb::dict reference_layer(const nb::dict& config, const nb::dict& params, const I
   o.mx_scale_rule = rule_from(mx_scale_rule);
   o.fp8_ue8m0 = fp8_ue8m0;
 
-  const size_t T = size_t(b.tokens), H = size_t(c.hidden), K = size_t(c.top_k);
   nb::dict result;
   mok::ReferenceForward f = [&] {
     nb::gil_scoped_release release;
@@ -167,18 +216,18 @@ nb::dict reference_layer(const nb::dict& config, const nb::dict& params, const I
       nb::gil_scoped_release release;
       return mok::reference_backward(f.context, g_out);
     }();
-    const size_t S = size_t(c.shared_width()), L = size_t(c.experts_per_rank()),
-                 I = size_t(c.intermediate);
-    result["d_x"] = to_numpy(std::move(g.d_x), {T, H});
-    result["d_topk_weights"] = to_numpy(std::move(g.d_topk_weights), {T, K});
-    result["d_shared_gate"] = to_numpy(std::move(g.d_params.shared_gate), {S, H});
-    result["d_shared_up"] = to_numpy(std::move(g.d_params.shared_up), {S, H});
-    result["d_shared_down"] = to_numpy(std::move(g.d_params.shared_down), {H, S});
-    result["d_gate"] = to_numpy(std::move(g.d_params.gate), {L, I, H});
-    result["d_up"] = to_numpy(std::move(g.d_params.up), {L, I, H});
-    result["d_down"] = to_numpy(std::move(g.d_params.down), {L, H, I});
+    const size_t t = size_t(T), h = size_t(H), k = size_t(K), sw = size_t(S), l = size_t(L),
+                 in = size_t(I);
+    result["d_x"] = to_numpy(std::move(g.d_x), {t, h});
+    result["d_topk_weights"] = to_numpy(std::move(g.d_topk_weights), {t, k});
+    result["d_shared_gate"] = to_numpy(std::move(g.d_params.shared_gate), {sw, h});
+    result["d_shared_up"] = to_numpy(std::move(g.d_params.shared_up), {sw, h});
+    result["d_shared_down"] = to_numpy(std::move(g.d_params.shared_down), {h, sw});
+    result["d_gate"] = to_numpy(std::move(g.d_params.gate), {l, in, h});
+    result["d_up"] = to_numpy(std::move(g.d_params.up), {l, in, h});
+    result["d_down"] = to_numpy(std::move(g.d_params.down), {l, h, in});
   }
-  result["out"] = to_numpy(std::move(f.out), {T, H});
+  result["out"] = to_numpy(std::move(f.out), {size_t(T), size_t(H)});
   return result;
 }
 
@@ -296,9 +345,11 @@ NB_MODULE(_mok, m) {
   m.def(
       "dequantize_mxfp8",
       [](const In<uint8_t>& data, const In<uint8_t>& scales, std::tuple<int, int> block) {
-        mok::Mxfp8Tensor t{int64_t(data.shape(0)), int64_t(data.shape(1)), block_of(block),
-                           to_vector(data), to_vector(scales)};
-        return to_numpy(mok::dequantize(t), {data.shape(0), data.shape(1)});
+        auto [R, C] = codes_shape(data);
+        require_shape("scales", scales, scale_grid(R, C, block_of(block)),
+                      "[ceil(R / block rows), ceil(C / block cols)]");
+        mok::Mxfp8Tensor t{R, C, block_of(block), to_vector(data), to_vector(scales)};
+        return to_numpy(mok::dequantize(t), {size_t(R), size_t(C)});
       },
       "data"_a, "scales"_a, "block"_a = std::make_tuple(1, 32));
   m.def(
@@ -317,10 +368,13 @@ NB_MODULE(_mok, m) {
       "dequantize_nvfp4",
       [](const In<uint8_t>& data, const In<uint8_t>& scales, float s_dec,
          std::tuple<int, int> block) {
+        auto [R, packed] = codes_shape(data);
         mok::Nvfp4Tensor t;
-        t.rows = int64_t(data.shape(0));
-        t.cols = int64_t(data.shape(1)) * 2;
+        t.rows = R;
+        t.cols = packed * 2;
         t.block = block_of(block);
+        require_shape("scales", scales, scale_grid(t.rows, t.cols, t.block),
+                      "[ceil(R / block rows), ceil(C / block cols)] (C = 2 x data's columns)");
         t.data = to_vector(data);
         t.scales = to_vector(scales);
         t.s_dec = s_dec;
@@ -342,10 +396,11 @@ NB_MODULE(_mok, m) {
   m.def(
       "dequantize_fp8_block",
       [](const In<uint8_t>& data, const In<float>& scales, std::tuple<int, int> block) {
-        mok::Fp8BlockTensor t{int64_t(data.shape(0)), int64_t(data.shape(1)),
-                              block_of(block),        false,
-                              to_vector(data),        to_vector(scales)};
-        return to_numpy(mok::dequantize(t), {data.shape(0), data.shape(1)});
+        auto [R, C] = codes_shape(data);
+        require_shape("scales", scales, scale_grid(R, C, block_of(block)),
+                      "[ceil(R / block rows), ceil(C / block cols)]");
+        mok::Fp8BlockTensor t{R, C, block_of(block), false, to_vector(data), to_vector(scales)};
+        return to_numpy(mok::dequantize(t), {size_t(R), size_t(C)});
       },
       "data"_a, "scales"_a, "block"_a = std::make_tuple(1, 128));
 }

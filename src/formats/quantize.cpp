@@ -128,6 +128,25 @@ Fp8BlockTensor quantize_fp8_block(const float* x, int64_t rows, int64_t cols, Bl
 }
 
 namespace {
+// Before any element is read: the block is one the format allows, and data and scales hold
+// exactly the tensor's codes and its blocks' scales.
+template <class Tensor>
+void check_stored(const char* format, const Tensor& t, int64_t data_bytes,
+                  std::initializer_list<BlockShape> allowed) {
+  check_shape(format, t.rows, t.cols, t.block, allowed);
+  const int64_t scales = ceil_div(t.rows, t.block.rows) * ceil_div(t.cols, t.block.cols);
+  auto fail = [&](const char* what, int64_t want, size_t got) {
+    std::string m(format);  // appended piece by piece: GCC 12 misjudges chains of operator+
+    m.append(": a [").append(std::to_string(t.rows)).append(", ").append(std::to_string(t.cols));
+    m.append("] tensor in ").append(std::to_string(t.block.rows)).append("x");
+    m.append(std::to_string(t.block.cols)).append(" blocks has ").append(std::to_string(want));
+    m.append(" ").append(what).append("; the tensor holds ").append(std::to_string(got));
+    throw Error(ErrorCode::invalid_argument, m);
+  };
+  if (int64_t(t.data.size()) != data_bytes) fail("code bytes (data)", data_bytes, t.data.size());
+  if (int64_t(t.scales.size()) != scales) fail("scales", scales, t.scales.size());
+}
+
 // out[r, c] = decode(element index r*cols + c, its block's scale).
 template <class Tensor, class Decode>
 std::vector<float> dequantize_blocks(const Tensor& t, Decode decode) {
@@ -142,12 +161,17 @@ std::vector<float> dequantize_blocks(const Tensor& t, Decode decode) {
 }  // namespace
 
 std::vector<float> dequantize(const Mxfp8Tensor& t) {
+  check_stored("MXFP8", t, t.rows * t.cols, {{1, 32}, {32, 1}});
   return dequantize_blocks(t, [&](int64_t i, uint8_t s) {
     return fmt::e4m3_to_float(t.data[size_t(i)]) * fmt::e8m0_to_float(s);
   });
 }
 
 std::vector<float> dequantize(const Nvfp4Tensor& t) {
+  if (t.cols % 2 != 0)
+    throw Error(ErrorCode::invalid_argument,
+                "NVFP4: cols = " + std::to_string(t.cols) + " must be even (two codes per byte)");
+  check_stored("NVFP4", t, t.rows * t.cols / 2, {{1, 16}, {16, 16}});
   return dequantize_blocks(t, [&](int64_t i, uint8_t s) {
     const uint8_t byte = t.data[size_t(i / 2)];  // cols is even: element i is in byte i / 2
     return fmt::nvfp4_decode(uint8_t(i % 2 == 0 ? byte & 0xF : byte >> 4), s, t.s_dec);
@@ -155,6 +179,7 @@ std::vector<float> dequantize(const Nvfp4Tensor& t) {
 }
 
 std::vector<float> dequantize(const Fp8BlockTensor& t) {
+  check_stored("FP8 block", t, t.rows * t.cols, {{1, 128}, {128, 1}, {128, 128}});
   return dequantize_blocks(
       t, [&](int64_t i, float s) { return fmt::e4m3_to_float(t.data[size_t(i)]) * s; });
 }

@@ -211,3 +211,26 @@ TEST(Quantizers, RejectShapesTheFormatDoesNotDefine) {
   EXPECT_THROW(quantize_nvfp4(x.data(), 1, 63, {1, 16}), Error);
   EXPECT_THROW(quantize_fp8_block(x.data(), 1, 64, {1, 32}), Error);
 }
+
+// Issue 33's finding: dequantize read past scales too short for the tensor. Every size is
+// checked before any element is read.
+TEST(Quantizers, DequantizeRefusesDataOrScalesOfTheWrongSize) {
+  std::vector<float> x(size_t(64 * 256), 0.5f);
+  Mxfp8Tensor mx = quantize_mxfp8(x.data(), 64, 256, {1, 32});
+  mx.scales.resize(1);
+  try {
+    dequantize(mx);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("has 512 scales; the tensor holds 1"), std::string::npos)
+        << e.what();
+  }
+  Nvfp4Tensor nv = quantize_nvfp4(x.data(), 64, 256, {16, 16});
+  nv.data.pop_back();
+  EXPECT_THROW(dequantize(nv), Error);
+  Fp8BlockTensor fb = quantize_fp8_block(x.data(), 64, 256, {1, 128});
+  fb.block = {128, 128};  // the scales of 1x128 blocks read as 128x128 ones: a size mismatch
+  EXPECT_THROW(dequantize(fb), Error);
+  fb.block = {1, 64};
+  EXPECT_THROW(dequantize(fb), Error);
+}

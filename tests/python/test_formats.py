@@ -146,3 +146,20 @@ def test_nvfp4_many_global_scales(rng):
         want = ref.nvfp4(x)
         assert got[2] == want[2] and got[3] == want[3]
         assert np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])
+
+
+def test_dequantizers_refuse_scales_of_the_wrong_shape():
+    """Issue 33's finding: dequantize_mxfp8 with one scale for a 2048 x 2048 tensor read past it."""
+    d = np.zeros((2048, 2048), np.uint8)
+    with pytest.raises(mok.Error, match=r"scales must be .* = \[2048, 64\]; got shape \[1\]"):
+        mok.dequantize_mxfp8(d, np.zeros(1, np.uint8))
+    with pytest.raises(mok.Error, match=r"= \[2048, 64\]; got shape \[64, 2048\]"):
+        mok.dequantize_mxfp8(d, np.zeros((64, 2048), np.uint8))
+    with pytest.raises(mok.Error, match=r"scales must be .* = \[128, 256\]"):
+        mok.dequantize_nvfp4(d, np.zeros((2048, 128), np.uint8), 1.0, block=(16, 16))
+    with pytest.raises(mok.Error, match=r"scales must be .* = \[16, 16\]"):
+        mok.dequantize_fp8_block(d, np.zeros((2048, 16), np.float32), block=(128, 128))
+    with pytest.raises(mok.Error, match="block 1x0 must be positive"):
+        mok.dequantize_mxfp8(d, np.zeros((2048, 64), np.uint8), block=(1, 0))
+    with pytest.raises(mok.Error, match="block 2x16 is not allowed"):
+        mok.dequantize_nvfp4(d, np.zeros((1024, 256), np.uint8), 1.0, block=(2, 16))

@@ -102,6 +102,16 @@ def test_quantized_reference_and_bad_input(rng):
     with pytest.raises(mok.Error, match="quant 'fp4'"):
         mok.reference_layer(cfg, p, x, ids, w, quant="fp4")
 
+    # Issue 33's finding: a transposed gate of the right element count was accepted.
+    transposed = {**p, "gate": np.ascontiguousarray(p["gate"].transpose(0, 2, 1))}
+    with pytest.raises(mok.Error, match=r"params\['gate'\] must be \[E, I, H\] = \[16, 128, 256\]; "
+                       r"got shape \[16, 256, 128\]"):
+        mok.reference_layer(cfg, transposed, x, ids, w)
+    with pytest.raises(mok.Error, match=r"topk_weights must be \[T, K\] = \[20, 4\]; got shape \[4, 20\]"):
+        mok.reference_layer(cfg, p, x, ids, np.ascontiguousarray(w.T))
+    with pytest.raises(mok.Error, match=r"d_out must be \[T, H\] = \[20, 256\]; got shape \[256, 20\]"):
+        mok.reference_layer(cfg, p, x, ids, w, d_out=np.zeros((256, 20)))
+
 
 def test_routers_match_numpy(rng):
     logits = rng.standard_normal((64, 32)).astype(np.float32)
