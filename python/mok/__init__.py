@@ -51,6 +51,6 @@ from ._mok import (  # noqa: F401
 )
 
 if has_gpu_layer:
-    from ._mok import GpuLayer, nccl_unique_id  # noqa: F401
+    from ._mok import EmulatedGpuGroup, GpuLayer, nccl_unique_id  # noqa: F401
 
 __version__ = "0.1.0"

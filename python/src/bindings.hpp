@@ -12,5 +12,6 @@ mok::Config config_from(const nanobind::dict& d);
 // GpuLayer and has_gpu_layer (gpu_layer.cpp); without the CUDA kernels, only has_gpu_layer =
 // False (no_gpu_layer.cpp).
 void register_gpu_layer(nanobind::module_& m);
+void register_gpu_group(nanobind::module_& m);  // EmulatedGpuGroup (gpu_group.cpp)
 
 }  // namespace mok_py

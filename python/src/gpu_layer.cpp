@@ -10,12 +10,12 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 
-#include <algorithm>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "bindings.hpp"
+#include "gpu_operands.hpp"
 #include "mok/error.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
@@ -35,85 +35,7 @@ using namespace nb::literals;
 
 namespace {
 
-using Tensor = nb::ndarray<>;
-
-enum class Dtype { bf16, fp32, int32 };
-const char* dtype_name(Dtype d) {
-  return d == Dtype::bf16 ? "bfloat16" : d == Dtype::fp32 ? "float32" : "int32";
-}
-bool has_dtype(const Tensor& t, Dtype d) {
-  const nb::dlpack::dtype got = t.dtype();
-  if (got.lanes != 1) return false;
-  switch (d) {
-    case Dtype::bf16:
-      return got.code == uint8_t(nb::dlpack::dtype_code::Bfloat) && got.bits == 16;
-    case Dtype::fp32:
-      return got.code == uint8_t(nb::dlpack::dtype_code::Float) && got.bits == 32;
-    case Dtype::int32:
-      return got.code == uint8_t(nb::dlpack::dtype_code::Int) && got.bits == 32;
-  }
-  return false;
-}
-std::string dtype_of(const Tensor& t) {
-  const nb::dlpack::dtype d = t.dtype();
-  const char* kind = d.code == uint8_t(nb::dlpack::dtype_code::Bfloat)  ? "bfloat"
-                     : d.code == uint8_t(nb::dlpack::dtype_code::Float) ? "float"
-                     : d.code == uint8_t(nb::dlpack::dtype_code::Int)   ? "int"
-                     : d.code == uint8_t(nb::dlpack::dtype_code::UInt)  ? "uint"
-                                                                        : "dtype code ";
-  return kind + std::to_string(d.bits);
-}
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
-// Throws mok::Error naming the tensor unless it is a C-contiguous CUDA tensor on `device` of
-// `dtype` and exactly `shape` (`dims` names the dimensions, e.g. "[T, H]").
-void require_tensor(const char* who, const char* name, const Tensor& t, Dtype dtype,
-                    const std::vector<int64_t>& shape, const char* dims, int device) {
-  const std::string want = std::string(who) + ": " + name + " must be a contiguous " +
-                           dtype_name(dtype) + " CUDA tensor of shape " + dims + " = " +
-                           shape_text(shape) + " on cuda:" + std::to_string(device);
-  auto fail = [&](const std::string& got) {
-    throw mok::Error(mok::ErrorCode::invalid_argument, want + "; got " + got);
-  };
-  if (t.device_type() != nb::device::cuda::value)
-    fail(t.device_type() == nb::device::cpu::value ? "a CPU tensor" : "a tensor on another device");
-  if (int(t.device_id()) != device) fail("a tensor on cuda:" + std::to_string(t.device_id()));
-  if (!has_dtype(t, dtype)) fail(dtype_of(t));
-  std::vector<int64_t> got(t.ndim());
-  for (size_t i = 0; i < t.ndim(); ++i) got[i] = int64_t(t.shape(i));
-  if (got != shape) fail("shape " + shape_text(got));
-  // Element strides of a C-contiguous tensor (size-1 dims: any stride; no elements: any layout,
-  // e.g. the [H, 0] shared_down of a layer without shared experts).
-  if (std::find(got.begin(), got.end(), 0) != got.end()) return;
-  int64_t expected = 1;
-  for (size_t i = t.ndim(); i-- > 0;) {
-    if (got[i] != 1 && t.stride(i) != expected) fail("a non-contiguous tensor");
-    expected *= got[i];
-  }
-}
-
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw mok::Error(mok::ErrorCode::unsupported, std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-template <class T>
-T* ptr(const Tensor& t) {
-  return static_cast<T*>(t.data());
-}
-
-mok::gpu::WeightGrads weight_grads_from(const std::string& s) {
-  if (s == "write_fp32") return mok::gpu::WeightGrads::write_fp32;
-  if (s == "write_bf16") return mok::gpu::WeightGrads::write_bf16;
-  if (s == "accumulate_fp32") return mok::gpu::WeightGrads::accumulate_fp32;
-  throw mok::Error(
-      mok::ErrorCode::invalid_argument,
-      "weight_grads '" + s + "' is unknown (allowed: write_fp32, write_bf16, accumulate_fp32)");
-}
+using namespace mok_py;
 
 // One rank's NCCL communicator of an expert-parallel group (destroyed after the layer's parts).
 struct Communicator {
@@ -155,13 +77,14 @@ class GpuLayer {
  public:
   GpuLayer(const nb::dict& config, const std::string& weight_grads, bool recompute,
            std::optional<nb::bytes> unique_id)
-      : c_(mok_py::config_from(config)) {
+      : c_(mok_py::config_from(config)), operands_(c_, 0) {
     c_.validate();
     int gpus = 0;
     if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
       throw mok::Error(mok::ErrorCode::unsupported,
                        "GpuLayer needs a GPU; none is visible on this machine");
     cuda_ok(cudaGetDevice(&device_), "cudaGetDevice");
+    operands_ = RankOperands(c_, device_);
     const mok::gpu::GateUpMode mode =
         recompute ? mok::gpu::GateUpMode::recompute : mok::gpu::GateUpMode::keep;
     mok::gpu::BackwardOptions o;
@@ -192,12 +115,10 @@ class GpuLayer {
   // Returns the forward's generation (backward takes it to check that it is the latest).
   uint64_t forward(const Tensor& x, const Tensor& ids, const Tensor& w, const nb::tuple& params,
                    const Tensor& out, bool training, uintptr_t stream) {
-    const char* who = "GpuLayer.forward";
-    const int64_t T = require_batch(who, x, ids, w);
-    require_tensor(who, "out", out, Dtype::bf16, {T, c_.hidden}, "[T, H]", device_);
-    const mok::gpu::DeviceLayerWeights weights = require_params(who, params);
-    const mok::gpu::DeviceBatch batch{T, ptr<const __nv_bfloat16>(x), ptr<const int32_t>(ids),
-                                      ptr<const float>(w)};
+    const std::string who = "GpuLayer.forward";
+    const mok::gpu::DeviceBatch batch = operands_.batch(who, x, ids, w);
+    operands_.require_rows(who, "out", out, batch.tokens);
+    const mok::gpu::DeviceLayerWeights weights = operands_.params(who, params);
     const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
     DeviceScope scope(device_);
     const mok::gpu::ForwardContext* context = training ? context_.get() : nullptr;
@@ -219,35 +140,20 @@ class GpuLayer {
   void backward(uint64_t generation, const Tensor& x, const Tensor& ids, const Tensor& w,
                 const nb::tuple& params, const Tensor& d_out, const Tensor& d_x, const Tensor& d_w,
                 const nb::tuple& grads, uintptr_t stream) {
-    const char* who = "GpuLayer.backward";
+    const std::string who = "GpuLayer.backward";
     if (generation != generation_ || !trained_)
       throw mok::Error(mok::ErrorCode::invalid_argument,
-                       std::string(who) + ": forward " + std::to_string(generation) +
+                       who + ": forward " + std::to_string(generation) +
                            " is not this layer's latest training forward (" +
                            std::to_string(generation_) + (trained_ ? "" : ", an inference one") +
                            "): a layer keeps one forward's context, so each backward must follow "
                            "its own forward before the layer runs again");
-    const int64_t T = require_batch(who, x, ids, w);
-    const mok::gpu::DeviceLayerWeights weights = require_params(who, params);
-    require_tensor(who, "d_out", d_out, Dtype::bf16, {T, c_.hidden}, "[T, H]", device_);
-    require_tensor(who, "d_x", d_x, Dtype::bf16, {T, c_.hidden}, "[T, H]", device_);
-    require_tensor(who, "d_topk_weights", d_w, Dtype::fp32, {T, c_.top_k}, "[T, K]", device_);
-    if (grads.size() != 6)
-      throw mok::Error(mok::ErrorCode::invalid_argument,
-                       std::string(who) + ": grads must be six tensors (d_shared_gate, " +
-                           "d_shared_up, d_shared_down, d_gate, d_up, d_down)");
-    const Dtype gd = weight_grads_ == mok::gpu::WeightGrads::write_bf16 ? Dtype::bf16 : Dtype::fp32;
-    void* g[6];
-    for (int i = 0; i < 6; ++i) {
-      const Tensor t = nb::cast<Tensor>(grads[size_t(i)]);
-      require_tensor(who, kGradNames[i], t, gd, param_shape(i), kParamDims[i], device_);
-      g[i] = t.data();
-    }
-    const mok::gpu::DeviceBatch batch{T, ptr<const __nv_bfloat16>(x), ptr<const int32_t>(ids),
-                                      ptr<const float>(w)};
+    const mok::gpu::DeviceBatch batch = operands_.batch(who, x, ids, w);
+    const mok::gpu::DeviceLayerWeights weights = operands_.params(who, params);
+    operands_.require_rows(who, "d_out", d_out, batch.tokens);
+    const mok::gpu::DeviceGradients out =
+        operands_.grads(who, batch.tokens, d_x, d_w, grads, weight_grads_);
     DeviceScope scope(device_);
-    const mok::gpu::DeviceGradients out{
-        ptr<__nv_bfloat16>(d_x), ptr<float>(d_w), g[0], g[1], g[2], g[3], g[4], g[5]};
     const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
     if (backward_) {
       backward_->backward(*schedule_, *context_, batch, weights, ptr<const __nv_bfloat16>(d_out),
@@ -290,63 +196,8 @@ class GpuLayer {
   }
 
  private:
-  struct DeviceScope {  // the layer's device for the call, the caller's again after it
-    int previous = 0;
-    explicit DeviceScope(int d) {
-      cudaGetDevice(&previous);
-      if (previous != d) cuda_ok(cudaSetDevice(d), "cudaSetDevice");
-    }
-    ~DeviceScope() { cudaSetDevice(previous); }
-  };
-  static constexpr const char* kParamNames[6] = {"shared_gate", "shared_up", "shared_down",
-                                                 "gate",        "up",        "down"};
-  static constexpr const char* kGradNames[6] = {"d_shared_gate", "d_shared_up", "d_shared_down",
-                                                "d_gate",        "d_up",        "d_down"};
-  static constexpr const char* kParamDims[6] = {"[S, H]",    "[S, H]",    "[H, S]",
-                                                "[E, I, H]", "[E, I, H]", "[E, H, I]"};
-  std::vector<int64_t> param_shape(int i) const {
-    const int64_t H = c_.hidden, I = c_.intermediate, S = c_.shared_width();
-    const int64_t E = c_.experts_per_rank();  // this rank's experts (all of them at ep_size 1)
-    switch (i) {
-      case 0:
-      case 1:
-        return {S, H};
-      case 2:
-        return {H, S};
-      case 5:
-        return {E, H, I};
-      default:
-        return {E, I, H};
-    }
-  }
-  int64_t require_batch(const char* who, const Tensor& x, const Tensor& ids, const Tensor& w) {
-    const int64_t T = x.ndim() == 2 ? int64_t(x.shape(0)) : -1;
-    if (T < 0 || T > c_.max_tokens_per_rank)
-      throw mok::Error(mok::ErrorCode::invalid_argument,
-                       std::string(who) + ": x must be [T, H] with T <= max_tokens_per_rank = " +
-                           std::to_string(c_.max_tokens_per_rank) + "; got " +
-                           std::to_string(x.ndim()) + " dimensions" +
-                           (x.ndim() == 2 ? ", T = " + std::to_string(x.shape(0)) : ""));
-    require_tensor(who, "x", x, Dtype::bf16, {T, c_.hidden}, "[T, H]", device_);
-    require_tensor(who, "topk_ids", ids, Dtype::int32, {T, c_.top_k}, "[T, K]", device_);
-    require_tensor(who, "topk_weights", w, Dtype::fp32, {T, c_.top_k}, "[T, K]", device_);
-    return T;
-  }
-  mok::gpu::DeviceLayerWeights require_params(const char* who, const nb::tuple& params) const {
-    if (params.size() != 6)
-      throw mok::Error(mok::ErrorCode::invalid_argument,
-                       std::string(who) + ": params must be six tensors (shared_gate, " +
-                           "shared_up, shared_down, gate, up, down)");
-    const __nv_bfloat16* p[6];
-    for (int i = 0; i < 6; ++i) {
-      const Tensor t = nb::cast<Tensor>(params[size_t(i)]);
-      require_tensor(who, kParamNames[i], t, Dtype::bf16, param_shape(i), kParamDims[i], device_);
-      p[i] = ptr<const __nv_bfloat16>(t);
-    }
-    return {p[0], p[1], p[2], p[3], p[4], p[5]};
-  }
-
   mok::Config c_;
+  RankOperands operands_;
   int device_ = 0;
   uint64_t generation_ = 0;
   bool trained_ = false, backed_ = false;
@@ -366,6 +217,7 @@ class GpuLayer {
 
 void mok_py::register_gpu_layer(nb::module_& m) {
   m.attr("has_gpu_layer") = true;
+  register_gpu_group(m);
   m.def(
       "nccl_unique_id",
       [] {

@@ -122,3 +122,47 @@ def test_refuses_bad_tensors_by_name():
     layer.forward(x, bad, w, params, out, False, stream)
     with pytest.raises(mok.Error, match="expert"):
         layer.check(stream)
+
+
+@gpu
+@pytest.mark.parametrize("tokens", [[70, 33], [40, 0, 57, 16]], ids=["ep2", "ep4"])
+def test_an_emulated_group_equals_one_gpu_on_the_whole_batch(tokens):
+    """EmulatedGpuGroup: rank r holds experts [r E / ep, (r + 1) E / ep); the group's outputs,
+    d_x, d_topk_weights and routed gradients are the one-GPU layer's on the concatenated batch,
+    bit for bit; the shared experts' gradients are per-rank partials of it."""
+    ep, total = len(tokens), sum(tokens)
+    cfg, params, x, ids, w, d_out = make_step(21, tokens=total)
+    single = run(mok.GpuLayer(cfg), cfg, params, x, ids, w, d_out)
+    gcfg = dict(cfg, ep_size=ep, max_tokens_per_rank=max(tokens))
+    group = mok.EmulatedGpuGroup(gcfg)
+    E = cfg["num_experts"]
+    local = E // ep
+    rows = np.cumsum([0] + tokens)
+    cut = lambda t, r: t[rows[r]:rows[r + 1]].contiguous()  # noqa: E731
+    rank_params = [params[:3] + tuple(p[r * local:(r + 1) * local].contiguous()
+                                      for p in params[3:]) for r in range(ep)]
+    xs, idss, ws, ds = ([cut(t, r) for r in range(ep)] for t in (x, ids, w, d_out))
+    outs = [torch.full_like(t, float("nan")) for t in xs]
+    stream = torch.cuda.current_stream().cuda_stream
+    gen = group.forward(xs, idss, ws, rank_params, outs, True, stream)
+    d_xs = [torch.full_like(t, float("nan")) for t in xs]
+    d_ws = [torch.full_like(t, float("nan")) for t in ws]
+    grads = [tuple(torch.full(p.shape, float("nan"), device="cuda") for p in rp)
+             for rp in rank_params]
+    group.backward(gen, xs, idss, ws, rank_params, ds, d_xs, d_ws, grads, stream)
+    group.check(stream)
+    bits = lambda t: t.contiguous().view(torch.uint8)  # noqa: E731
+    for r in range(ep):
+        for name, got, want in (("out", outs[r], single[0]), ("d_x", d_xs[r], single[1]),
+                                ("d_topk_weights", d_ws[r], single[2])):
+            assert torch.equal(bits(got), bits(cut(want, r))), f"rank {r}: {name}"
+        for i, name in ((3, "gate"), (4, "up"), (5, "down")):
+            want = single[3 + i][r * local:(r + 1) * local]
+            assert torch.equal(bits(grads[r][i]), bits(want)), f"rank {r}: d_{name}"
+    for i, name in enumerate(("shared_gate", "shared_up", "shared_down")):
+        total_grad = sum(g[i].double() for g in grads)
+        assert rel_l2(total_grad.cpu().numpy(), single[3 + i].double().cpu().numpy()) < 1e-5, name
+    with pytest.raises(mok.Error, match=r"xs must hold one entry per rank \(%d\); got 1" % ep):
+        group.forward(xs[:1], idss, ws, rank_params, outs, True, stream)
+    with pytest.raises(mok.Error, match=r"\(rank 1\): gate must be .*\[E, I, H\] = \[%d, " % local):
+        group.forward(xs, idss, ws, [rank_params[0], params], outs, True, stream)
