@@ -165,4 +165,4 @@ def test_an_emulated_group_equals_one_gpu_on_the_whole_batch(tokens):
     with pytest.raises(mok.Error, match=r"xs must hold one entry per rank \(%d\); got 1" % ep):
         group.forward(xs[:1], idss, ws, rank_params, outs, True, stream)
     with pytest.raises(mok.Error, match=r"\(rank 1\): gate must be .*\[E, I, H\] = \[%d, " % local):
-        group.forward(xs, idss, ws, [rank_params[0], params], outs, True, stream)
+        group.forward(xs, idss, ws, [rank_params[0], params] + rank_params[2:], outs, True, stream)
