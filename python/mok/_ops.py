@@ -72,6 +72,11 @@ def handle_for(config, recompute=False, shared=True, group=None):
         return h
 
 
+def check_config(config):
+    """Raises mok.Error naming the field for a configuration the layer does not take."""
+    _mok.config_check(config)
+
+
 def release(handle):
     """Frees the handle's GPU workspaces (a module's finalizer calls it; `free_workspaces` for the
     functional API's)."""
@@ -112,11 +117,15 @@ def _operands(params):
 
 
 def _reference(config, x, ids, w, params, d_out=None):
+    """The CPU path: the reference layer in FP64 on the operands; a low-precision configuration
+    runs its quantized recipe (the operands quantized as the GPU recipe will, formats.md)."""
     f64 = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
+    precision = config.get("precision", "bf16")
+    quant = precision if precision != "bf16" else (
+        "bf16" if x.dtype == torch.bfloat16 else "none")
     return _mok.reference_layer(
         config, {n: f64(p) for n, p in zip(PARAMS, params)}, f64(x), ids.detach().int().numpy(),
-        f64(w), d_out=None if d_out is None else f64(d_out), numerics="fp64",
-        quant="bf16" if x.dtype == torch.bfloat16 else "none")
+        f64(w), d_out=None if d_out is None else f64(d_out), numerics="fp64", quant=quant)
 
 
 @torch.library.custom_op("mok::moe_forward", mutates_args=())

@@ -71,6 +71,24 @@ def moe(x, topk_ids, topk_weights, params, config, recompute=False, check_ids=Tr
                       params)
 
 
+def forward(x, topk_ids, topk_weights, params, config, recompute=False, training=True,
+            group=None):
+    """The functional forward without autograd, for frameworks that run their own backward:
+    (out [T, H], state); `backward(state, d_out)` gives the gradients of a training forward (the
+    layer's latest: a second training forward of the same configuration first is an error)."""
+    h = _ops.handle_for(config, recompute, group=group)
+    out, generation = torch.ops.mok.moe_forward(h, x, topk_ids, topk_weights, *params, training)
+    return out, (h, generation, x, topk_ids, topk_weights, tuple(params))
+
+
+def backward(state, d_out):
+    """The gradients of `forward`'s training forward for d_out [T, H]: a dict of d_x,
+    d_topk_weights and d_<parameter> for each of PARAMS (BF16 or FP32, as the parameters)."""
+    h, generation, x, ids, w, params = state
+    got = torch.ops.mok.moe_backward(h, generation, d_out.contiguous(), x, ids, w, *params)
+    return dict(zip(["d_x", "d_topk_weights"] + ["d_" + n for n in PARAMS], got))
+
+
 def free_workspaces():
     """Frees the GPU workspaces that `moe` cached (per configuration and device); the next call
     makes them again. A module's own workspace goes with the module."""
@@ -86,7 +104,9 @@ class MoE(nn.Module):
     over `num_groups` groups keeping `topk_groups`, `normalize`, times `scaling_factor`).
     max_tokens: the largest batch (tokens) one forward takes (the GPU workspace is sized for it).
     recompute: the backward recomputes the gate/up activations instead of keeping them (less
-    memory, about 1.2-1.3x the backward's time; the same bits). On the GPU, x is BF16 and the
+    memory, about 1.2-1.3x the backward's time; the same bits). precision: "bf16"; "fp8_block",
+    "mxfp8" and "nvfp4" run their quantized recipes on CPU tensors (the reference) and are refused
+    on the GPU until the low-precision kernels exist. On the GPU, x is BF16 and the
     parameters BF16 (BF16 gradients) or FP32 (master weights: rounded to BF16 for the GEMMs, FP32
     gradients from the backward's FP32 accumulators); autograd adds them into .grad. Each module
     owns its GPU workspace and keeps one training forward's context: a backward must follow its own
@@ -104,7 +124,7 @@ class MoE(nn.Module):
     def __init__(self, hidden, intermediate, num_experts, top_k, num_shared_experts=0,
                  shared_intermediate=0, max_tokens=4096, router="softmax", normalize=True,
                  num_groups=1, topk_groups=1, scaling_factor=1.0, recompute=False,
-                 process_group=None, device=None, dtype=torch.bfloat16):
+                 precision="bf16", process_group=None, device=None, dtype=torch.bfloat16):
         super().__init__()
         if router not in ("softmax", "deepseek_v3"):
             raise ValueError(f"mok.torch.MoE: router must be 'softmax' or 'deepseek_v3'; got "
@@ -116,7 +136,8 @@ class MoE(nn.Module):
                        "num_experts": num_experts, "top_k": top_k,
                        "num_shared_experts": num_shared_experts,
                        "shared_intermediate": shared_intermediate if num_shared_experts else 0,
-                       "max_tokens_per_rank": max_tokens}
+                       "max_tokens_per_rank": max_tokens, "precision": precision}
+        _ops.check_config(self.config)
         if process_group is not None:
             import torch.distributed as dist
 

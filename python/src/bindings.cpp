@@ -255,6 +255,9 @@ NB_MODULE(_mok, m) {
       "preset", [](const std::string& name) { return config_to(mok::preset(name)); }, "name"_a,
       "The configuration of a named preset of design.md, as a dict.");
   m.def("preset_names", &mok::preset_names);
+  m.def(
+      "config_check", [](const nb::dict& d) { config_from(d).validate(); }, "config"_a,
+      "Raises mok.Error naming the field for a configuration the layer does not take.");
   m.def("build_info", [] {
     const mok::BuildInfo b = mok::build_info();
     nb::dict d;

@@ -161,8 +161,10 @@ def test_loaders_build_the_layer_of_a_hugging_face_state_dict():
     del qsd["experts.3.up_proj.weight"]
     with pytest.raises(KeyError, match="experts.3.up_proj.weight"):
         mt.from_qwen3_moe(qsd, qcfg, dtype=torch.float64)
-    with pytest.raises(ValueError, match=r"gate must be \[16, 32, 128\].*\[16, 64, 128\]"):
-        mt.from_deepseek_v3(sd, dict(cfg, moe_intermediate_size=32), dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"gate must be \[16, 128, 128\].*\[16, 64, 128\]"):
+        mt.from_deepseek_v3(sd, dict(cfg, moe_intermediate_size=128), dtype=torch.float64)
+    with pytest.raises(mok.Error, match="intermediate = 32 is not allowed"):
+        mt.from_qwen3_moe(qsd, dict(qcfg, moe_intermediate_size=32), dtype=torch.float64)
 
 
 def test_functional_form_equals_the_module_and_names_bad_ids():
@@ -176,6 +178,39 @@ def test_functional_form_equals_the_module_and_names_bad_ids():
     bad[7, 2] = 16
     with pytest.raises(ValueError, match=r"topk_ids must lie in \[0, 16\).*from 0 to 16"):
         mt.moe(x, bad, w, params, m.config)
+
+
+def test_functional_forward_and_backward_equal_autograd():
+    m, x, d_out = make("cpu", torch.float64, tokens=40)
+    ids, w = m.route(x)
+    params = [getattr(m, n).detach() for n in mt.PARAMS]
+    out, state = mt.forward(x, ids, w, params, m.config)
+    grads = mt.backward(state, d_out)
+    xr, wr = x.clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+    pr = [p.clone().requires_grad_(True) for p in params]
+    ref = mt.moe(xr, ids, wr, pr, m.config)
+    (ref * d_out).sum().backward()
+    assert torch.equal(out, ref.detach())
+    want = {"d_x": xr.grad, "d_topk_weights": wr.grad, **{"d_" + n: p.grad
+                                                          for n, p in zip(mt.PARAMS, pr)}}
+    assert list(grads) == list(want)
+    for name in want:
+        assert torch.equal(grads[name], want[name]), name
+
+
+def test_low_precision_runs_its_quantized_recipe_on_cpu():
+    m, x, _ = make("cpu", torch.float64, tokens=24, precision="mxfp8")
+    ids, w = m.route(x)
+    f64 = lambda t: t.detach().double().numpy()  # noqa: E731
+    want = mok.reference_layer(m.config, {n: f64(getattr(m, n)) for n in mt.PARAMS}, f64(x),
+                               ids.numpy(), f64(w), numerics="fp64", quant="mxfp8")["out"]
+    got = m(x).detach()
+    assert torch.equal(got, torch.from_numpy(want))
+    exact = mt.moe(x, ids, w, [getattr(m, n) for n in mt.PARAMS],
+                   dict(m.config, precision="bf16")).detach()
+    assert 1e-4 < rel_l2(got, exact) < 0.12  # MXFP8's error on this layer, as test_layer's bound
+    with pytest.raises(mok.Error, match="precision 'fp6'"):
+        mt.MoE(256, 128, 16, 4, precision="fp6")
 
 
 def test_bad_input_is_named():
@@ -259,6 +294,9 @@ def test_gpu_operators_pass_opcheck_and_a_second_forward_is_refused():
         m(x.detach().float())
     with pytest.raises(mok.Error, match="T <= max_tokens_per_rank = 64"):
         m(torch.zeros(65, 256, dtype=torch.bfloat16, device="cuda"))
+    low = mt.MoE(256, 128, 16, 4, max_tokens=64, precision="mxfp8", device="cuda")
+    with pytest.raises(mok.Error, match="precision mxfp8: the GPU forward is BF16 only for now"):
+        low(x.detach())
 
 
 @gpu
@@ -345,6 +383,35 @@ def test_an_expert_parallel_group_over_torchrun_equals_one_gpu():
                        timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert r.stdout.count("EP OK") == n
+
+
+def grouped_mm_pipeline(m, x):
+    """The MoE layer as a PyTorch user writes it (bench/torch_moe_forward.py): rows sorted by
+    expert, torch._grouped_mm for gate, up and down, index_add into the shared expert's output."""
+    ids, w = m.route(x)
+    K = ids.shape[1]
+    flat = ids.view(-1).long()
+    order = torch.argsort(flat, stable=True)
+    token = order // K
+    offs = torch.cumsum(torch.bincount(flat, minlength=m.gate.shape[0]), 0).to(torch.int32)
+    rows = x[token]
+    g = torch._grouped_mm(rows, m.gate.transpose(-2, -1), offs=offs)
+    u = torch._grouped_mm(rows, m.up.transpose(-2, -1), offs=offs)
+    y = torch._grouped_mm(silu(g) * u, m.down.transpose(-2, -1), offs=offs)
+    y = y * w.view(-1)[order].unsqueeze(-1).to(y.dtype)
+    out = mlp(x, m.shared_gate, m.shared_up, m.shared_down) if m.shared_gate.shape[0] else 0 * x
+    return out.index_add(0, token, y)
+
+
+@gpu
+def test_gpu_module_matches_the_pytorch_pipeline():
+    m, x, d_out = make("cuda", torch.bfloat16, tokens=300, **DSV3)
+    got = grads_of(m, x, d_out)
+    want = grads_of(m, x, d_out, run=lambda t: grouped_mm_pipeline(m, t))
+    # The pipeline rounds g, u, the SwiGLU output and each expert's output to BF16 (mok keeps
+    # them FP32): a few 2^-8 apart; 2e-2 bounds it.
+    for i, (g, r) in enumerate(zip(got, want)):
+        assert rel_l2(g, r) < 2e-2, f"output {i}"
 
 
 @gpu
