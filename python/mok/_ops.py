@@ -128,21 +128,16 @@ def _reference(config, x, ids, w, params, d_out=None):
         f64(w), d_out=None if d_out is None else f64(d_out), numerics="fp64", quant=quant)
 
 
-@torch.library.custom_op("mok::moe_forward", mutates_args=())
-def moe_forward(handle: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
-                shared_gate: torch.Tensor, shared_up: torch.Tensor, shared_down: torch.Tensor,
-                gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-                training: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out [T, H], generation): the routed and shared experts of x [T, H] routed by topk_ids
-    (int32 [T, K]) with topk_weights (float32 [T, K])."""
+def run_forward(handle, x, topk_ids, topk_weights, params, training, scheduled=False):
+    """(out, generation) of the layer `handle` (moe_forward's body; scheduled: schedule() ran for
+    this batch on the GPU)."""
     h = _handle(handle)
-    params = (shared_gate, shared_up, shared_down, gate, up, down)
     if x.is_cuda:
         params, fp32_grads = _operands(params)
         layer = h.gpu_layer(x.device, fp32_grads)
         out = torch.empty_like(x)
         stream = torch.cuda.current_stream(x.device).cuda_stream
-        gen = layer.forward(x, topk_ids, topk_weights, params, out, training, stream)
+        gen = layer.forward(x, topk_ids, topk_weights, params, out, training, stream, scheduled)
         return out, torch.tensor(gen, dtype=torch.int64)
     if h.group is not None:
         raise RuntimeError("mok: an expert-parallel layer (process_group) runs on CUDA tensors "
@@ -150,6 +145,25 @@ def moe_forward(handle: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weigh
     out = torch.from_numpy(_reference(h.config, x, topk_ids, topk_weights, params)["out"])
     h.cpu_generation += 1
     return out.to(x.dtype), torch.tensor(h.cpu_generation, dtype=torch.int64)
+
+
+def run_schedule(handle, x, topk_ids, topk_weights, params):
+    """The GPU layer's routing schedule of this batch, ahead of run_forward(..., scheduled=True);
+    nothing on the CPU (the reference has no schedule)."""
+    if x.is_cuda:
+        layer = _handle(handle).gpu_layer(x.device, _operands(params)[1])
+        layer.schedule(x, topk_ids, topk_weights, torch.cuda.current_stream(x.device).cuda_stream)
+
+
+@torch.library.custom_op("mok::moe_forward", mutates_args=())
+def moe_forward(handle: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
+                shared_gate: torch.Tensor, shared_up: torch.Tensor, shared_down: torch.Tensor,
+                gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
+                training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out [T, H], generation): the routed and shared experts of x [T, H] routed by topk_ids
+    (int32 [T, K]) with topk_weights (float32 [T, K])."""
+    params = (shared_gate, shared_up, shared_down, gate, up, down)
+    return run_forward(handle, x, topk_ids, topk_weights, params, training)
 
 
 @moe_forward.register_fake

@@ -71,14 +71,32 @@ def moe(x, topk_ids, topk_weights, params, config, recompute=False, check_ids=Tr
                       params)
 
 
+def build_schedule(x, topk_ids, topk_weights, params, config, recompute=False, group=None):
+    """The routing schedule of a batch, built on the device ahead of its `forward` (under
+    expert parallelism a collective: the counts exchange with every rank), so that other work can
+    run between the two; pass it as forward's `schedule`. Without it, forward builds the schedule
+    itself. (The module and `moe` always do: one schedule per forward.)"""
+    h = _ops.handle_for(config, recompute, group=group)
+    _ops.run_schedule(h, x, topk_ids, topk_weights, tuple(params))
+    return (h, x, topk_ids, topk_weights)
+
+
 def forward(x, topk_ids, topk_weights, params, config, recompute=False, training=True,
-            group=None):
+            group=None, schedule=None):
     """The functional forward without autograd, for frameworks that run their own backward:
     (out [T, H], state); `backward(state, d_out)` gives the gradients of a training forward (the
-    layer's latest: a second training forward of the same configuration first is an error)."""
+    layer's latest: a second training forward of the same configuration first is an error).
+    schedule: build_schedule's for this batch (the same tensors), or None."""
     h = _ops.handle_for(config, recompute, group=group)
-    out, generation = torch.ops.mok.moe_forward(h, x, topk_ids, topk_weights, *params, training)
-    return out, (h, generation, x, topk_ids, topk_weights, tuple(params))
+    params = tuple(params)
+    if schedule is not None and (schedule[0] != h or any(
+            a is not b for a, b in zip(schedule[1:], (x, topk_ids, topk_weights)))):
+        raise ValueError("mok.torch.forward: schedule was built for another batch or "
+                         "configuration (build_schedule with this forward's x, topk_ids, "
+                         "topk_weights, params and config)")
+    out, generation = _ops.run_forward(h, x, topk_ids, topk_weights, params, training,
+                                       scheduled=schedule is not None and x.is_cuda)
+    return out, (h, generation, x, topk_ids, topk_weights, params)
 
 
 def backward(state, d_out):

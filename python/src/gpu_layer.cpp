@@ -111,23 +111,39 @@ class GpuLayer {
     context_ = std::make_unique<mok::gpu::ForwardContext>(c_, mode);
   }
 
+  // The routing schedule of the batch (x, topk_ids, topk_weights) on the device, ahead of its
+  // forward(..., scheduled=True) (under EP a collective: the counts exchange with every rank).
+  void schedule(const Tensor& x, const Tensor& ids, const Tensor& w, uintptr_t stream) {
+    const mok::gpu::DeviceBatch batch = operands_.batch("GpuLayer.schedule", x, ids, w);
+    DeviceScope scope(device_);
+    schedule_batch(batch, reinterpret_cast<cudaStream_t>(stream));
+    scheduled_ = {x.data(), ids.data(), w.data(), batch.tokens};
+  }
+
   // out = the layer of x routed by (topk_ids, topk_weights); training: keeps what backward needs.
+  // scheduled: schedule() ran for this batch (the same tensors) since the last forward.
   // Returns the forward's generation (backward takes it to check that it is the latest).
   uint64_t forward(const Tensor& x, const Tensor& ids, const Tensor& w, const nb::tuple& params,
-                   const Tensor& out, bool training, uintptr_t stream) {
+                   const Tensor& out, bool training, uintptr_t stream, bool scheduled) {
     const std::string who = "GpuLayer.forward";
     const mok::gpu::DeviceBatch batch = operands_.batch(who, x, ids, w);
     operands_.require_rows(who, "out", out, batch.tokens);
     const mok::gpu::DeviceLayerWeights weights = operands_.params(who, params);
+    const Scheduled same{x.data(), ids.data(), w.data(), batch.tokens};
+    if (scheduled && !(scheduled_ == same))
+      throw mok::Error(mok::ErrorCode::invalid_argument,
+                       who +
+                           ": scheduled = True, but schedule() did not run for this batch (the "
+                           "same x, topk_ids and topk_weights) since the last forward");
     const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
     DeviceScope scope(device_);
+    if (!scheduled) schedule_batch(batch, st);
+    scheduled_ = {};
     const mok::gpu::ForwardContext* context = training ? context_.get() : nullptr;
     if (forward_) {
-      forward_->schedule(batch, *schedule_, st);
       forward_->forward(*schedule_, batch, weights, ptr<__nv_bfloat16>(out), context, st);
     } else {
 #if defined(MOK_WITH_NCCL_DEVICE)
-      ep_forward_->schedule(batch, *schedule_, st);
       ep_forward_->forward(*schedule_, batch, weights, ptr<__nv_bfloat16>(out), context, st);
 #endif
     }
@@ -196,7 +212,23 @@ class GpuLayer {
   }
 
  private:
+  struct Scheduled {  // the batch schedule() last ran for (none: tokens -1)
+    const void *x = nullptr, *ids = nullptr, *w = nullptr;
+    int64_t tokens = -1;
+    bool operator==(const Scheduled&) const = default;
+  };
+  void schedule_batch(const mok::gpu::DeviceBatch& batch, cudaStream_t st) {
+    if (forward_) {
+      forward_->schedule(batch, *schedule_, st);
+      return;
+    }
+#if defined(MOK_WITH_NCCL_DEVICE)
+    ep_forward_->schedule(batch, *schedule_, st);
+#endif
+  }
+
   mok::Config c_;
+  Scheduled scheduled_;
   RankOperands operands_;
   int device_ = 0;
   uint64_t generation_ = 0;
@@ -234,8 +266,9 @@ void mok_py::register_gpu_layer(nb::module_& m) {
            "unique_id: the NCCL unique id (mok.nccl_unique_id() of rank 0) of the expert-parallel "
            "group of config's ep_size in which this layer is rank ep_rank (a collective: every "
            "rank constructs at the same time); None: one GPU")
+      .def("schedule", &GpuLayer::schedule, "x"_a, "topk_ids"_a, "topk_weights"_a, "stream"_a)
       .def("forward", &GpuLayer::forward, "x"_a, "topk_ids"_a, "topk_weights"_a, "params"_a,
-           "out"_a, "training"_a, "stream"_a)
+           "out"_a, "training"_a, "stream"_a, "scheduled"_a = false)
       .def("backward", &GpuLayer::backward, "generation"_a, "x"_a, "topk_ids"_a, "topk_weights"_a,
            "params"_a, "d_out"_a, "d_x"_a, "d_topk_weights"_a, "grads"_a, "stream"_a)
       .def("check", &GpuLayer::check, "stream"_a, nb::call_guard<nb::gil_scoped_release>())

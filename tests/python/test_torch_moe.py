@@ -198,6 +198,23 @@ def test_functional_forward_and_backward_equal_autograd():
         assert torch.equal(grads[name], want[name]), name
 
 
+def schedule_then_forward(m, x):
+    ids, w = m.route(x)
+    params = [getattr(m, n).detach() for n in mt.PARAMS]
+    plain, _ = mt.forward(x, ids, w, params, m.config)
+    s = mt.build_schedule(x, ids, w, params, m.config)
+    ahead, state = mt.forward(x, ids, w, params, m.config, schedule=s)
+    assert torch.equal(ahead, plain)
+    with pytest.raises(ValueError, match="schedule was built for another batch"):
+        mt.forward(x.clone(), ids, w, params, m.config, schedule=s)
+    return ahead
+
+
+def test_a_schedule_built_ahead_gives_the_same_forward():
+    m, x, _ = make("cpu", torch.float64, tokens=30)
+    schedule_then_forward(m, x)
+
+
 def test_low_precision_runs_its_quantized_recipe_on_cpu():
     m, x, _ = make("cpu", torch.float64, tokens=24, precision="mxfp8")
     ids, w = m.route(x)
@@ -401,6 +418,18 @@ def grouped_mm_pipeline(m, x):
     y = y * w.view(-1)[order].unsqueeze(-1).to(y.dtype)
     out = mlp(x, m.shared_gate, m.shared_up, m.shared_down) if m.shared_gate.shape[0] else 0 * x
     return out.index_add(0, token, y)
+
+
+@gpu
+def test_gpu_schedule_built_ahead_gives_the_same_bits():
+    m, x, _ = make("cuda", torch.bfloat16, tokens=150, **DSV3)
+    schedule_then_forward(m, x)
+    layer = mok._ops._handles[mok._ops.handle_for(m.config)].gpu_layers[(x.device.index, False)]
+    ids, w = m.route(x)
+    params = tuple(getattr(m, n).detach() for n in mt.PARAMS)
+    stream = torch.cuda.current_stream().cuda_stream
+    with pytest.raises(mok.Error, match="schedule\\(\\) did not run for this batch"):
+        layer.forward(x, ids, w, params, torch.empty_like(x), False, stream, scheduled=True)
 
 
 @gpu
