@@ -129,23 +129,37 @@ def train(kind, args, data, rank, world):
     torch.manual_seed(args.seed)
     H, I = args.hidden, args.intermediate
     tokens_per_step = args.batch * args.seq
-    group = dist.group.WORLD if world > 1 else None
 
-    def make_mok():
+    def make_mok(group=None):
         return mt.MoE(H, I, args.experts, args.top_k, num_shared_experts=1, shared_intermediate=I,
-                      max_tokens=tokens_per_step, process_group=group if kind == "mok" else None,
-                      device="cuda")
+                      max_tokens=tokens_per_step, process_group=group, device="cuda")
 
     make = make_mok if kind == "mok" else lambda: TorchMoE(make_mok())
     model = LM(args.vocab, H, args.layers, args.heads, make).cuda().to(torch.bfloat16)
-    # Under EP, mok's experts are this rank's own: no reduction. Everything else (and, for the
-    # PyTorch pipeline, every parameter) is data-parallel: gradients averaged over the ranks.
-    local = {id(p) for b in model.blocks for n, p in b.moe.named_parameters()
-             if kind == "mok" and world > 1 and n in ("gate", "up", "down")}
+    local = set()  # mok's expert parameters under EP: this rank's own experts
+    if kind == "mok" and world > 1:
+        # The same initial values as the one-GPU model (the seed's, on every rank): the
+        # replicated parameters as they are, each rank's experts sliced from all of them.
+        torch.manual_seed(args.seed)
+        ep_model = LM(args.vocab, H, args.layers, args.heads,
+                      lambda: make_mok(dist.group.WORLD)).cuda().to(torch.bfloat16)
+        with torch.no_grad():
+            for block, ep_block in zip(model.blocks, ep_model.blocks):
+                r = ep_block.moe.expert_range
+                for n in ("gate", "up", "down"):
+                    getattr(ep_block.moe, n).copy_(getattr(block.moe, n)[r.start:r.stop])
+            for (n, p), (_, q) in zip(model.named_parameters(), ep_model.named_parameters()):
+                if p.shape == q.shape:
+                    q.copy_(p)
+        model = ep_model
+        local = {id(p) for b in model.blocks for n, p in b.moe.named_parameters()
+                 if n in ("gate", "up", "down")}
+    # Everything but mok's local experts (and, for the PyTorch pipeline, every parameter) is
+    # data-parallel: gradients averaged over the ranks. A local expert's gradient already sums
+    # every rank's tokens (each rank's mean loss): divided by the ranks, it is the gradient of
+    # the ranks' mean loss too.
     replicated = [p for p in model.parameters() if id(p) not in local]
-    for p in replicated:  # every rank starts from rank 0's copy
-        if world > 1:
-            dist.broadcast(p.data, src=0)
+    experts = [p for p in model.parameters() if id(p) in local]
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
     torch.use_deterministic_algorithms(kind == "mok", warn_only=True)
     losses, start, timed_tokens = [], None, 0
@@ -161,6 +175,8 @@ def train(kind, args, data, rank, world):
         if world > 1:
             for p in replicated:
                 dist.all_reduce(p.grad, op=dist.ReduceOp.SUM)
+                p.grad.div_(world)
+            for p in experts:
                 p.grad.div_(world)
             dist.all_reduce(loss.detach(), op=dist.ReduceOp.AVG)
         opt.step()
@@ -217,6 +233,8 @@ def main():
     ap.add_argument("--json", default="", help="also write the curves and rates to this file")
     args = ap.parse_args()
     args.seq -= 1  # the model's input length; the sequences are one longer (the targets)
+    if not 0 <= args.warmup < args.steps:
+        sys.exit(f"train_moe.py: --warmup {args.warmup} must be in [0, --steps {args.steps})")
     if not torch.cuda.is_available():
         sys.exit("train_moe.py needs a GPU (mok's CPU path is the reference: far too slow)")
     world = int(os.environ.get("WORLD_SIZE", "1"))

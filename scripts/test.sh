@@ -27,10 +27,11 @@ build-thread/tests/test_ep_sim --gtest_filter='-*RandomRoutings*' --gtest_brief=
 
 echo "== Python package (pip install .) and tests"
 # PyTorch from PyPI for mok.torch's tests (its Linux wheel brings CUDA libraries that import
-# without a GPU): about 1 minute and 5.3 GB into .venv on a fresh machine, kept there after.
-if ! .venv/bin/python -c "import torch" 2>/dev/null; then
-  echo "setup: installing PyTorch into .venv (for mok.torch's tests)"
-  .venv/bin/python -m pip install -q torch
+# without a GPU) and transformers (the loaders are checked against its DeepSeek-V3 and
+# Qwen3-MoE blocks): about 1 minute and 5.4 GB into .venv on a fresh machine, kept there after.
+if ! .venv/bin/python -c "import torch, transformers" 2>/dev/null; then
+  echo "setup: installing PyTorch and transformers into .venv (for mok.torch's tests)"
+  .venv/bin/python -m pip install -q torch transformers
 fi
 # With nvcc on the PATH the package holds the GPU layer too (its CUDA sources compiled again, in
 # the package's own build folder).

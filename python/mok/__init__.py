@@ -39,6 +39,7 @@ from ._mok import (  # noqa: F401
     encode_e2m1,
     encode_e4m3,
     encode_e5m2,
+    has_expert_parallel,
     has_gpu_layer,
     preset,
     preset_names,

@@ -40,28 +40,46 @@ class _Handle:
 
     def _unique_id(self):
         """The group's NCCL unique id: made on its rank 0, broadcast over the process group (a
-        collective: every rank's first CUDA forward)."""
+        collective: every rank's first CUDA forward). A failure on rank 0 is broadcast too, so
+        that every rank raises it instead of waiting."""
         import torch.distributed as dist
 
-        box = [_mok.nccl_unique_id() if dist.get_rank(self.group) == 0 else None]
+        box = [None]
+        if dist.get_rank(self.group) == 0:
+            try:
+                box = [_mok.nccl_unique_id()]
+            except Exception as e:  # noqa: BLE001 (every rank must hear of it)
+                box = [f"{type(e).__name__}: {e}"]
         dist.broadcast_object_list(box, src=dist.get_global_rank(self.group, 0),
                                    group=self.group)
+        if isinstance(box[0], str):
+            raise RuntimeError(f"mok: rank 0 of the expert-parallel group could not make the NCCL "
+                               f"unique id: {box[0]}")
         return box[0]
 
 
 _handles = {}
 _by_key = {}
 _next = itertools.count(1)
-_lock = threading.Lock()
+_lock = threading.RLock()  # a finalizer may run (garbage collection) while it is held
+_parked = []  # expert-parallel layers a finalizer dropped: freed at process exit, not here
 
 
-def handle_for(config, recompute=False, shared=True, group=None):
+def handle_for(config, recompute=False, shared=True, group=None, layer=None):
     """The handle of a layer of `config` (mok.preset's keys) on one GPU or, with `group` (a
     torch.distributed process group of config's ep_size ranks, this one ep_rank), a rank of an
-    expert-parallel group. `shared`: one per (configuration, options, group) in this process (the
-    functional API's cache), else a new one (each module's own: two modules never share a forward
-    context)."""
-    key = (tuple(sorted(config.items())), bool(recompute), id(group))
+    expert-parallel group. `shared`: one per (configuration, options, group, `layer`) in this
+    process (the functional API's cache; `layer` tells apart layers of one configuration), else a
+    new one (each module's own: two modules never share a forward context)."""
+    if group is not None:
+        import torch.distributed as dist
+
+        ranks, rank = dist.get_world_size(group), dist.get_rank(group)
+        if (config.get("ep_size", 1), config.get("ep_rank", 0)) != (ranks, rank):
+            raise ValueError(f"mok: config's ep_size / ep_rank ({config.get('ep_size', 1)}, "
+                             f"{config.get('ep_rank', 0)}) must be the process group's size and "
+                             f"this rank's ({ranks}, {rank})")
+    key = (tuple(sorted(config.items())), bool(recompute), id(group), layer)
     with _lock:
         if shared and key in _by_key:
             return _by_key[key]
@@ -77,27 +95,42 @@ def check_config(config):
     _mok.config_check(config)
 
 
-def release(handle):
-    """Frees the handle's GPU workspaces (a module's finalizer calls it; `free_workspaces` for the
-    functional API's)."""
+def release(handle, collective=True):
+    """Frees the handle's GPU workspaces. An expert-parallel layer's release is a collective of
+    its group (every rank together: its windows are deregistered); without `collective` (a
+    finalizer, garbage collection, interpreter exit, where ranks need not agree) such layers are
+    parked instead and their memory goes with the process."""
     with _lock:
-        _handles.pop(handle, None)
-        for key in [k for k, h in _by_key.items() if h == handle]:
+        h = _handles.pop(handle, None)
+        for key in [k for k, v in _by_key.items() if v == handle]:
             del _by_key[key]
+    if h is not None and h.group is not None and not collective:
+        _parked.append(h)
 
 
 def release_shared():
-    """Frees the GPU workspaces the functional API cached (the next call makes them again)."""
+    """Frees the GPU workspaces the functional API cached (the next call makes them again; a
+    collective for expert-parallel layers)."""
     for h in list(_by_key.values()):
         release(h)
 
 
+def check(handle):
+    """Waits for the current stream and raises mok.Error for a failed batch of the handle's last
+    forward or backward on any device: an expert id out of range, capacity exceeded, a peer that
+    did not arrive (the GPU layer records these on the device; nothing else reports them)."""
+    h = _handle(handle)
+    for (index, _), layer in list(h.gpu_layers.items()):
+        layer.check(torch.cuda.current_stream(index).cuda_stream)
+
+
 @atexit.register
 def _release_all():
-    """Every GPU workspace goes before the interpreter does (the layers' CUDA and NCCL resources
-    are freed while their libraries are still loaded)."""
+    """Every GPU workspace goes before the interpreter does (the layers' CUDA resources are freed
+    while their libraries are still loaded); expert-parallel ones are parked (no collective at
+    exit)."""
     for h in list(_handles):
-        release(h)
+        release(h, collective=False)
 
 
 def _handle(h):
@@ -105,6 +138,11 @@ def _handle(h):
         return _handles[h]
     except KeyError:
         raise RuntimeError(f"mok: layer handle {h} was released") from None
+
+
+def _empty(t):
+    """A contiguous tensor like t (fake and real outputs alike: the layer writes rows densely)."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
 def _operands(params):
@@ -135,23 +173,24 @@ def run_forward(handle, x, topk_ids, topk_weights, params, training, scheduled=F
     if x.is_cuda:
         params, fp32_grads = _operands(params)
         layer = h.gpu_layer(x.device, fp32_grads)
-        out = torch.empty_like(x)
+        out = _empty(x)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         gen = layer.forward(x, topk_ids, topk_weights, params, out, training, stream, scheduled)
-        return out, torch.tensor(gen, dtype=torch.int64)
+        return out, torch.tensor(gen, dtype=torch.int64, device="cpu")
     if h.group is not None:
         raise RuntimeError("mok: an expert-parallel layer (process_group) runs on CUDA tensors "
                            "only; x is on the CPU")
     out = torch.from_numpy(_reference(h.config, x, topk_ids, topk_weights, params)["out"])
     h.cpu_generation += 1
-    return out.to(x.dtype), torch.tensor(h.cpu_generation, dtype=torch.int64)
+    return out.to(x.dtype), torch.tensor(h.cpu_generation, dtype=torch.int64, device="cpu")
 
 
 def run_schedule(handle, x, topk_ids, topk_weights, params):
     """The GPU layer's routing schedule of this batch, ahead of run_forward(..., scheduled=True);
     nothing on the CPU (the reference has no schedule)."""
     if x.is_cuda:
-        layer = _handle(handle).gpu_layer(x.device, _operands(params)[1])
+        fp32_grads = all(p.dtype == torch.float32 for p in params)  # as _operands decides
+        layer = _handle(handle).gpu_layer(x.device, fp32_grads)
         layer.schedule(x, topk_ids, topk_weights, torch.cuda.current_stream(x.device).cuda_stream)
 
 
@@ -169,7 +208,7 @@ def moe_forward(handle: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weigh
 @moe_forward.register_fake
 def _(handle, x, topk_ids, topk_weights, shared_gate, shared_up, shared_down, gate, up, down,
       training):
-    return torch.empty_like(x), torch.empty((), dtype=torch.int64)
+    return _empty(x), torch.empty((), dtype=torch.int64, device="cpu")
 
 
 @torch.library.custom_op("mok::moe_backward", mutates_args=())
@@ -182,11 +221,11 @@ def moe_backward(handle: int, generation: torch.Tensor, d_out: torch.Tensor, x: 
     h = _handle(handle)
     params = (shared_gate, shared_up, shared_down, gate, up, down)
     if x.is_cuda:
-        grads = tuple(torch.empty_like(p) for p in params)  # FP32 or BF16, as the parameters
+        grads = tuple(_empty(p) for p in params)  # FP32 or BF16, as the parameters
         params, fp32_grads = _operands(params)  # the forward's BF16 operands, bit for bit
         layer = h.gpu_layer(x.device, fp32_grads)
-        d_x = torch.empty_like(x)
-        d_w = torch.empty_like(topk_weights)  # float32 (the layer checks)
+        d_x = _empty(x)
+        d_w = _empty(topk_weights)  # float32 (the layer checks)
         stream = torch.cuda.current_stream(x.device).cuda_stream
         layer.backward(int(generation), x, topk_ids, topk_weights, params, d_out, d_x, d_w, grads,
                        stream)
@@ -201,8 +240,7 @@ def moe_backward(handle: int, generation: torch.Tensor, d_out: torch.Tensor, x: 
 def _(handle, generation, d_out, x, topk_ids, topk_weights, shared_gate, shared_up, shared_down,
       gate, up, down):
     params = (shared_gate, shared_up, shared_down, gate, up, down)
-    return [torch.empty_like(x), torch.empty_like(topk_weights),
-            *(torch.empty_like(p) for p in params)]
+    return [_empty(x), _empty(topk_weights), *(_empty(p) for p in params)]
 
 
 def _setup_context(ctx, inputs, output):
@@ -225,4 +263,5 @@ def apply(handle, x, topk_ids, topk_weights, params):
     six parameters)."""
     training = torch.is_grad_enabled() and any(
         t.requires_grad for t in (x, topk_weights, *params))
+    x, topk_ids, topk_weights = (t.contiguous() for t in (x, topk_ids, topk_weights))
     return moe_forward(handle, x, topk_ids, topk_weights, *params, training)[0]

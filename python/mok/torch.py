@@ -50,14 +50,18 @@ def route_deepseek_v3(logits, expert_bias, top_k, num_groups=1, topk_groups=1, n
     return ids.int(), weights * scaling_factor
 
 
-def moe(x, topk_ids, topk_weights, params, config, recompute=False, check_ids=True, group=None):
+def moe(x, topk_ids, topk_weights, params, config, recompute=False, check_ids=True, group=None,
+        layer=None):
     """The functional layer: out [T, H] of x [T, H] routed by (topk_ids int32 [T, K],
     topk_weights float32 [T, K]) through `params` (the six tensors of PARAMS, in that order), for
     `config` (mok.preset's keys; max_tokens_per_rank bounds T). Differentiable in x, topk_weights
-    and the parameters. The GPU workspace is cached per (configuration, recompute) and device.
+    and the parameters. The GPU workspace is cached per (configuration, recompute, group, layer)
+    and device, and keeps one training forward's context: model layers of one configuration must
+    pass distinct `layer` keys (any hashable, e.g. the layer's index), or each backward would
+    find another layer's forward (an error, checked).
     check_ids: raise a ValueError naming topk_ids when an id is out of range (it reads the ids on
-    the host: a synchronisation; skipped under torch.compile and CUDA graph capture, where the
-    layer's own check reports it after the stream, as an error of the next layer.check).
+    the host: a synchronisation; skipped under torch.compile and CUDA graph capture, where `check`
+    reports it after the stream).
     group: a torch.distributed process group of config's ep_size ranks (this rank is
     config["ep_rank"]): expert parallelism, params then holding this rank's experts."""
     E = config["num_experts"]
@@ -67,35 +71,59 @@ def moe(x, topk_ids, topk_weights, params, config, recompute=False, check_ids=Tr
         if lo < 0 or hi >= E:
             raise ValueError(f"mok.torch.moe: topk_ids must lie in [0, {E}) (num_experts = {E}); "
                              f"got ids from {lo} to {hi}")
-    return _ops.apply(_ops.handle_for(config, recompute, group=group), x, topk_ids, topk_weights,
+    return _ops.apply(_handle_of(config, recompute, group, layer), x, topk_ids, topk_weights,
                       params)
 
 
-def build_schedule(x, topk_ids, topk_weights, params, config, recompute=False, group=None):
+@torch.compiler.assume_constant_result
+def _handle_of(config, recompute, group, layer):
+    # A constant under torch.compile: the handle is looked up (or made) once, at tracing.
+    return _ops.handle_for(config, recompute, group=group, layer=layer)
+
+
+def check(module_or_config, recompute=False, group=None, layer=None):
+    """Waits for the current stream and raises mok.Error for what the GPU recorded of the last
+    forward and backward of a MoE module, or of `moe` / `forward`'s layer of this (config,
+    recompute, group, layer): an expert id out of range, capacity exceeded, a peer that did not
+    arrive. Nothing else reports these: call it where a step may synchronise (e.g. with the loss
+    print)."""
+    if isinstance(module_or_config, MoE):
+        _ops.check(module_or_config._handle)
+    else:
+        _ops.check(_ops.handle_for(module_or_config, recompute, group=group, layer=layer))
+
+
+def build_schedule(x, topk_ids, topk_weights, params, config, recompute=False, group=None,
+                   layer=None):
     """The routing schedule of a batch, built on the device ahead of its `forward` (under
     expert parallelism a collective: the counts exchange with every rank), so that other work can
     run between the two; pass it as forward's `schedule`. Without it, forward builds the schedule
-    itself. (The module and `moe` always do: one schedule per forward.)"""
-    h = _ops.handle_for(config, recompute, group=group)
+    itself (the module and `moe` always do). Not between a training forward and its backward:
+    the backward reads the schedule of its own forward."""
+    h = _ops.handle_for(config, recompute, group=group, layer=layer)
     _ops.run_schedule(h, x, topk_ids, topk_weights, tuple(params))
     return (h, x, topk_ids, topk_weights)
 
 
 def forward(x, topk_ids, topk_weights, params, config, recompute=False, training=True,
-            group=None, schedule=None):
+            group=None, layer=None, schedule=None):
     """The functional forward without autograd, for frameworks that run their own backward:
     (out [T, H], state); `backward(state, d_out)` gives the gradients of a training forward (the
-    layer's latest: a second training forward of the same configuration first is an error).
-    schedule: build_schedule's for this batch (the same tensors), or None."""
-    h = _ops.handle_for(config, recompute, group=group)
+    layer's latest: a second training forward of the same (configuration, layer) first is an
+    error). schedule: build_schedule's for this batch (the same tensors), or None."""
+    h = _ops.handle_for(config, recompute, group=group, layer=layer)
     params = tuple(params)
-    if schedule is not None and (schedule[0] != h or any(
-            a is not b for a, b in zip(schedule[1:], (x, topk_ids, topk_weights)))):
+    if schedule is None:
+        out, generation = torch.ops.mok.moe_forward(h, x, topk_ids, topk_weights, *params,
+                                                    training)
+        return out, (h, generation, x, topk_ids, topk_weights, params)
+    if schedule[0] != h or any(a is not b for a, b in zip(schedule[1:], (x, topk_ids,
+                                                                          topk_weights))):
         raise ValueError("mok.torch.forward: schedule was built for another batch or "
                          "configuration (build_schedule with this forward's x, topk_ids, "
                          "topk_weights, params and config)")
     out, generation = _ops.run_forward(h, x, topk_ids, topk_weights, params, training,
-                                       scheduled=schedule is not None and x.is_cuda)
+                                       scheduled=x.is_cuda)
     return out, (h, generation, x, topk_ids, topk_weights, params)
 
 
@@ -108,8 +136,9 @@ def backward(state, d_out):
 
 
 def free_workspaces():
-    """Frees the GPU workspaces that `moe` cached (per configuration and device); the next call
-    makes them again. A module's own workspace goes with the module."""
+    """Frees the GPU workspaces that `moe` and `forward` cached (per configuration and device);
+    the next call makes them again. Under expert parallelism a collective (every rank together).
+    A module's own workspace goes with the module (or its close())."""
     _ops.release_shared()
 
 
@@ -182,10 +211,37 @@ class MoE(nn.Module):
         self.down = nn.Parameter(torch.empty(E, H, I, **kw))
         if router == "deepseek_v3":
             self.register_buffer("expert_bias", torch.zeros(num_experts, device=device))
-        self._handle = _ops.handle_for(self.config, recompute, shared=False,
-                                       group=process_group)
-        weakref.finalize(self, _ops.release, self._handle)
+        self._process_group = process_group
+        self._new_handle()
         self.reset_parameters()
+
+    def _new_handle(self):
+        # Its own GPU layer: never another module's (a deepcopy or an unpickled module makes a
+        # new one, __setstate__). Garbage collection frees it without a collective.
+        self._handle = _ops.handle_for(self.config, self.recompute, shared=False,
+                                       group=self._process_group)
+        weakref.finalize(self, _ops.release, self._handle, False)
+
+    def __getstate__(self):
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        return {k: v for k, v in state.items() if k not in ("_handle", "_process_group")}
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        self._process_group = None  # a process group does not travel: EP modules are rebuilt
+        self._new_handle()
+
+    def close(self):
+        """Frees the module's GPU workspace now (the next forward makes another). Under expert
+        parallelism a collective: every rank closes its module together (garbage collection
+        and interpreter exit only park such a layer, freed with the process)."""
+        _ops.release(self._handle)
+        self._new_handle()
+
+    def check(self):
+        """mok.torch.check(self): raises for what the GPU recorded of the last forward and
+        backward (an expert id out of range, capacity exceeded, a peer that did not arrive)."""
+        check(self)
 
     def reset_parameters(self):
         H, I = self.config["hidden"], self.config["intermediate"]
@@ -215,29 +271,56 @@ class MoE(nn.Module):
         return _ops.apply(self._handle, flat, ids, weights, params).reshape(x.shape)
 
 
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+
+
+def _weight(state_dict, key):
+    """state_dict[key] in full precision: FP8 weights (DeepSeek-V3's released checkpoints) are
+    dequantized by their `weight_scale_inv` 128 x 128 block scales; other non-float dtypes are
+    refused."""
+    if key not in state_dict:
+        raise KeyError(f"mok.torch: the state dict has no {key!r}")
+    t = state_dict[key]
+    if t.dtype in _FP8:
+        scale_key = key[: -len("weight")] + "weight_scale_inv"
+        if scale_key not in state_dict:
+            raise KeyError(f"mok.torch: {key!r} is {t.dtype} and the state dict has no "
+                           f"{scale_key!r} (its block scales)")
+        s = state_dict[scale_key].float()
+        rows, cols = t.shape
+        want = (-(-rows // 128), -(-cols // 128))
+        if tuple(s.shape) != want:
+            raise ValueError(f"mok.torch: {scale_key!r} must be {list(want)} (128 x 128 blocks "
+                             f"of {list(t.shape)}); got {list(s.shape)}")
+        s = s.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+        return t.float() * s.to(t.device)
+    if not t.is_floating_point():
+        raise TypeError(f"mok.torch: {key!r} is {t.dtype}; expected a floating-point weight")
+    return t
+
+
 def _stack(state_dict, prefix, experts, name):
-    def get(key):
-        if key not in state_dict:
-            raise KeyError(f"mok.torch: the state dict has no {key!r}")
-        return state_dict[key]
-    return torch.stack([get(f"{prefix}experts.{e}.{name}.weight") for e in experts])
+    return torch.stack([_weight(state_dict, f"{prefix}experts.{e}.{name}.weight")
+                        for e in experts])
 
 
 def _load(m, state_dict, prefix, shared_prefix):
     E = m.expert_range  # this rank's experts (all of them without a process group)
-    want = {"router": state_dict.get(prefix + "gate.weight"),
-            "gate": _stack(state_dict, prefix, E, "gate_proj"),
-            "up": _stack(state_dict, prefix, E, "up_proj"),
-            "down": _stack(state_dict, prefix, E, "down_proj")}
-    if want["router"] is None:
-        raise KeyError(f"mok.torch: the state dict has no {prefix + 'gate.weight'!r}")
+    want = {"router": _weight(state_dict, prefix + "gate.weight")}
+    fused = prefix + "experts.gate_up_proj"
+    if fused in state_dict:  # transformers >= 5: [E, 2I, H] (gate rows, then up) and [E, H, I]
+        I = m.config["intermediate"]
+        gate_up = state_dict[fused][E.start:E.stop]
+        want.update(gate=gate_up[:, :I], up=gate_up[:, I:],
+                    down=_weight(state_dict, prefix + "experts.down_proj")[E.start:E.stop])
+    else:  # the checkpoints' per-expert matrices
+        want.update(gate=_stack(state_dict, prefix, E, "gate_proj"),
+                    up=_stack(state_dict, prefix, E, "up_proj"),
+                    down=_stack(state_dict, prefix, E, "down_proj"))
     if shared_prefix is not None:
         for ours, theirs in (("shared_gate", "gate_proj"), ("shared_up", "up_proj"),
                              ("shared_down", "down_proj")):
-            key = f"{prefix}{shared_prefix}.{theirs}.weight"
-            if key not in state_dict:
-                raise KeyError(f"mok.torch: the state dict has no {key!r}")
-            want[ours] = state_dict[key]
+            want[ours] = _weight(state_dict, f"{prefix}{shared_prefix}.{theirs}.weight")
     with torch.no_grad():
         for name, t in want.items():
             p = getattr(m, name)
@@ -248,23 +331,41 @@ def _load(m, state_dict, prefix, shared_prefix):
     return m
 
 
+def _getter(config):
+    """config.get for a dict or a transformers PretrainedConfig (attributes)."""
+    if isinstance(config, dict):
+        return config.get
+    return lambda key, default=None: getattr(config, key, default)
+
+
 def from_deepseek_v3(state_dict, config, prefix="", max_tokens=4096, **kwargs):
     """A MoE from one DeepSeek-V3 MoE layer's Hugging Face state dict (keys `{prefix}gate.weight`,
-    `gate.e_score_correction_bias`, `experts.{e}.{gate,up,down}_proj.weight`,
-    `shared_experts.{gate,up,down}_proj.weight`) and its model config (the keys hidden_size,
+    `gate.e_score_correction_bias`, `experts.{e}.{gate,up,down}_proj.weight` or transformers 5's
+    `experts.gate_up_proj` and `experts.down_proj`, `shared_experts.{gate,up,down}_proj.weight`;
+    FP8 weights with their `weight_scale_inv` are dequantized) and its model config (a dict or a transformers config: hidden_size,
     moe_intermediate_size, n_routed_experts, num_experts_per_tok, n_shared_experts, n_group,
-    topk_group, norm_topk_prob, routed_scaling_factor). kwargs: MoE's (device, dtype,
-    process_group: each rank then loads its own experts)."""
-    n_shared = config.get("n_shared_experts") or 0
-    m = MoE(config["hidden_size"], config["moe_intermediate_size"], config["n_routed_experts"],
-            config["num_experts_per_tok"], num_shared_experts=n_shared,
-            shared_intermediate=config["moe_intermediate_size"], max_tokens=max_tokens,
-            router="deepseek_v3", normalize=config.get("norm_topk_prob", True),
-            num_groups=config.get("n_group", 1), topk_groups=config.get("topk_group", 1),
-            scaling_factor=config.get("routed_scaling_factor", 1.0), **kwargs)
+    topk_group, norm_topk_prob, routed_scaling_factor; absent ones take DeepseekV3Config's
+    defaults). The router masks the dropped groups with -inf where transformers' code fills 0.0:
+    the two pick different experts only when bias makes a kept group's choices all negative.
+    kwargs: MoE's (device, dtype, process_group: each rank then loads its own experts)."""
+    get = _getter(config)
+    for key, allowed in (("scoring_func", "sigmoid"), ("topk_method", "noaux_tc")):
+        if get(key, allowed) != allowed:
+            raise ValueError(f"mok.torch.from_deepseek_v3: {key} = {get(key)!r}; mok's router is "
+                             f"DeepSeek-V3's ({key} = {allowed!r})")
+    n_shared = get("n_shared_experts", 1) or 0
+    m = MoE(get("hidden_size"), get("moe_intermediate_size"), get("n_routed_experts"),
+            get("num_experts_per_tok"), num_shared_experts=n_shared,
+            shared_intermediate=get("moe_intermediate_size"), max_tokens=max_tokens,
+            router="deepseek_v3", normalize=get("norm_topk_prob", True),
+            num_groups=get("n_group", 8), topk_groups=get("topk_group", 4),
+            scaling_factor=get("routed_scaling_factor", 2.5), **kwargs)
     _load(m, state_dict, prefix, "shared_experts" if n_shared else None)
     bias = state_dict.get(prefix + "gate.e_score_correction_bias")
     if bias is not None:
+        if tuple(bias.shape) != tuple(m.expert_bias.shape):
+            raise ValueError(f"mok.torch: gate.e_score_correction_bias must be "
+                             f"{list(m.expert_bias.shape)}; got {list(bias.shape)}")
         with torch.no_grad():
             m.expert_bias.copy_(bias)
     return m
@@ -272,10 +373,13 @@ def from_deepseek_v3(state_dict, config, prefix="", max_tokens=4096, **kwargs):
 
 def from_qwen3_moe(state_dict, config, prefix="", max_tokens=4096, **kwargs):
     """A MoE from one Qwen3-MoE sparse block's Hugging Face state dict (keys `{prefix}gate.weight`,
-    `experts.{e}.{gate,up,down}_proj.weight`) and its model config (hidden_size,
-    moe_intermediate_size, num_experts, num_experts_per_tok, norm_topk_prob). Qwen3-MoE has no
-    shared experts; its router is softmax top-k (mok computes the router logits in FP32)."""
-    m = MoE(config["hidden_size"], config["moe_intermediate_size"], config["num_experts"],
-            config["num_experts_per_tok"], max_tokens=max_tokens, router="softmax",
-            normalize=config.get("norm_topk_prob", False), **kwargs)
+    `experts.{e}.{gate,up,down}_proj.weight` or transformers 5's `experts.gate_up_proj` and
+    `experts.down_proj`) and its model config (a dict or a transformers
+    config: hidden_size, moe_intermediate_size, num_experts, num_experts_per_tok,
+    norm_topk_prob). Qwen3-MoE has no shared experts; its router is softmax top-k (mok computes
+    the router logits in FP32, transformers in the model's dtype)."""
+    get = _getter(config)
+    m = MoE(get("hidden_size"), get("moe_intermediate_size"), get("num_experts"),
+            get("num_experts_per_tok"), max_tokens=max_tokens, router="softmax",
+            normalize=get("norm_topk_prob", False), **kwargs)
     return _load(m, state_dict, prefix, None)

@@ -60,6 +60,7 @@ class EmulatedGpuGroup {
   uint64_t forward(const nb::list& xs, const nb::list& ids, const nb::list& ws,
                    const nb::list& params, const nb::list& outs, bool training, uintptr_t stream) {
     const Ranks r = ranks("EmulatedGpuGroup.forward", xs, ids, ws, params);
+    require_ranks("EmulatedGpuGroup.forward", "outs", outs);
     std::vector<__nv_bfloat16*> out(r.batches.size());
     for (size_t i = 0; i < out.size(); ++i) {
       const Tensor t = nb::cast<Tensor>(outs[i]);
@@ -99,7 +100,7 @@ class EmulatedGpuGroup {
       operands_[i].require_rows(name, "d_out", d, r.batches[i].tokens);
       d_out[i] = ptr<const __nv_bfloat16>(d);
       g[i] = operands_[i].grads(name, r.batches[i].tokens, nb::cast<Tensor>(d_xs[i]),
-                                nb::cast<Tensor>(d_ws[i]), nb::cast<nb::tuple>(grads[i]),
+                                nb::cast<Tensor>(d_ws[i]), six(name, "grads", grads[i]),
                                 weight_grads_);
     }
     std::vector<const mok::gpu::ForwardContext*> contexts;
@@ -127,6 +128,15 @@ class EmulatedGpuGroup {
   static std::string rank_name(const std::string& who, size_t r) {
     return who + " (rank " + std::to_string(r) + ")";
   }
+  // A rank's entry of params or grads: a tuple or list of six tensors.
+  static nb::tuple six(const std::string& who, const char* name, nb::handle entry) {
+    if (!nb::isinstance<nb::tuple>(entry) && !nb::isinstance<nb::list>(entry))
+      throw mok::Error(mok::ErrorCode::invalid_argument,
+                       who + ": " + name + " must hold a tuple of six tensors per rank");
+    PyObject* t = PySequence_Tuple(entry.ptr());  // a new tuple of the entry's items
+    if (!t) throw nb::python_error();
+    return nb::steal<nb::tuple>(t);
+  }
   void require_ranks(const std::string& who, const char* name, const nb::list& l) const {
     if (int(l.size()) != c_.ep_size)
       throw mok::Error(mok::ErrorCode::invalid_argument,
@@ -143,7 +153,7 @@ class EmulatedGpuGroup {
       const std::string name = rank_name(who, i);
       r.batches.push_back(operands_[i].batch(name, nb::cast<Tensor>(xs[i]),
                                              nb::cast<Tensor>(ids[i]), nb::cast<Tensor>(ws[i])));
-      r.weights.push_back(operands_[i].params(name, nb::cast<nb::tuple>(params[i])));
+      r.weights.push_back(operands_[i].params(name, six(name, "params", params[i])));
     }
     return r;
   }

@@ -249,6 +249,11 @@ class GpuLayer {
 
 void mok_py::register_gpu_layer(nb::module_& m) {
   m.attr("has_gpu_layer") = true;
+#if defined(MOK_WITH_NCCL_DEVICE)
+  m.attr("has_expert_parallel") = true;  // GpuLayer(unique_id=...): NCCL's device API
+#else
+  m.attr("has_expert_parallel") = false;
+#endif
   register_gpu_group(m);
   m.def(
       "nccl_unique_id",

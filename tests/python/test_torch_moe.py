@@ -167,6 +167,79 @@ def test_loaders_build_the_layer_of_a_hugging_face_state_dict():
         mt.from_qwen3_moe(qsd, dict(qcfg, moe_intermediate_size=32), dtype=torch.float64)
 
 
+def test_loaders_dequantize_fp8_checkpoints_and_refuse_what_they_cannot_read():
+    """DeepSeek-V3's released weights are E4M3 with 128 x 128 weight_scale_inv blocks."""
+    cfg = dict(hidden_size=128, moe_intermediate_size=192, n_routed_experts=8,
+               num_experts_per_tok=2, n_shared_experts=1, n_group=2, topk_group=1)
+    sd = synthetic_state_dict(128, 192, 8, 192, seed=3)
+    fp8 = {}
+    for k, v in sd.items():
+        if k == "gate.weight":
+            fp8[k] = v.float()
+            continue
+        rows, cols = v.shape  # one scale per 128 x 128 block (edge blocks partial)
+        blocks = v.abs().float()
+        s = torch.zeros(-(-rows // 128), -(-cols // 128))
+        for i in range(s.shape[0]):
+            for j in range(s.shape[1]):
+                s[i, j] = blocks[i * 128:(i + 1) * 128, j * 128:(j + 1) * 128].max() / 448
+        full = s.repeat_interleave(128, 0)[:rows].repeat_interleave(128, 1)[:, :cols]
+        fp8[k] = (v.float() / full).to(torch.float8_e4m3fn)
+        fp8[k[:-len("weight")] + "weight_scale_inv"] = s
+    m = mt.from_deepseek_v3(fp8, cfg, max_tokens=8, dtype=torch.float64)
+    key = "experts.5.down_proj.weight"
+    s = fp8[key[:-len("weight")] + "weight_scale_inv"]
+    want = (fp8[key].float() * s.repeat_interleave(128, 0)[:128].repeat_interleave(
+        128, 1)[:, :192]).double()  # each code times its block's scale, in FP32
+    assert torch.equal(m.down[5], want)
+    assert rel_l2(m.down[5], sd[key]) < 0.05  # E4M3's rounding, nothing lost
+    assert (m.num_groups, m.topk_groups, m.scaling_factor) == (2, 1, 2.5)  # HF's default 2.5
+    del fp8["experts.1.gate_proj.weight_scale_inv"]
+    with pytest.raises(KeyError, match="experts.1.gate_proj.weight_scale_inv"):
+        mt.from_deepseek_v3(fp8, cfg, dtype=torch.float64)
+    with pytest.raises(TypeError, match="gate.weight' is torch.int32"):
+        mt.from_qwen3_moe({**sd, "gate.weight": sd["gate.weight"].int()},
+                          dict(hidden_size=128, moe_intermediate_size=192, num_experts=8,
+                               num_experts_per_tok=2), dtype=torch.float64)
+    with pytest.raises(ValueError, match="scoring_func = 'softmax'"):
+        mt.from_deepseek_v3(sd, dict(cfg, scoring_func="softmax"), dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"e_score_correction_bias must be \[8\]; got \[1\]"):
+        mt.from_deepseek_v3({**sd, "gate.e_score_correction_bias": torch.zeros(1)}, cfg,
+                            dtype=torch.float64)
+
+
+def test_loaders_equal_transformers_own_modules():
+    """The loaders against transformers' DeepseekV3MoE and Qwen3MoeSparseMoeBlock (their fused
+    experts and their routers), on random weights, in FP64."""
+    tf = pytest.importorskip("transformers")
+    from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3MoE
+    from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+    torch.manual_seed(9)
+    x = torch.randn(1, 60, 128, dtype=torch.float64)
+    dcfg = tf.DeepseekV3Config(hidden_size=128, moe_intermediate_size=64, n_routed_experts=16,
+                               num_experts_per_tok=4, n_shared_experts=2, n_group=4,
+                               topk_group=2)
+    qcfg = tf.Qwen3MoeConfig(hidden_size=128, moe_intermediate_size=64, num_experts=16,
+                             num_experts_per_tok=4, norm_topk_prob=True)
+    for block, load in ((DeepseekV3MoE(dcfg), lambda sd: mt.from_deepseek_v3(sd, dcfg, **kw)),
+                        (Qwen3MoeSparseMoeBlock(qcfg), lambda sd: mt.from_qwen3_moe(sd, qcfg,
+                                                                                    **kw))):
+        kw = dict(max_tokens=60, dtype=torch.float64)
+        block = block.double()
+        with torch.no_grad():
+            for name, p in block.named_parameters():
+                p.normal_(0, p.shape[-1] ** -0.5)
+            for name, b in block.named_buffers():  # the bias: small, the choices stay positive
+                b.normal_(0, 0.02)
+        m = load(block.state_dict())
+        with torch.no_grad():
+            want = block(x)
+        # transformers computes Qwen3's router logits in the model's dtype, mok in FP32: the
+        # routing weights differ by FP32 rounding (the same experts are chosen here).
+        assert rel_l2(m(x), want) < 1e-6, type(block).__name__
+
+
 def test_functional_form_equals_the_module_and_names_bad_ids():
     m, x, d_out = make("cpu", torch.float64, tokens=40)
     ids, w = m.route(x)
@@ -174,10 +247,32 @@ def test_functional_form_equals_the_module_and_names_bad_ids():
     assert torch.equal(mt.moe(x, ids, w, params, m.config), m(x).detach())
     mt.free_workspaces()  # the cache's layer goes; the next call makes another
     assert torch.equal(mt.moe(x, ids, w, params, m.config), m(x).detach())
+    compiled = torch.compile(lambda *a: mt.moe(a[0], a[1], a[2], list(a[3:]), m.config),
+                             fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(x, ids, w, *params), m(x).detach())
+    # Layers of one configuration: distinct `layer` keys, distinct workspaces.
+    assert mt._ops.handle_for(m.config, layer=0) != mt._ops.handle_for(m.config, layer=1)
+    assert mt._ops.handle_for(m.config, layer=1) == mt._ops.handle_for(m.config, layer=1)
+    mt.check(m.config)  # nothing recorded on the CPU: no error
     bad = ids.clone()
     bad[7, 2] = 16
     with pytest.raises(ValueError, match=r"topk_ids must lie in \[0, 16\).*from 0 to 16"):
         mt.moe(x, bad, w, params, m.config)
+
+
+def test_copies_and_pickles_get_their_own_layer():
+    import copy
+    import pickle
+
+    m, x, _ = make("cpu", torch.float64, tokens=16)
+    c, p = copy.deepcopy(m), pickle.loads(pickle.dumps(m))
+    assert len({m._handle, c._handle, p._handle}) == 3
+    for other in (c, p):
+        assert torch.equal(other(x), m(x))
+    h = m._handle
+    m.close()
+    assert m._handle != h and h not in mt._ops._handles
+    assert torch.equal(m(x), c(x))
 
 
 def test_functional_forward_and_backward_equal_autograd():
@@ -246,11 +341,15 @@ def op_args(m, x):
 
 
 def test_the_custom_operators_pass_opcheck_on_cpu():
-    m, x, _ = make("cpu", torch.float64, tokens=24)
+    m, x, d_out = make("cpu", torch.float64, tokens=24)
     args = op_args(m, x.requires_grad_(True))
     torch.library.opcheck(torch.ops.mok.moe_forward.default, args,
                           test_utils=("test_schema", "test_faketensor",
                                       "test_autograd_registration"))
+    _, generation = torch.ops.mok.moe_forward(*args)
+    torch.library.opcheck(torch.ops.mok.moe_backward.default,
+                          (m._handle, generation, d_out, *args[1:-1]),
+                          test_utils=("test_schema", "test_faketensor"))
 
 
 def test_compiled_module_equals_eager_on_cpu():
@@ -369,8 +468,8 @@ def test_a_captured_training_step_replays_with_new_inputs():
 def test_a_one_rank_process_group_runs_the_nccl_path_bit_for_bit():
     import torch.distributed as dist
 
-    if not hasattr(mok, "nccl_unique_id"):
-        pytest.skip("a build without NCCL")
+    if not mok.has_expert_parallel:
+        pytest.skip("a build without NCCL's device API")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
         m, x, d_out = make("cuda", torch.bfloat16, tokens=96, **DSV3)
@@ -387,7 +486,7 @@ def test_a_one_rank_process_group_runs_the_nccl_path_bit_for_bit():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2
-                    or not mok.has_gpu_layer, reason="needs two GPUs")
+                    or not mok.has_expert_parallel, reason="needs two GPUs and NCCL's device API")
 def test_an_expert_parallel_group_over_torchrun_equals_one_gpu():
     import os
     import subprocess
@@ -430,6 +529,20 @@ def test_gpu_schedule_built_ahead_gives_the_same_bits():
     stream = torch.cuda.current_stream().cuda_stream
     with pytest.raises(mok.Error, match="schedule\\(\\) did not run for this batch"):
         layer.forward(x, ids, w, params, torch.empty_like(x), False, stream, scheduled=True)
+
+
+@gpu
+def test_gpu_errors_recorded_on_the_device_reach_check():
+    m, x, _ = make("cuda", torch.bfloat16, tokens=64)
+    ids, w = m.route(x)
+    params = [getattr(m, n).detach() for n in mt.PARAMS]
+    bad = ids.clone()
+    bad[9, 1] = 16
+    mt.moe(x, bad, w, params, m.config, check_ids=False, layer="check")  # no host check
+    with pytest.raises(mok.Error, match="expert"):
+        mt.check(m.config, layer="check")
+    m(x)
+    m.check()  # the module's own layer: a good batch, no error
 
 
 @gpu
