@@ -27,7 +27,6 @@ cuobjdump --list-elf build-gpu/libmok_cuda.a 2>&1 | head -5
 if [ "${MOK_BENCH:-0}" = 1 ]; then
   echo "== the layer: megakernel, cuBLAS pipeline, staged launches; then PyTorch"
   ./build-gpu/mok bench --preset all --breakdown 1 || status=1
-  ./build-gpu/mok bench --preset all --pingpong 1 || status=1  # ping-pong consumers, 128x128 tiles
   python3 bench/torch_moe_forward.py || status=1
   echo "== grouped GEMM vs one cuBLAS GEMM of the same FLOPs (rows per expert = T*K/E)"
   nvidia-smi --query-gpu=power.draw,clocks.sm,temperature.gpu --format=csv,noheader

@@ -263,7 +263,7 @@ int bench_backward_command(const BenchOptions& o) {
     throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");
   cudaDeviceProp prop{};
   cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  const std::vector<std::pair<std::string, int64_t>> shapes = bench_shapes(o);
+  const std::vector<BenchShape> shapes = bench_shapes(o);
   std::printf(
       "mok bench --direction backward: the training forward (keeping its context), the backward "
       "megakernel with BF16 and with FP32 weight gradients, the staged backward (the same tiles "
@@ -284,9 +284,9 @@ int bench_backward_command(const BenchOptions& o) {
       "and BF16 gradients included) | backward tile width | peak TFLOP/s, HBM TB/s measured "
       "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<BackwardRow> rows;
-  for (const auto& [name, tokens] : shapes) {
+  for (const auto& [name, config, tokens] : shapes) {
     const Ceilings ceil = measure_ceilings_now();
-    const Config c = preset(name);
+    const Config c = config;
     const BackwardRow r = bench_backward_shape(name, c, tokens, ceil, o);
     Config sized = c;
     sized.max_tokens_per_rank = int(tokens);
@@ -317,8 +317,9 @@ int bench_backward_command(const BenchOptions& o) {
       "step keeping: ms | recomputing: ms (TFLOP/s) | recomputing / keeping | context GB kept "
       "(recomputing: 0) | backward workspace GB recomputing |\n"
       "|---|---|---|---|---|---|---|---|---|---|\n");
-  for (const BackwardRow& r : rows) {
-    Config sized = preset(r.name);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const BackwardRow& r = rows[i];
+    Config sized = shapes[i].config;
     sized.max_tokens_per_rank = int(r.tokens);
     const double fwd = forward_flops(sized, r.tokens), bwd = backward_flops(sized, r.tokens);
     auto tf = [](double flops, double ms) { return flops / (ms * 1e-3) * 1e-12; };

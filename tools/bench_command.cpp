@@ -34,51 +34,80 @@
 
 namespace mok::tools {
 
+const char* const kBenchHelp =
+    "usage: mok bench [options]\n"
+    "the GPU forward (or backward) timed beside the cuBLAS pipeline, mok's staged launches, the\n"
+    "BF16 peak, HBM bandwidth and the roofline, measured alongside\n"
+    "\n"
+    "  --preset all               every standard shape of design.md (default)\n"
+    "%s"
+    "  --iterations N             timed runs per median (default 20)\n"
+    "  --direction D              forward (default) or backward: EP = 1, the training forward,\n"
+    "                             the backward (BF16 and FP32 weight gradients) and the step\n"
+    "  --ep N                     expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"
+    "                             when fewer are visible), beside EP = 1 and the roofline\n"
+    "  --graph 1                  EP = 1: time mok's forward as a CUDA graph replay\n"
+    "  --routing R                random (default) or balanced: slot (t, k) to expert\n"
+    "                             (t K + k) mod E, every expert T K / E rows\n"
+    "  --row-path P               auto (default), copy (dispatch CTAs copy rows into the ring)\n"
+    "                             or gather (the GEMM producers gather the rank's rows)\n"
+    "  --dispatch-ctas N          CTAs of the megakernel that gather rows (default: automatic)\n"
+    "  --overlap-rows N           routed rows per tile group (a multiple of 128; default 1024)\n"
+    "  --ring-rows N              token ring rows (a multiple of 128; default: the capacity)\n"
+    "  --block-n N                the backward's tile width, 128 or 256 (default: automatic)\n"
+    "  --breakdown 1              also time the other row path, the copy path without its copy,\n"
+    "                             the megakernel without its combine, a wait profile\n"
+    "  --stage-probes 1           EP = 1: also time the megakernel without its GEMM loads,\n"
+    "                             without its MMAs, and without both (wrong outputs)\n"
+    "  --sustain S                EP = 1: also run the dense GEMM, each forward and its cuBLAS\n"
+    "                             pipeline back to back for S seconds each (for nvidia-smi)\n";
+
 BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   BenchOptions o;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
-    if (i + 1 >= args.size()) throw UsageError(a + " needs a value");
-    const std::string& v = args[++i];
-    if (a == "--preset")
-      o.preset = v;
-    else if (a == "--tokens")
-      o.tokens = std::atoll(v.c_str());
-    else if (a == "--iterations")
-      o.iterations = std::max(1, std::atoi(v.c_str()));
+    if (a == "--preset" && i + 1 < args.size() && args[i + 1] == "all") {
+      ++i;
+      continue;
+    }
+    if (o.layer.take(args, i)) continue;
+    auto count = [&](int64_t lo, int64_t hi) {
+      return parse_int(a, option_value(args, i), lo, hi);
+    };
+    if (a == "--iterations")
+      o.iterations = int(count(1, 100000));
     else if (a == "--dispatch-ctas")
-      o.dispatch_ctas = std::max(0, std::atoi(v.c_str()));
+      o.dispatch_ctas = int(count(0, 1024));
     else if (a == "--overlap-rows")
-      o.overlap_rows = std::atoll(v.c_str());
+      o.overlap_rows = count(0, int64_t(1) << 30);
     else if (a == "--ring-rows")
-      o.ring_rows = std::atoll(v.c_str());
-    else if (a == "--routing") {
-      if (v != "random" && v != "balanced")
-        throw UsageError("--routing takes random or balanced, not '" + v + "'");
-      o.balanced_routing = v == "balanced";
-    } else if (a == "--sustain")
-      o.sustain_seconds = std::max(0.0, std::atof(v.c_str()));
+      o.ring_rows = count(0, int64_t(1) << 30);
+    else if (a == "--routing")
+      o.balanced_routing =
+          parse_choice(a, option_value(args, i), {"random", "balanced"}) == "balanced";
+    else if (a == "--sustain")
+      o.sustain_seconds = parse_number(a, option_value(args, i), 0, 3600);
     else if (a == "--graph")
-      o.graph = v == "1" || v == "yes";
+      o.graph = parse_switch(a, option_value(args, i));
     else if (a == "--ep")
-      o.ep = std::atoi(v.c_str());
-    else if (a == "--row-path") {
-      if (v != "auto" && v != "copy" && v != "gather")
-        throw UsageError("--row-path takes auto, copy or gather, not '" + v + "'");
-      o.row_path = v;
-    } else if (a == "--breakdown")
-      o.breakdown = v == "1" || v == "yes";
+      o.ep = std::stoi(parse_choice(a, option_value(args, i), {"1", "2", "4", "8"}));
+    else if (a == "--row-path")
+      o.row_path = parse_choice(a, option_value(args, i), {"auto", "copy", "gather"});
+    else if (a == "--breakdown")
+      o.breakdown = parse_switch(a, option_value(args, i));
     else if (a == "--block-n")
-      o.block_n = std::atoi(v.c_str());
-    else if (a == "--direction") {
-      if (v != "forward" && v != "backward")
-        throw UsageError("--direction takes forward or backward, not '" + v + "'");
-      o.direction = v;
-    } else if (a == "--stage-probes")
-      o.stage_probes = v == "1" || v == "yes";
+      o.block_n = std::stoi(parse_choice(a, option_value(args, i), {"0", "128", "256"}));
+    else if (a == "--direction")
+      o.direction = parse_choice(a, option_value(args, i), {"forward", "backward"});
+    else if (a == "--stage-probes")
+      o.stage_probes = parse_switch(a, option_value(args, i));
     else
-      throw UsageError("unknown option '" + a + "' for bench");
+      throw UsageError("unknown option '" + a + "' for bench (mok bench --help lists them)");
   }
+  o.all_shapes = o.layer.preset.empty() && !o.layer.has_numbers();
+  if (o.all_shapes && o.layer.tokens > 0)
+    throw UsageError("--tokens needs a layer (--preset NAME or its numbers), not every shape");
+  if (!o.all_shapes) o.layer.config();  // its errors now, before any GPU work
   if (o.direction == "backward" && (o.ep > 1 || o.stage_probes))
     throw UsageError("--direction backward times the EP = 1 layer without stage probes");
   if (o.ep > 1 && o.stage_probes)
@@ -360,7 +389,7 @@ int bench_command(const BenchOptions& o) {
     throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");
   cudaDeviceProp prop{};
   cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  const std::vector<std::pair<std::string, int64_t>> shapes = bench_shapes(o);
+  const std::vector<BenchShape> shapes = bench_shapes(o);
   cublasHandle_t h;
   if (cublasCreate(&h) != CUBLAS_STATUS_SUCCESS)
     throw Error(ErrorCode::unsupported, "cublasCreate failed");
@@ -383,9 +412,9 @@ int bench_command(const BenchOptions& o) {
       "by | peak TFLOP/s, HBM TB/s measured | row path "
       "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<Row> rows;
-  for (const auto& [name, tokens] : shapes) {
+  for (const auto& [name, config, tokens] : shapes) {
     const Ceilings ceil = measure_ceilings(h, o.sustain_seconds);
-    const Row r = bench_shape(name, preset(name), tokens, o.iterations, ceil, o);
+    const Row r = bench_shape(name, config, tokens, o.iterations, ceil, o);
     rows.push_back(r);
     std::printf(
         "| %s | %lld | %.0f | %.3f | %.0f | %.0f%% | %.3f (%s) | %.0f%% | %.0f | %.2f | %.0f | "

@@ -3,11 +3,13 @@
 #include <string>
 #include <vector>
 
+#include "cli_options.hpp"
+
 namespace mok::tools {
 
 struct BenchOptions {
-  std::string preset = "all";  // a preset name, or "all": every standard shape of design.md
-  int64_t tokens = -1;         // tokens per rank (default: the preset's)
+  bool all_shapes = true;  // every standard shape of design.md (--preset all, or no layer given)
+  LayerOptions layer;      // else this one (a preset or the numbers)
   int iterations = 20;
   // Also time the other row path, the copy path without its copy, no combine, the schedule alone.
   bool breakdown = false;
@@ -28,7 +30,8 @@ struct BenchOptions {
                                // GEMM also run back to back this long (EP = 1; for nvidia-smi)
 };
 
-BenchOptions parse_bench_options(const std::vector<std::string>& args);
+BenchOptions parse_bench_options(const std::vector<std::string>& args);  // UsageError if wrong
+extern const char* const kBenchHelp;
 int bench_command(const BenchOptions& o);
 int bench_backward_command(const BenchOptions& o);
 

@@ -158,12 +158,7 @@ int bench_ep_command(const BenchOptions& o) {
 #endif
   cudaDeviceProp prop{};
   cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
-  std::vector<std::pair<std::string, int64_t>> shapes;
-  if (o.preset == "all")
-    shapes = {
-        {"dsv3", 4096}, {"dsv3", 8192}, {"mok-default", 2048}, {"qwen3-30b", 8192}, {"fine", 4096}};
-  else
-    shapes = {{o.preset, o.tokens >= 0 ? o.tokens : preset(o.preset).max_tokens_per_rank}};
+  const std::vector<BenchShape> shapes = bench_shapes(o);
   const double nvlink_gbps = use_nccl ? measure_nvlink_gbps() : 0;
   std::printf(
       "mok bench --ep %d: %s on %s; tokens per rank fixed; medians of %d runs, every GPU idle "
@@ -187,8 +182,8 @@ int bench_ep_command(const BenchOptions& o) {
       "TFLOP/s | dispatch + combine NVLink GB/s per GPU (over the forward) | roofline ms "
       "(bound) | %% of roofline |\n|---|---|---|---|---|---|---|---|---|---|\n");
   std::string profile_lines;
-  for (const auto& [name, tokens] : shapes) {
-    Config c = preset(name);
+  for (const auto& [name, config, tokens] : shapes) {
+    Config c = config;
     c.max_tokens_per_rank = int(tokens);
     c.ep_size = n;
     c.ring_rows = o.ring_rows;  // the EP ranks' rings (EP = 1 beside them keeps the capacity)

@@ -77,13 +77,31 @@ struct BenchLayer {
   gpu::DeviceLayerWeights weights() const { return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr}; }
 };
 
-// The shapes a benchmark runs: every standard shape of design.md for --preset all, else the
-// preset at --tokens (default: its own).
-inline std::vector<std::pair<std::string, int64_t>> bench_shapes(const BenchOptions& o) {
-  if (o.preset == "all")
-    return {
-        {"dsv3", 4096}, {"dsv3", 8192}, {"mok-default", 2048}, {"qwen3-30b", 8192}, {"fine", 4096}};
-  return {{o.preset, o.tokens >= 0 ? o.tokens : preset(o.preset).max_tokens_per_rank}};
+// A shape a benchmark runs: its name in the tables, its configuration, tokens per rank.
+struct BenchShape {
+  std::string name;
+  Config config;
+  int64_t tokens = 0;
+};
+
+// Every standard shape of design.md, or the layer given (a preset or the numbers) at --tokens.
+inline std::vector<BenchShape> bench_shapes(const BenchOptions& o) {
+  if (o.all_shapes) {
+    std::vector<BenchShape> all;
+    for (const auto& [name, tokens] :
+         std::vector<std::pair<std::string, int64_t>>{{"dsv3", 4096},
+                                                      {"dsv3", 8192},
+                                                      {"mok-default", 2048},
+                                                      {"qwen3-30b", 8192},
+                                                      {"fine", 4096}}) {
+      Config c = preset(name);
+      c.max_tokens_per_rank = std::max(c.max_tokens_per_rank, int(tokens));
+      all.push_back({name, c, tokens});
+    }
+    return all;
+  }
+  const Config c = o.layer.config();
+  return {{o.layer.name(), c, c.max_tokens_per_rank}};
 }
 
 // The middle of the rounds' medians (0 when there are none).

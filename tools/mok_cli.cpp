@@ -1,4 +1,5 @@
-// The `mok` command line: info, run.
+// The `mok` command line: info, run, bench. Usage errors are one line and exit 2, runtime
+// failures exit 1.
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -16,47 +17,16 @@ const char* kUsage =
     "usage: mok <command> [options]\n"
     "\n"
     "commands:\n"
-    "  info                         build type, CUDA and NCCL versions, GPUs seen\n"
-    "  run --preset NAME            a verified MoE layer forward and backward, timed\n"
-    "      [--precision P]          bf16 (default), fp8_block, mxfp8, nvfp4\n"
-    "      [--tokens T]             tokens per rank (default: the preset's)\n"
-    "      [--ep N]                 EP size of the simulated group checked against EP=1\n"
-    "                               (default 4; 1 skips the check)\n"
-    "      [--seed S]               inputs' seed (default 1)\n"
-    "  bench [--preset NAME|all]    the GPU forward timed on the standard shapes, with the\n"
-    "      [--tokens T]             BF16 peak, HBM bandwidth and roofline bound measured "
-    "alongside\n"
-    "      [--iterations N]\n"
-    "      [--dispatch-ctas N]      CTAs of the megakernel that gather rows (default: automatic)\n"
-    "      [--row-path P]           auto (default: at EP = 1 copy   \n"
-    "                               where rows per expert x I >= 128 x 2048, else gather),\n"
-    "                               copy (dispatch CTAs copy rows into the ring first)\n"
-    "                               or gather (the GEMM producers gather the rank's rows from x;\n"
-    "                               under EP dispatch CTAs bring the peers' rows)\n"
-    "      [--overlap-rows N]       routed rows per tile group (a multiple of 128; default 1024)\n"
-    "      [--ring-rows N]          token ring rows (a multiple of 128; default: the capacity)\n"
-    "      [--routing R]            random (default) or balanced: slot (t, k) to expert\n"
-    "                               (t K + k) mod E, every expert T K / E rows\n"
-    "      [--sustain S]            EP = 1: also run the dense GEMM, each forward and its\n"
-    "                               cuBLAS pipeline back to back for S seconds each, printing\n"
-    "                               their time spans (sample power and clocks with nvidia-smi)\n"
-    "                               and a table of these rates at the power cap\n"
-    "      [--graph 1]              EP = 1: time mok's forward as a CUDA graph replay (no host\n"
-    "                               launch work inside the timed span)\n"
-    "      [--breakdown 1]          also time the other row path, the copy path without its\n"
-    "                               copy, the megakernel without its combine, a wait profile\n"
-    "                               (backward: without its weight-gradient tiles, and its\n"
-    "                               wait profile)\n"
-    "      [--stage-probes 1]       EP = 1: also time the megakernel without its GEMM loads,\n"
-    "                               without its MMAs, and without both (wrong outputs), with\n"
-    "                               the SM clock of each\n"
-    "      [--direction D]          forward (default) or backward: EP = 1, the training\n"
-    "                               forward, the backward (BF16 and FP32 weight gradients)\n"
-    "                               and the whole step as CUDA graph replays\n"
-    "      [--block-n N]            the backward's tile width, 128 or 256 (default: automatic)\n"
-    "      [--ep N]                 expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"
-    "                               when fewer are visible), beside EP = 1 and the roofline\n"
-    "presets: tiny, dsv3, mok-default, qwen3-30b, fine\n";
+    "  info      build type, CUDA and NCCL versions, GPUs seen\n"
+    "  run       a verified MoE layer forward and backward, timed (mok run --help)\n"
+    "  bench     the GPU forward or backward timed beside its baselines (mok bench --help)\n"
+    "  --version the version\n";
+
+bool asks_for_help(const std::vector<std::string>& args) {
+  for (size_t i = 1; i < args.size(); ++i)
+    if (args[i] == "--help" || args[i] == "-h") return true;
+  return false;
+}
 
 int info() {
   const mok::BuildInfo b = mok::build_info();
@@ -76,21 +46,52 @@ int info() {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty() || args[0] == "-h" || args[0] == "--help" || args[0] == "help") {
-    std::fputs(kUsage, args.empty() ? stderr : stdout);
-    return args.empty() ? 2 : 0;
+  if (args.empty()) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string& command = args[0];
+  if (command == "-h" || command == "--help" || command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (command == "--version" || command == "version") {
+    const mok::BuildInfo b = mok::build_info();
+    std::printf("mok %s (%s build)\n", b.version.c_str(), b.build_type.c_str());
+    return 0;
   }
   try {
-    if (args[0] == "info") return info();
-    if (args[0] == "run") return mok::tools::run_command(mok::tools::parse_run_options(args));
-    if (args[0] == "bench") return mok::tools::bench_command(mok::tools::parse_bench_options(args));
-    std::fprintf(stderr, "mok: unknown command '%s'\n\n%s", args[0].c_str(), kUsage);
+    if (command == "info") {
+      if (args.size() > 1 && !asks_for_help(args))
+        throw mok::tools::UsageError("info takes no options; got '" + args[1] + "'");
+      if (asks_for_help(args)) {
+        std::puts("usage: mok info\nbuild type, CUDA and NCCL versions, GPUs seen");
+        return 0;
+      }
+      return info();
+    }
+    if (command == "run") {
+      if (asks_for_help(args)) {
+        std::printf(mok::tools::kRunHelp, mok::tools::LayerOptions::help());
+        return 0;
+      }
+      return mok::tools::run_command(mok::tools::parse_run_options(args));
+    }
+    if (command == "bench") {
+      if (asks_for_help(args)) {
+        std::printf(mok::tools::kBenchHelp, mok::tools::LayerOptions::help());
+        return 0;
+      }
+      return mok::tools::bench_command(mok::tools::parse_bench_options(args));
+    }
+    std::fprintf(stderr, "mok: unknown command '%s' (commands: info, run, bench; mok --help)\n",
+                 command.c_str());
     return 2;
   } catch (const mok::tools::UsageError& e) {
-    std::fprintf(stderr, "mok: %s\n\n%s", e.what(), kUsage);
+    std::fprintf(stderr, "mok %s: %s\n", command.c_str(), e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "mok: %s\n", e.what());
+    std::fprintf(stderr, "mok %s: %s\n", command.c_str(), e.what());
     return 1;
   }
 }

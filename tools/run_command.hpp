@@ -4,21 +4,18 @@
 #include <string>
 #include <vector>
 
+#include "cli_options.hpp"
+
 namespace mok::tools {
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 struct RunOptions {
-  std::string preset;
-  std::string precision = "bf16";
-  int64_t tokens = -1;  // -1: the preset's
+  LayerOptions layer;
   int ep = 4;
   uint64_t seed = 1;
 };
 
-RunOptions parse_run_options(const std::vector<std::string>& args);
+RunOptions parse_run_options(const std::vector<std::string>& args);  // UsageError if wrong
+extern const char* const kRunHelp;
 int run_command(const RunOptions& o);
 
 }  // namespace mok::tools

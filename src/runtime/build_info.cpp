@@ -36,7 +36,11 @@ BuildInfo build_info() {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
-    b.gpu_status = std::string("no GPU (") + cudaGetErrorString(err) + ")";
+    // Without a driver the runtime reports "driver version is insufficient": say what it means.
+    b.gpu_status = b.cuda_driver == "no driver" ? "no GPU (no CUDA driver on this machine)"
+                   : err == cudaErrorNoDevice   ? "no GPU"
+                                                : std::string("no usable GPU (") +
+                                                    cudaGetErrorString(err) + ")";
   } else {
     for (int i = 0; i < count; ++i) {
       cudaDeviceProp p{};

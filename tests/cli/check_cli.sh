@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The `mok` command line's contract (issue 31): usage errors are one line naming the value as
+# given and what is allowed, before any work and without a GPU, with exit code 2; each command's
+# --help lists its own options. Usage: check_cli.sh path/to/mok
+set -u
+mok="$1"
+failures=0
+expect() {  # expect CODE REGEX ARGS...: the exit code, and REGEX matching the first output line
+  local code="$1" regex="$2"
+  shift 2
+  local out rc
+  out="$("$mok" "$@" 2>&1)"
+  rc=$?
+  local first="${out%%$'\n'*}"
+  if [ "$rc" != "$code" ] || ! [[ "$first" =~ $regex ]]; then
+    echo "FAIL: mok $*: exit $rc (want $code), first line: $first (want /$regex/)"
+    failures=$((failures + 1))
+  fi
+}
+expect 0 '^mok [0-9]+\.[0-9]+\.[0-9]+ \(' --version
+expect 2 "^mok run: --tokens abc: expected an integer in \[1, 16777216\]$" run --tokens abc
+expect 2 "^mok run: --tokens -1: expected an integer" run --tokens -1
+expect 2 "^mok bench: --tokens 99999999999: expected an integer in \[1, 16777216\]$" \
+  bench --preset dsv3 --tokens 99999999999
+expect 2 "^mok bench: --iterations abc: expected an integer in \[1, 100000\]$" bench --iterations abc
+expect 2 "^mok bench: --iterations 1.5: expected an integer" bench --iterations 1.5
+expect 2 "^mok bench: --sustain -3: expected a number in" bench --sustain -3
+expect 2 "^mok run: --ep 3: expected one of 1, 2, 4, 8$" run --ep 3
+expect 2 "^mok run: --ep 8: expected a divisor of the 4 experts$" \
+  run --hidden 256 --intermediate 128 --experts 4 --top-k 2 --ep 8
+expect 2 "^mok run: --preset nope: expected one of tiny, dsv3" run --preset nope
+expect 2 "^mok run: invalid config: hidden = 250 is not allowed" \
+  run --hidden 250 --intermediate 128 --experts 8 --top-k 2
+expect 2 "^mok run: a layer is --preset NAME, or --hidden" run --hidden 256
+expect 2 "^mok run: unknown option '--frob' for run" run --frob 1
+expect 2 "^mok run: --seed needs a value$" run --seed
+expect 2 "^mok bench: --graph maybe: expected 1 or 0" bench --graph maybe
+expect 2 "^mok bench: --tokens needs a layer" bench --tokens 64
+expect 2 "^mok: unknown command 'frob'" frob
+expect 2 "^mok info: info takes no options" info --verbose
+expect 0 "^usage: mok run \[options\]$" run --help
+expect 0 "^usage: mok bench \[options\]$" bench --help
+# Each command's help has its own options only.
+if "$mok" run --help | grep -q -- "--stage-probes"; then
+  echo "FAIL: mok run --help lists bench's --stage-probes"
+  failures=$((failures + 1))
+fi
+if ! "$mok" bench --help | grep -q -- "--stage-probes"; then
+  echo "FAIL: mok bench --help misses --stage-probes"
+  failures=$((failures + 1))
+fi
+# A layer by its numbers runs (the CPU reference without a GPU); the header names the EP size.
+out="$("$mok" run --hidden 256 --intermediate 192 --experts 8 --top-k 2 --shared-experts 1 \
+  --tokens 24 --ep 2 2>&1)"
+if [ $? != 0 ] || ! grep -q "^mok run: layer 256x192x8/2+192, T=24 tokens, .* EP=2 " <<<"$out"; then
+  echo "FAIL: mok run on a layer by its numbers: ${out%%$'\n'*}"
+  failures=$((failures + 1))
+fi
+[ "$failures" = 0 ] && echo "all CLI checks passed"
+exit $((failures > 0))

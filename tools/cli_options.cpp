@@ -1,0 +1,154 @@
+#include "cli_options.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+#include "mok/error.hpp"
+
+namespace mok::tools {
+
+namespace {
+// Messages appended piece by piece: GCC 12 misjudges chains of std::string operator+ (-Wrestrict).
+std::string join(std::initializer_list<std::string> parts) {
+  std::string s;
+  for (const std::string& p : parts) s.append(p);
+  return s;
+}
+}  // namespace
+
+const std::string& option_value(const std::vector<std::string>& args, size_t& i) {
+  if (i + 1 >= args.size()) throw UsageError(args[i] + " needs a value");
+  return args[++i];
+}
+
+int64_t parse_int(const std::string& option, const std::string& text, int64_t lo, int64_t hi) {
+  const std::string want = join({option, " ", text, ": expected an integer in [",
+                                 std::to_string(lo), ", ", std::to_string(hi), "]"});
+  size_t digits = text.size() > 0 && text[0] == '-' ? 1 : 0;
+  if (digits == text.size()) throw UsageError(want);
+  for (size_t k = digits; k < text.size(); ++k)
+    if (text[k] < '0' || text[k] > '9') throw UsageError(want);
+  errno = 0;
+  const long long v = std::strtoll(text.c_str(), nullptr, 10);
+  if (errno == ERANGE || v < lo || v > hi) throw UsageError(want);
+  return v;
+}
+
+double parse_number(const std::string& option, const std::string& text, double lo, double hi) {
+  const std::string want = option + " " + text + ": expected a number in [" + std::to_string(lo) +
+                           ", " + std::to_string(hi) + "]";
+  char* end = nullptr;
+  errno = 0;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || *end != '\0' || errno == ERANGE || !std::isfinite(v) || v < lo || v > hi)
+    throw UsageError(want);
+  return v;
+}
+
+std::string parse_choice(const std::string& option, const std::string& text,
+                         std::initializer_list<const char*> choices) {
+  std::string names;
+  for (const char* c : choices) {
+    if (text == c) return text;
+    names += (names.empty() ? "" : ", ") + std::string(c);
+  }
+  throw UsageError(join({option, " ", text, ": expected one of ", names}));
+}
+
+bool parse_switch(const std::string& option, const std::string& text) {
+  if (text == "1" || text == "yes" || text == "on") return true;
+  if (text == "0" || text == "no" || text == "off") return false;
+  throw UsageError(join({option, " ", text, ": expected 1 or 0 (yes/no, on/off)"}));
+}
+
+bool LayerOptions::take(const std::vector<std::string>& args, size_t& i) {
+  const std::string& a = args[i];
+  constexpr int64_t kDim = 1 << 20;  // far above any layer; Config::validate has the real rules
+  auto dim = [&](int& field, int64_t lo) {
+    field = int(parse_int(a, option_value(args, i), lo, kDim));
+  };
+  if (a == "--preset")
+    preset = parse_choice(a, option_value(args, i),
+                          {"tiny", "dsv3", "mok-default", "qwen3-30b", "fine"});
+  else if (a == "--hidden")
+    dim(hidden, 1);
+  else if (a == "--intermediate")
+    dim(intermediate, 1);
+  else if (a == "--experts")
+    dim(experts, 1);
+  else if (a == "--top-k")
+    dim(top_k, 1);
+  else if (a == "--shared-experts")
+    dim(shared_experts, 0);
+  else if (a == "--shared-width")
+    dim(shared_width, 0);
+  else if (a == "--tokens")
+    tokens = parse_int(a, option_value(args, i), 1, int64_t(1) << 24);
+  else if (a == "--precision")
+    precision = parse_choice(a, option_value(args, i), {"bf16", "fp8_block", "mxfp8", "nvfp4"});
+  else
+    return false;
+  return true;
+}
+
+bool LayerOptions::has_numbers() const {
+  return hidden > 0 || intermediate > 0 || experts > 0 || top_k > 0 || shared_experts >= 0 ||
+         shared_width >= 0;
+}
+
+Config LayerOptions::config() const {
+  Config c;
+  if (!preset.empty()) {
+    c = mok::preset(preset);
+  } else {
+    if (hidden < 0 || intermediate < 0 || experts < 0 || top_k < 0)
+      throw UsageError(
+          "a layer is --preset NAME, or --hidden, --intermediate, --experts and --top-k "
+          "(with --shared-experts, --shared-width, --tokens); got neither");
+    c.num_shared_experts = 0;
+    c.shared_intermediate = 0;
+    c.max_tokens_per_rank = 4096;
+  }
+  if (hidden > 0) c.hidden = hidden;
+  if (intermediate > 0) c.intermediate = intermediate;
+  if (experts > 0) c.num_experts = experts;
+  if (top_k > 0) c.top_k = top_k;
+  if (shared_experts >= 0) c.num_shared_experts = shared_experts;
+  if (shared_width >= 0) c.shared_intermediate = shared_width;
+  if (c.num_shared_experts > 0 && c.shared_intermediate == 0)
+    c.shared_intermediate = c.intermediate;
+  if (c.num_shared_experts == 0) c.shared_intermediate = 0;
+  if (tokens > 0) c.max_tokens_per_rank = int(tokens);
+  c.precision = parse_precision(precision);
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
+  return c;
+}
+
+std::string LayerOptions::name() const {
+  if (!preset.empty() && !has_numbers()) return preset;
+  const Config c = config();
+  std::string s = join({std::to_string(c.hidden), "x", std::to_string(c.intermediate), "x",
+                        std::to_string(c.num_experts), "/", std::to_string(c.top_k)});
+  if (c.shared_width()) s.append("+").append(std::to_string(c.shared_width()));
+  return s;
+}
+
+const char* LayerOptions::help() {
+  return "  the layer, by preset or by its numbers (they override the preset's):\n"
+         "    --preset NAME            tiny, dsv3, mok-default, qwen3-30b, fine\n"
+         "    --hidden H               model width (a multiple of 64)\n"
+         "    --intermediate I         routed expert width (a multiple of 64)\n"
+         "    --experts E              routed experts\n"
+         "    --top-k K                experts per token\n"
+         "    --shared-experts N       shared experts (default 0 without a preset)\n"
+         "    --shared-width S         each shared expert's width (default: I)\n"
+         "    --tokens T               tokens per rank (default: the preset's, else 4096)\n"
+         "    --precision P            bf16 (default), fp8_block, mxfp8, nvfp4\n";
+}
+
+}  // namespace mok::tools

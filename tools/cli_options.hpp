@@ -1,0 +1,51 @@
+// What `mok run` and `mok bench` share on their command lines: strict values (a number is all
+// digits and in range, a choice is one of its names; the error names the option, the value as
+// given and what is allowed) and the layer by preset or by its numbers.
+#pragma once
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mok/config.hpp"
+
+namespace mok::tools {
+
+// A command-line mistake: one line, exit code 2.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+// An integer in [lo, hi] spelled in decimal digits (a leading '-' only when lo < 0).
+int64_t parse_int(const std::string& option, const std::string& text, int64_t lo, int64_t hi);
+// A finite number in [lo, hi].
+double parse_number(const std::string& option, const std::string& text, double lo, double hi);
+// One of `choices`.
+std::string parse_choice(const std::string& option, const std::string& text,
+                         std::initializer_list<const char*> choices);
+// 1/yes/on or 0/no/off.
+bool parse_switch(const std::string& option, const std::string& text);
+
+// The layer: a preset, its fields overridden by the numbers given, or (no preset) the numbers
+// alone (hidden, intermediate, experts and top-k required; no shared expert unless given).
+struct LayerOptions {
+  std::string preset;  // empty: the numbers alone
+  int hidden = -1, intermediate = -1, experts = -1, top_k = -1;
+  int shared_experts = -1, shared_width = -1;
+  int64_t tokens = -1;  // tokens per rank; -1: the preset's
+  std::string precision = "bf16";
+
+  // Takes args[i] (and its value, args[i + 1]) when it is a layer option; false otherwise.
+  bool take(const std::vector<std::string>& args, size_t& i);
+  bool has_numbers() const;
+  // The validated configuration (UsageError naming the field otherwise) and its name for tables.
+  Config config() const;
+  std::string name() const;   // the preset's, or "HxIxE/K" for numbers
+  static const char* help();  // the lines of these options for a command's --help
+};
+
+// The value of option args[i]: args[i + 1] (UsageError when missing); advances i.
+const std::string& option_value(const std::vector<std::string>& args, size_t& i);
+
+}  // namespace mok::tools
