@@ -38,9 +38,9 @@ BuildInfo build_info() {
   if (err != cudaSuccess) {
     // Without a driver the runtime reports "driver version is insufficient": say what it means.
     b.gpu_status = b.cuda_driver == "no driver" ? "no GPU (no CUDA driver on this machine)"
-                   : err == cudaErrorNoDevice   ? "no GPU"
-                                                : std::string("no usable GPU (") +
-                                                    cudaGetErrorString(err) + ")";
+                   : err == cudaErrorNoDevice
+                       ? "no GPU"
+                       : std::string("no usable GPU (") + cudaGetErrorString(err) + ")";
   } else {
     for (int i = 0; i < count; ++i) {
       cudaDeviceProp p{};
