@@ -5,13 +5,22 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-MOK_WERROR=ON "$root/scripts/build.sh"
+# Where the time goes: each stage's seconds, printed with the counts in the last line.
+stages=""
+t0=$(date +%s)
+stage() { local now; now=$(date +%s); stages+="${stages:+, }$1 $((now - t0)) s"; t0=$now; }
+start=$t0
+"$root/scripts/build.sh"
+stage build
 
 echo "== formatting (clang-format)"
 git ls-files '*.cpp' '*.hpp' '*.cu' '*.cuh' | xargs clang-format --dry-run --Werror
+stage formatting
 
 echo "== C++ tests"
-(cd build && ctest -j "$(nproc)" --output-on-failure)
+(cd build && ctest -j "$(nproc)" --output-on-failure) | tee /tmp/mok-ctest.log
+cpp_count="$(grep -oE "out of [0-9]+" /tmp/mok-ctest.log | tail -1 | grep -oE "[0-9]+")"
+stage "C++ tests"
 
 echo "== sanitizers: AddressSanitizer + UBSan on the CPU tests, ThreadSanitizer on the EP simulation"
 for san in address,undefined thread; do
@@ -24,6 +33,7 @@ cmake --build build-address -j "$(nproc)"
 cmake --build build-thread -j "$(nproc)" --target test_ep_sim
 # The random-routing sweep is covered above; under TSan the odd cases and the error paths suffice.
 build-thread/tests/test_ep_sim --gtest_filter='-*RandomRoutings*' --gtest_brief=1
+stage sanitizers
 
 echo "== Python package (pip install .) and tests"
 # PyTorch from PyPI for mok.torch's tests (its Linux wheel brings CUDA libraries that import
@@ -38,4 +48,10 @@ fi
 command -v nvcc >/dev/null 2>&1 || [ ! -x /usr/local/cuda/bin/nvcc ] || export PATH="/usr/local/cuda/bin:$PATH"
 .venv/bin/python -m pip install -q --no-build-isolation .
 .venv/bin/python -c "import mok; print('mok package: GPU layer' if mok.has_gpu_layer else 'mok package: CPU parts only (no nvcc)')"
-(cd /tmp && "$root/.venv/bin/python" -m pytest -q -W ignore::RuntimeWarning "$root/tests/python")
+stage "Python package"
+(cd /tmp && "$root/.venv/bin/python" -m pytest -q -W ignore::RuntimeWarning "$root/tests/python") |
+  tee /tmp/mok-pytest.log
+py_counts="$(tail -1 /tmp/mok-pytest.log | sed -E 's/ in [0-9.]+s.*//; s/=//g; s/^ +//')"
+stage "Python tests"
+echo "test.sh: all passed in $(($(date +%s) - start)) s: ${cpp_count} C++ tests (GPU ones skip" \
+  "without a GPU), Python ${py_counts}, formatting, sanitizers; time: ${stages}"
