@@ -18,6 +18,15 @@
 
 namespace mok::tools {
 
+int gpu_sm_clock_khz() {
+#if defined(MOK_WITH_CUDA_KERNELS)
+  int khz = 0;
+  return cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0) == cudaSuccess ? khz : 0;
+#else
+  return 0;
+#endif
+}
+
 #if defined(MOK_WITH_CUDA_KERNELS)
 namespace {
 

@@ -24,6 +24,9 @@ struct GpuForwardReport {
   double backward_median_ms = 0;
 };
 
+// GPU 0's peak SM clock in kHz (cudaDevAttrClockRate); 0 without a GPU or the kernels.
+int gpu_sm_clock_khz();
+
 GpuForwardReport gpu_forward_check(const Config& c, const LayerParams& p, const Batch& b,
                                    const std::vector<double>& reference_out,
                                    const std::vector<double>& d_out,

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 
 #include "gpu_forward_check.hpp"
 #include "layer_data.hpp"
@@ -26,7 +27,9 @@ const char* const kRunHelp =
     "%s"
     "  --ep N                     the simulated EP group checked against EP = 1: 1 (none), 2,\n"
     "                             4 (default) or 8; it must divide the experts\n"
-    "  --seed S                   the inputs' seed (default 1)\n";
+    "  --seed S                   the inputs' seed (default 1)\n"
+    "  --json FILE                also write every check and number, the layer, the machine,\n"
+    "                             the commit and the date to FILE\n";
 
 RunOptions parse_run_options(const std::vector<std::string>& args) {
   RunOptions o;
@@ -37,6 +40,8 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
       o.ep = std::stoi(parse_choice(a, option_value(args, i), {"1", "2", "4", "8"}));
     else if (a == "--seed")
       o.seed = uint64_t(parse_int(a, option_value(args, i), 0, INT64_MAX));
+    else if (a == "--json")
+      o.json = option_value(args, i);
     else
       throw UsageError("unknown option '" + a + "' for run (mok run --help lists them)");
   }
@@ -154,8 +159,92 @@ Run run_simulated(const Config& single, const LayerParams& p, const Batch& b,
   return r;
 }
 
-void line(const char* label, bool ok, const std::string& detail) {
-  std::printf("  %-40s %s  %s\n", label, ok ? "PASS" : "FAIL", detail.c_str());
+// What the report prints, kept for --json: every check and every throughput number.
+struct Check {
+  std::string name;
+  bool pass;
+  double value, bound;  // NaN where the check is bitwise
+  std::string detail;
+};
+struct Measure {
+  std::string name;
+  double value;
+  const char* unit;
+};
+std::vector<Check> g_checks;
+std::vector<Measure> g_measures;
+
+void line(const std::string& label, bool ok, const std::string& detail, double value = NAN,
+          double bound = NAN) {
+  std::printf("  %-40s %s  %s\n", label.c_str(), ok ? "PASS" : "FAIL", detail.c_str());
+  g_checks.push_back({label, ok, value, bound, detail});
+}
+
+std::string json_string(const std::string& v) {
+  std::string out = "\"";
+  for (const char ch : v) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(ch)));
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
+std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// Every number the report printed, with the layer, the machine and the date.
+void write_json(const std::string& path, const RunOptions& o, const Config& c, int64_t T,
+                const std::string& device, bool ok) {
+  const BuildInfo info = build_info();
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::string j = "{\n  \"command\": \"mok run\",\n  \"date\": " + json_string(date);
+  j += ",\n  \"mok\": " + json_string(info.version + " (" + info.build_type + ")");
+  j += ",\n  \"commit_at_configure\": " + json_string(MOK_GIT_COMMIT);
+  j += ",\n  \"cuda\": " + json_string(info.cuda_runtime + ", driver " + info.cuda_driver);
+  j += ",\n  \"device\": " + json_string(device);
+  int sm_khz = 0;
+  if (!info.gpus.empty()) sm_khz = gpu_sm_clock_khz();
+  j += ",\n  \"sm_clock_peak_mhz\": " + json_number(sm_khz > 0 ? sm_khz / 1000.0 : NAN);
+  j += ",\n  \"layer\": {\"name\": " + json_string(o.layer.name()) +
+       ", \"hidden\": " + std::to_string(c.hidden) +
+       ", \"intermediate\": " + std::to_string(c.intermediate) +
+       ", \"experts\": " + std::to_string(c.num_experts) +
+       ", \"top_k\": " + std::to_string(c.top_k) +
+       ", \"shared_width\": " + std::to_string(c.shared_width()) +
+       ", \"tokens\": " + std::to_string(T) +
+       ", \"precision\": " + json_string(precision_name(c.precision)) +
+       ", \"ep_checked\": " + std::to_string(o.ep) + ", \"seed\": " + std::to_string(o.seed) + "}";
+  j += ",\n  \"checks\": [";
+  for (size_t i = 0; i < g_checks.size(); ++i) {
+    const Check& k = g_checks[i];
+    j += std::string(i ? "," : "") + "\n    {\"name\": " + json_string(k.name) +
+         ", \"pass\": " + (k.pass ? "true" : "false") + ", \"value\": " + json_number(k.value) +
+         ", \"bound\": " + json_number(k.bound) + ", \"detail\": " + json_string(k.detail) + "}";
+  }
+  j += "\n  ],\n  \"throughput\": [";
+  for (size_t i = 0; i < g_measures.size(); ++i) {
+    const Measure& m = g_measures[i];
+    j += std::string(i ? "," : "") + "\n    {\"name\": " + json_string(m.name) +
+         ", \"value\": " + json_number(m.value) + ", \"unit\": " + json_string(m.unit) + "}";
+  }
+  j += std::string("\n  ],\n  \"passed\": ") + (ok ? "true" : "false") + "\n}\n";
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (!f || std::fputs(j.c_str(), f) < 0 || std::fclose(f) != 0)
+    throw Error(ErrorCode::unsupported, "--json " + path + ": cannot write the file");
 }
 
 std::string sci(double v) {
@@ -176,8 +265,8 @@ int run_command(const RunOptions& o) {
               o.layer.name().c_str(), (long long)T, shown.describe().c_str(),
               o.ep > 1 ? " (a simulated group, checked against EP=1)" : "");
   const BuildInfo info = build_info();
-  std::printf("  device: %s\n",
-              info.gpus.empty() ? info.gpu_status.c_str() : info.gpus[0].name.c_str());
+  const std::string device = info.gpus.empty() ? info.gpu_status : info.gpus[0].name;
+  std::printf("  device: %s\n", device.c_str());
   const double fwd_flops = forward_flops(c, T);
   const double param_bytes =
       8.0 * 3 * c.hidden * (double(c.num_experts) * c.intermediate + c.shared_width());
@@ -219,8 +308,8 @@ int run_command(const RunOptions& o) {
     const double err = relative_l2_error(*got[i], *want[i]);
     const bool pass = err <= bound;
     ok &= pass;
-    line((std::string(kTensorNames[i]) + " vs FP64 (relative L2)").c_str(), pass,
-         sci(err) + " (bound " + sci(bound) + ")");
+    line(std::string(kTensorNames[i]) + " vs FP64 (relative L2)", pass,
+         sci(err) + " (bound " + sci(bound) + ")", err, bound);
   }
   const bool same = bitwise_equal(first, second);
   ok &= same;
@@ -247,9 +336,9 @@ int run_command(const RunOptions& o) {
   if (gpu.ran) {
     const bool close = gpu.relative_error <= relative_error_bound(OperandQuant::bf16);
     ok &= close && gpu.bitwise_repeatable;
-    line(
-        "GPU forward vs reference (relative L2)", close,
-        sci(gpu.relative_error) + " (bound " + sci(relative_error_bound(OperandQuant::bf16)) + ")");
+    line("GPU forward vs reference (relative L2)", close,
+         sci(gpu.relative_error) + " (bound " + sci(relative_error_bound(OperandQuant::bf16)) + ")",
+         gpu.relative_error, relative_error_bound(OperandQuant::bf16));
     line("GPU forward: 21 runs", gpu.bitwise_repeatable,
          gpu.bitwise_repeatable ? "bitwise identical" : "bits differ");
   } else {
@@ -262,8 +351,8 @@ int run_command(const RunOptions& o) {
       if (tensors(first)[i + 1]->empty()) continue;
       const double err = gpu.backward_errors[i];
       ok &= err <= gpu_bound;
-      line(("GPU backward " + std::string(kTensorNames[i + 1]) + " vs reference").c_str(),
-           err <= gpu_bound, sci(err) + " (bound " + sci(gpu_bound) + ")");
+      line("GPU backward " + std::string(kTensorNames[i + 1]) + " vs reference", err <= gpu_bound,
+           sci(err) + " (bound " + sci(gpu_bound) + ")", err, gpu_bound);
     }
     ok &= gpu.backward_repeatable;
     line("GPU backward: 21 runs", gpu.backward_repeatable,
@@ -273,6 +362,20 @@ int run_command(const RunOptions& o) {
   }
 
   const double fwd_s = first.forward_s, bwd_s = first.backward_s;
+  if (gpu.ran) {
+    g_measures.push_back({"GPU forward (megakernel), median of 50", gpu.median_ms, "ms"});
+    g_measures.push_back(
+        {"GPU forward TFLOP/s", fwd_flops / (gpu.median_ms * 1e-3) * 1e-12, "TFLOP/s"});
+  }
+  if (gpu.backward_ran) {
+    g_measures.push_back(
+        {"GPU backward (megakernel, FP32 dW), median of 50", gpu.backward_median_ms, "ms"});
+    g_measures.push_back({"GPU backward TFLOP/s",
+                          2 * fwd_flops / (gpu.backward_median_ms * 1e-3) * 1e-12, "TFLOP/s"});
+  }
+  g_measures.push_back({"CPU reference forward", fwd_s, "s"});
+  g_measures.push_back({"CPU reference backward", bwd_s, "s"});
+  g_measures.push_back({"forward FLOPs (design.md)", fwd_flops, "FLOP"});
   std::printf("\nthroughput\n");
   if (gpu.ran)
     std::printf("  GPU forward (mega)    %8.3f ms  %8.2f TFLOP/s  (median of 50)\n", gpu.median_ms,
@@ -287,6 +390,10 @@ int run_command(const RunOptions& o) {
   std::printf("  CPU reference backward %8.3f s  %8.3f GFLOP/s  (%s FLOPs, one thread)\n", bwd_s,
               2 * fwd_flops / bwd_s * 1e-9, sci(2 * fwd_flops).c_str());
   std::printf("\n%s\n", ok ? "mok run: all checks passed" : "mok run: CHECKS FAILED");
+  if (!o.json.empty()) {
+    write_json(o.json, o, c, T, device, ok);
+    std::printf("wrote %s\n", o.json.c_str());
+  }
   return ok ? 0 : 1;
 }
 

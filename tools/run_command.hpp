@@ -12,6 +12,7 @@ struct RunOptions {
   LayerOptions layer;
   int ep = 4;
   uint64_t seed = 1;
+  std::string json;  // --json FILE: the report as JSON too
 };
 
 RunOptions parse_run_options(const std::vector<std::string>& args);  // UsageError if wrong

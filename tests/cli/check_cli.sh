@@ -56,5 +56,22 @@ if [ $? != 0 ] || ! grep -q "^mok run: layer 256x192x8/2+192, T=24 tokens, .* EP
   echo "FAIL: mok run on a layer by its numbers: ${out%%$'\n'*}"
   failures=$((failures + 1))
 fi
+# --json writes every check with its value and bound, the layer, the machine and the date.
+json="$(mktemp)"
+if ! "$mok" run --preset tiny --tokens 24 --ep 2 --json "$json" >/dev/null 2>&1 ||
+  ! python3 - "$json" <<'PY'; then
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["passed"] is True and r["layer"]["tokens"] == 24 and r["layer"]["ep_checked"] == 2
+names = [c["name"] for c in r["checks"]]
+assert "out vs FP64 (relative L2)" in names and "EP=2 vs EP=1 (out, d_x, d_w, routed dW)" in names
+out = r["checks"][names.index("out vs FP64 (relative L2)")]
+assert 0 < out["value"] < out["bound"], out
+assert any(m["name"] == "CPU reference forward" and m["value"] > 0 for m in r["throughput"])
+PY
+  echo "FAIL: mok run --json"
+  failures=$((failures + 1))
+fi
+rm -f "$json"
 [ "$failures" = 0 ] && echo "all CLI checks passed"
 exit $((failures > 0))
