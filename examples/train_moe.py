@@ -27,10 +27,8 @@ import mok.torch as mt  # noqa: E402
 
 
 class TorchMoE(nn.Module):
-    """The MoE layer by PyTorch ops, with mok.torch.MoE's parameters and router (softmax top-k):
-    rows sorted by expert, torch._grouped_mm for gate|up and down, index_add into the shared
-    expert's output. Not deterministic (index_add's atomics) unless PyTorch's deterministic mode
-    is on."""
+    """The MoE layer by PyTorch ops (mok.torch.pytorch_moe: sort by expert, torch._grouped_mm,
+    index_add), with mok.torch.MoE's parameters and router (softmax top-k)."""
 
     def __init__(self, like):
         super().__init__()
@@ -41,17 +39,8 @@ class TorchMoE(nn.Module):
     def forward(self, x):
         shape, x = x.shape, x.reshape(-1, x.shape[-1])
         ids, w = mt.route_softmax(x.float() @ self.router.float().t(), self.top_k)
-        flat = ids.view(-1).long()
-        order = torch.argsort(flat, stable=True)
-        token = order // self.top_k
-        offs = torch.cumsum(torch.bincount(flat, minlength=self.gate.shape[0]), 0).to(torch.int32)
-        rows = x[token]
-        g = torch._grouped_mm(rows, self.gate.transpose(-2, -1), offs=offs)
-        u = torch._grouped_mm(rows, self.up.transpose(-2, -1), offs=offs)
-        y = torch._grouped_mm(F.silu(g) * u, self.down.transpose(-2, -1), offs=offs)
-        y = y * w.view(-1)[order].unsqueeze(-1).to(y.dtype)
-        shared = (F.silu(x @ self.shared_gate.t()) * (x @ self.shared_up.t())) @ self.shared_down.t()
-        return shared.index_add(0, token, y).reshape(shape)
+        params = [getattr(self, n) for n in mt.PARAMS]
+        return mt.pytorch_moe(x, ids, w, params).reshape(shape)
 
 
 class Block(nn.Module):

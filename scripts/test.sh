@@ -39,7 +39,7 @@ stage sanitizers
 echo "== Python package (pip install .) and tests"
 # PyTorch from PyPI for mok.torch's tests (its Linux wheel brings CUDA libraries that import
 # without a GPU) and transformers (the loaders are checked against its DeepSeek-V3 and
-# Qwen3-MoE blocks): about 1 minute and 5.4 GB into .venv on a fresh machine, kept there after.
+# Qwen3-MoE blocks): about 1 minute and 5.3 GB (torch) into .venv on a fresh machine, kept there after.
 if ! .venv/bin/python -c "import torch, transformers" 2>/dev/null; then
   echo "setup: installing PyTorch and transformers into .venv (for mok.torch's tests)"
   .venv/bin/python -m pip install -q torch transformers

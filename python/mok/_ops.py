@@ -149,9 +149,13 @@ def _operands(params):
     """(the BF16 parameters the GPU layer reads, whether their gradients are FP32): FP32
     parameters (master weights) are rounded to BF16 for the GEMMs and get FP32 gradients, written
     by the backward's epilogues; BF16 ones are used as they are and get BF16 gradients."""
-    if all(p.dtype == torch.float32 for p in params):
+    if _fp32_masters(params):
         return tuple(p.to(torch.bfloat16) for p in params), True
     return params, False
+
+
+def _fp32_masters(params):
+    return all(p.dtype == torch.float32 for p in params)
 
 
 def _reference(config, x, ids, w, params, d_out=None):
@@ -189,8 +193,7 @@ def run_schedule(handle, x, topk_ids, topk_weights, params):
     """The GPU layer's routing schedule of this batch, ahead of run_forward(..., scheduled=True);
     nothing on the CPU (the reference has no schedule)."""
     if x.is_cuda:
-        fp32_grads = all(p.dtype == torch.float32 for p in params)  # as _operands decides
-        layer = _handle(handle).gpu_layer(x.device, fp32_grads)
+        layer = _handle(handle).gpu_layer(x.device, _fp32_masters(params))
         layer.schedule(x, topk_ids, topk_weights, torch.cuda.current_stream(x.device).cuda_stream)
 
 

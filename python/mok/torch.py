@@ -50,6 +50,30 @@ def route_deepseek_v3(logits, expert_bias, top_k, num_groups=1, topk_groups=1, n
     return ids.int(), weights * scaling_factor
 
 
+def pytorch_moe(x, topk_ids, topk_weights, params):
+    """The same layer as a PyTorch user writes it (bench/torch_moe_forward.py's pipeline), the
+    comparison for mok's: rows sorted by expert, torch._grouped_mm for gate, up and down (a GPU
+    op), index_add into the shared experts' output. Autograd's backward; not deterministic
+    (index_add's atomics) unless PyTorch's deterministic mode is on."""
+    shared_gate, shared_up, shared_down, gate, up, down = params
+    K = topk_ids.shape[1]
+    flat = topk_ids.reshape(-1).long()
+    order = torch.argsort(flat, stable=True)
+    token = order // K
+    offs = torch.cumsum(torch.bincount(flat, minlength=gate.shape[0]), 0).to(torch.int32)
+    rows = x[token]
+    g = torch._grouped_mm(rows, gate.transpose(-2, -1), offs=offs)
+    u = torch._grouped_mm(rows, up.transpose(-2, -1), offs=offs)
+    silu = torch.nn.functional.silu
+    y = torch._grouped_mm(silu(g) * u, down.transpose(-2, -1), offs=offs)
+    y = y * topk_weights.reshape(-1)[order].unsqueeze(-1).to(y.dtype)
+    if shared_gate.shape[0]:
+        out = (silu(x @ shared_gate.t()) * (x @ shared_up.t())) @ shared_down.t()
+    else:
+        out = torch.zeros_like(x)
+    return out.index_add(0, token, y)
+
+
 def moe(x, topk_ids, topk_weights, params, config, recompute=False, check_ids=True, group=None,
         layer=None):
     """The functional layer: out [T, H] of x [T, H] routed by (topk_ids int32 [T, K],

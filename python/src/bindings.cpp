@@ -47,12 +47,6 @@ std::pair<int64_t, int64_t> matrix_shape(const char* name, const In<float>& a) {
 
 mok::BlockShape block_of(std::tuple<int, int> b) { return {std::get<0>(b), std::get<1>(b)}; }
 
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 // Throws naming the array unless its shape is exactly `want` (`dims` names the dimensions, e.g.
 // "[E, I, H]"): a transposed matrix of the right element count is an error, not a wrong answer.
 template <class T>
@@ -61,9 +55,9 @@ void require_shape(const std::string& name, const In<T>& a, const std::vector<in
   std::vector<int64_t> got(a.ndim());
   for (size_t i = 0; i < a.ndim(); ++i) got[i] = int64_t(a.shape(i));
   if (got != want)
-    throw mok::Error(
-        mok::ErrorCode::invalid_argument,
-        name + " must be " + dims + " = " + shape_text(want) + "; got shape " + shape_text(got));
+    throw mok::Error(mok::ErrorCode::invalid_argument,
+                     name + " must be " + dims + " = " + mok_py::shape_text(want) + "; got shape " +
+                         mok_py::shape_text(got));
 }
 
 // The scale grid of a [rows, cols] tensor in blocks of b: [ceil(rows / br), ceil(cols / bc)].
@@ -84,6 +78,12 @@ std::pair<int64_t, int64_t> codes_shape(const In<uint8_t>& data) {
 }
 
 }  // namespace
+
+std::string mok_py::shape_text(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
 
 mok::Config mok_py::config_from(const nb::dict& d) {
   mok::Config c;

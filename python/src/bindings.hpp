@@ -2,9 +2,16 @@
 #pragma once
 #include <nanobind/nanobind.h>
 
+#include <cstdint>
+#include <string>
+#include <vector>
+
 #include "mok/config.hpp"
 
 namespace mok_py {
+
+// "[2048, 64]": a shape in error messages.
+std::string shape_text(const std::vector<int64_t>& s);
 
 // A Config from a dict of its fields (mok.preset's keys); unknown keys are errors.
 mok::Config config_from(const nanobind::dict& d);

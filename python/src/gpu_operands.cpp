@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "bindings.hpp"
 #include "mok/error.hpp"
 
 namespace nb = nanobind;
@@ -33,11 +34,6 @@ std::string dtype_of(const Tensor& t) {
                      : d.code == uint8_t(nb::dlpack::dtype_code::UInt)  ? "uint"
                                                                         : "dtype code ";
   return kind + std::to_string(d.bits);
-}
-std::string shape_text(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
 }
 
 constexpr const char* kParamNames[6] = {"shared_gate", "shared_up", "shared_down",

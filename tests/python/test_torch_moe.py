@@ -501,24 +501,6 @@ def test_an_expert_parallel_group_over_torchrun_equals_one_gpu():
     assert r.stdout.count("EP OK") == n
 
 
-def grouped_mm_pipeline(m, x):
-    """The MoE layer as a PyTorch user writes it (bench/torch_moe_forward.py): rows sorted by
-    expert, torch._grouped_mm for gate, up and down, index_add into the shared expert's output."""
-    ids, w = m.route(x)
-    K = ids.shape[1]
-    flat = ids.view(-1).long()
-    order = torch.argsort(flat, stable=True)
-    token = order // K
-    offs = torch.cumsum(torch.bincount(flat, minlength=m.gate.shape[0]), 0).to(torch.int32)
-    rows = x[token]
-    g = torch._grouped_mm(rows, m.gate.transpose(-2, -1), offs=offs)
-    u = torch._grouped_mm(rows, m.up.transpose(-2, -1), offs=offs)
-    y = torch._grouped_mm(silu(g) * u, m.down.transpose(-2, -1), offs=offs)
-    y = y * w.view(-1)[order].unsqueeze(-1).to(y.dtype)
-    out = mlp(x, m.shared_gate, m.shared_up, m.shared_down) if m.shared_gate.shape[0] else 0 * x
-    return out.index_add(0, token, y)
-
-
 @gpu
 def test_gpu_schedule_built_ahead_gives_the_same_bits():
     m, x, _ = make("cuda", torch.bfloat16, tokens=150, **DSV3)
@@ -549,7 +531,8 @@ def test_gpu_errors_recorded_on_the_device_reach_check():
 def test_gpu_module_matches_the_pytorch_pipeline():
     m, x, d_out = make("cuda", torch.bfloat16, tokens=300, **DSV3)
     got = grads_of(m, x, d_out)
-    want = grads_of(m, x, d_out, run=lambda t: grouped_mm_pipeline(m, t))
+    want = grads_of(m, x, d_out, run=lambda t: mt.pytorch_moe(
+        t, *m.route(t), [getattr(m, n) for n in mt.PARAMS]))
     # The pipeline rounds g, u, the SwiGLU output and each expert's output to BF16 (mok keeps
     # them FP32): a few 2^-8 apart; 2e-2 bounds it.
     for i, (g, r) in enumerate(zip(got, want)):
