@@ -382,6 +382,7 @@ Ceilings measure_ceilings_now() {
 }
 
 int bench_command(const BenchOptions& o) {
+  if (o.layer.precision != "bf16") return bench_precision_command(o);
   if (o.ep > 1) return bench_ep_command(o);
   if (o.direction == "backward") return bench_backward_command(o);
   int gpus = 0;

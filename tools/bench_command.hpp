@@ -34,5 +34,6 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args);  // Usag
 extern const char* const kBenchHelp;
 int bench_command(const BenchOptions& o);
 int bench_backward_command(const BenchOptions& o);
+int bench_precision_command(const BenchOptions& o);  // --precision other than bf16
 
 }  // namespace mok::tools

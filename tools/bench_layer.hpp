@@ -74,7 +74,9 @@ struct BenchLayer {
     }
   }
   gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
-  gpu::DeviceLayerWeights weights() const { return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr}; }
+  gpu::DeviceLayerWeights weights() const {
+    return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr, {}};
+  }
 };
 
 // A shape a benchmark runs: its name in the tables, its configuration, tokens per rank.

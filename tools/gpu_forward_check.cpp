@@ -13,6 +13,7 @@
 
 #include "cuda_util.hpp"
 #include "mok/gpu/moe_backward.hpp"
+#include "mok/gpu/fp8_block_experts.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #endif
 
@@ -137,11 +138,19 @@ GpuForwardReport gpu_forward_check(const Config& c, const LayerParams& p, const 
   const DeviceArray<float> w(std::vector<float>(b.topk_weights.begin(), b.topk_weights.end()));
   const DeviceArray<uint16_t> out(
       std::vector<uint16_t>(size_t(b.tokens * c.hidden), 0xFFFF));  // NaN poison
-  const gpu::DeviceLayerWeights weights{as_bf16(sg), as_bf16(su), as_bf16(sd),
-                                        as_bf16(g),  as_bf16(u),  as_bf16(d)};
+  const gpu::DeviceLayerWeights weights{as_bf16(sg), as_bf16(su), as_bf16(sd), as_bf16(g),
+                                        as_bf16(u),  as_bf16(d),  {}};
   const gpu::DeviceBatch batch{b.tokens, as_bf16(x), ids.ptr, w.ptr};
+  // fp8_block: the routed experts' weights quantized on the GPU first.
+  std::unique_ptr<gpu::Fp8BlockExperts> experts;
+  gpu::DeviceLayerWeights forward_weights = weights;
+  if (c.precision == Precision::fp8_block) {
+    experts = std::make_unique<gpu::Fp8BlockExperts>(c);
+    experts->quantize(weights, nullptr);
+    forward_weights = experts->with(weights);
+  }
   auto run = [&] {
-    f->forward(batch, weights, reinterpret_cast<__nv_bfloat16*>(out.ptr), nullptr);
+    f->forward(batch, forward_weights, reinterpret_cast<__nv_bfloat16*>(out.ptr), nullptr);
   };
   auto fetch = [&] { return out.to_host(); };
   run();

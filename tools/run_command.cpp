@@ -325,13 +325,14 @@ int run_command(const RunOptions& o) {
 
   // The GPU forward and backward (the megakernels, EP = 1) against the reference.
   GpuForwardReport gpu;
-  if (c.precision == Precision::bf16) {
+  if (c.precision == Precision::bf16 || c.precision == Precision::fp8_block) {
     std::printf(
         "  [5/5] GPU forward and backward (megakernels, EP=1): against the reference, 20 "
         "repeats, 50 timed runs each\n");
     gpu = gpu_forward_check(c, p, b, first.out, d_out, first.grads);
   } else {
-    gpu.skipped_because = std::string("the GPU forward is BF16 only for now");
+    gpu.skipped_because = std::string("the GPU forward runs bf16 and fp8_block for now, not ") +
+                          precision_name(c.precision);
   }
   if (gpu.ran) {
     const bool close = gpu.relative_error <= relative_error_bound(OperandQuant::bf16);

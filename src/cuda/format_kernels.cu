@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "mok/formats/block_scale.hpp"
+#include "mok/formats/fp8_block_device.cuh"
 #include "mok/gpu/formats_gpu.hpp"
 
 namespace mok::gpu {
@@ -67,11 +68,77 @@ __global__ void fp8_block_rows_kernel(const float* x, int64_t rows, int64_t cols
   for (int i = 0; i < 128; ++i) data[b * 128 + i] = fmt::fp8_block_element(in[i], s);
 }
 
+// One CTA per 128x128 block of one matrix: thread t holds column t % 128 of rows t / 128 + 2i
+// (64 values in registers), so the block is read from global memory once and coalesced.
+constexpr int kWeightBlock = 128, kWeightThreads = 256;
+constexpr int kWeightRowsPerThread = kWeightBlock * kWeightBlock / kWeightThreads;
+
+__global__ void __launch_bounds__(kWeightThreads)
+    fp8_block_weights_kernel(const __nv_bfloat16* x, int64_t rows, int64_t cols, bool ue8m0,
+                             bool transposed, uint8_t* data, float* scales) {
+  const int64_t block_rows = (rows + kWeightBlock - 1) / kWeightBlock;
+  const int64_t block_cols = (cols + kWeightBlock - 1) / kWeightBlock;
+  const int64_t batch = blockIdx.z, br = blockIdx.y, bc = blockIdx.x;
+  const int64_t c = bc * kWeightBlock + threadIdx.x % kWeightBlock;
+  const int64_t r0 = br * kWeightBlock + threadIdx.x / kWeightBlock;
+  const __nv_bfloat16* in = x + batch * rows * cols;
+  float v[kWeightRowsPerThread];
+  fmt::BlockAmax a;
+#pragma unroll
+  for (int i = 0; i < kWeightRowsPerThread; ++i) {
+    const int64_t r = r0 + 2 * i;
+    v[i] = r < rows && c < cols ? __bfloat162float(in[r * cols + c]) : 0.0f;
+    a.add(v[i]);
+  }
+  a = fmt::reduce_block_amax(a, 31);
+  __shared__ uint32_t warp_amax[kWeightThreads / 32];
+  __shared__ int warp_nonfinite[kWeightThreads / 32];
+  if (threadIdx.x % 32 == 0) {
+    warp_amax[threadIdx.x / 32] = float_bits(a.amax);
+    warp_nonfinite[threadIdx.x / 32] = a.nonfinite;
+  }
+  __syncthreads();
+  fmt::BlockAmax block;
+  for (int w = 0; w < kWeightThreads / 32; ++w) {
+    if (warp_amax[w] > float_bits(block.amax)) block.amax = bits_float(warp_amax[w]);
+    block.nonfinite = block.nonfinite || warp_nonfinite[w];
+  }
+  const fmt::Fp8BlockScale s = fmt::fp8_block_scale(block.amax, ue8m0);
+  if (threadIdx.x == 0) {
+    const int64_t at = transposed ? (batch * block_cols + bc) * block_rows + br
+                                  : (batch * block_rows + br) * block_cols + bc;
+    scales[at] = fmt::fp8_block_stored_scale(block, s);
+  }
+  if (c >= cols) return;
+  uint8_t* out = data + batch * rows * cols;
+#pragma unroll
+  for (int i = 0; i < kWeightRowsPerThread; ++i) {
+    const int64_t r = r0 + 2 * i;
+    if (r >= rows) break;
+    const uint8_t code = uint8_t(fmt::fp8_block_pair(v[i], 0.0f, s.encode) & 0xFFu);
+    out[transposed ? c * rows + r : r * cols + c] = code;
+  }
+}
+
 cudaError_t check_cols(int64_t cols, int block) {
   return cols % block == 0 ? cudaSuccess : cudaErrorInvalidValue;
 }
 
 }  // namespace
+
+cudaError_t quantize_fp8_block_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                       int64_t cols, bool ue8m0, bool transposed, uint8_t* data,
+                                       float* scales, cudaStream_t stream) {
+  if (batches < 0 || rows < 0 || cols < 0 || batches > 65535) return cudaErrorInvalidValue;
+  const int64_t block_rows = (rows + kWeightBlock - 1) / kWeightBlock;
+  const int64_t block_cols = (cols + kWeightBlock - 1) / kWeightBlock;
+  if (batches == 0 || block_rows == 0 || block_cols == 0) return cudaSuccess;
+  if (block_rows > 65535 || block_cols > (int64_t(1) << 31) - 1) return cudaErrorInvalidValue;
+  fp8_block_weights_kernel<<<dim3(unsigned(block_cols), unsigned(block_rows), unsigned(batches)),
+                             kWeightThreads, 0, stream>>>(x, rows, cols, ue8m0, transposed, data,
+                                                          scales);
+  return cudaGetLastError();
+}
 
 cudaError_t quantize_mxfp8_rows(const float* x, int64_t rows, int64_t cols, MxScaleRule rule,
                                 uint8_t* data, uint8_t* scales, cudaStream_t stream) {

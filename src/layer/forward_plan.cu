@@ -50,9 +50,25 @@ double resolve_wait_seconds(double seconds) {
 ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const ForwardHooks& h,
                          Transport transport, const char* who) {
   const std::string name(who);
-  require(c.precision == Precision::bf16, ErrorCode::unsupported,
+  const bool fp8 = c.precision == Precision::fp8_block;
+  require(c.precision == Precision::bf16 || fp8, ErrorCode::unsupported,
           std::string("precision ") + precision_name(c.precision) +
-              ": the GPU forward is BF16 only for now");
+              ": the GPU forward runs bf16 and fp8_block for now");
+  require(!fp8 || transport != Transport::nccl, ErrorCode::unsupported,
+          name +
+              ": precision fp8_block runs on one GPU and on emulated EP groups for now, not "
+              "over NCCL (x is not yet quantized on its source rank)");
+  require(!fp8 || (c.hidden % 128 == 0 && c.intermediate % 128 == 0 && c.shared_width() % 128 == 0),
+          ErrorCode::unsupported,
+          "precision fp8_block needs hidden, intermediate and the shared width to be multiples "
+          "of 128 (its 1x128 and 128x128 scale blocks, 256-wide tiles); got H = " +
+              std::to_string(c.hidden) + ", I = " + std::to_string(c.intermediate) +
+              ", S = " + std::to_string(c.shared_width()));
+  require(!fp8 || (o.row_path != RowPath::producer_gather && (o.block_n == 0 || o.block_n == 256)),
+          ErrorCode::invalid_argument,
+          name +
+              ": precision fp8_block quantizes x in the dispatch copy, with 256-wide tiles: "
+              "row_path producer_gather and block_n 128 are not available");
   require(c.tile_rows == kTileRows, ErrorCode::unsupported,
           name + ": tile_rows = " + std::to_string(c.tile_rows) + ": the GPU kernels pad every " +
               "expert's rows to " + std::to_string(kTileRows) + " (the GEMM tile height), so " +
@@ -76,7 +92,8 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   plan.ranks_in_launch = transport == Transport::emulated ? c.ep_size : 1;
   const bool expert_parallel = transport != Transport::local;
   const bool needs_dispatch = o.dispatch_ctas != 0 || h.needs_dispatch_role();
-  plan.row_path = resolve_row_path(c, o, expert_parallel, needs_dispatch);
+  plan.row_path =
+      fp8 ? RowPath::dispatch_copy : resolve_row_path(c, o, expert_parallel, needs_dispatch);
   require(expert_parallel || plan.row_path != RowPath::producer_gather || !needs_dispatch,
           ErrorCode::invalid_argument,
           name +
@@ -92,8 +109,12 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
               ": allowed 0 (automatic), 128, or 256 when I and S are multiples of 128");
   // One wgmma group in flight with the dispatch copy (measured faster there, slower with the
   // producer gather).
-  plan.kernel.mma_in_flight = plan.row_path == RowPath::dispatch_copy;
+  // fp8_block promotes each k-block's partial accumulators, so no group stays in flight.
+  plan.kernel.mma_in_flight = plan.row_path == RowPath::dispatch_copy && !fp8;
+  plan.kernel.fp8_block = fp8;
   plan.kernel.probe = h.probe();
+  require(!fp8 || plan.kernel.probe == 0, ErrorCode::invalid_argument,
+          name + ": the stage probes run bf16 forwards only");
   plan.kernel.group = plan.ranks_in_launch > 1;
   plan.kernels = h.kernels ? h.kernels : &kern::production_forward_kernels();
   require(plan.kernel.probe == 0 || plan.kernel.block_n == 256, ErrorCode::invalid_argument,
@@ -107,7 +128,7 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   int per_sm = 0;
   check_cuda(plan.kernels->prepare(plan.kernel, &per_sm), "preparing the forward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
-  if (plan.kernel.probe == 0) {  // the training instantiation, for forwards given a context
+  if (plan.kernel.probe == 0 && !fp8) {  // the training instantiation, for forwards given a context
     kern::ForwardKernel training = plan.kernel;
     training.keep_gate_up = true;
     check_cuda(plan.kernels->prepare(training, &per_sm), "preparing the training forward kernel");

@@ -40,6 +40,10 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
   // A context that recomputes keeps nothing: its forward runs the inference kernel.
   const ForwardContext* first = calls[0].context;
   l.kernel.keep_gate_up = first != nullptr && first->keeps();
+  require(first == nullptr || config_.precision == Precision::bf16, ErrorCode::unsupported,
+          who_ + ": precision " + precision_name(config_.precision) +
+              ": the GPU backward is BF16 only for now, so a training forward (with a "
+              "ForwardContext) needs precision bf16; inference forwards take fp8_block");
   require(first == nullptr || plan_.kernel.probe == 0, ErrorCode::invalid_argument,
           who_ + ": the stage probes run inference forwards only (no ForwardContext)");
   for (int r = 0; r < n; ++r) {
@@ -69,8 +73,8 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
     }
     if (r == 0) last_schedule_ = &s;
     l.ranks[i].maps = rank_maps(w, config_, call.batch, call.weights, a, plan_.kernel.block_n);
-    l.ranks[i].params = rank_params(w, s, a, config_, call.batch, call.out, plan_, hooks_,
-                                    ep_rank(r), ranks_[0].aborted);
+    l.ranks[i].params = rank_params(w, s, a, config_, call.batch, call.weights, call.out, plan_,
+                                    hooks_, ep_rank(r), ranks_[0].aborted);
   }
   for (int r = 0; r < n; ++r)  // every rank reaches every other rank's buffers
     for (int q = 0; q < n; ++q) {

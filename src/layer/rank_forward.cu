@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "kernels/gemm/mma_traits.cuh"
 #include "mok/device/tensor_map.hpp"
 #include "mok/error.hpp"
 #include "mok/gpu/random_fill.hpp"
@@ -150,13 +151,23 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   capacity_blocks = schedule.capacity_blocks;
   token_blocks = schedule.token_blocks;
   ring_blocks = std::clamp<int64_t>(c.effective_ring_rows() / kTileRows, 1, capacity_blocks);
-  routed_x = device_alloc<__nv_bfloat16>(size_t(ring_blocks * kTileRows * H), what);
+  const int64_t ring_rows = ring_blocks * kTileRows;
+  const bool fp8 = c.precision == Precision::fp8_block;
+  if (fp8) {
+    routed_x_e4m3 = device_alloc<uint8_t>(size_t(ring_rows * H), what);
+    routed_x_scales = device_alloc<float>(size_t(ring_rows * (H / 128)), what);
+    act_e4m3 = device_alloc<uint8_t>(size_t(sched.capacity * I), what);
+    act_scales = device_alloc<float>(size_t(sched.capacity * (I / 128)), what);
+  } else {
+    routed_x = device_alloc<__nv_bfloat16>(size_t(ring_rows * H), what);
+    act = device_alloc<__nv_bfloat16>(size_t(sched.capacity * I), what);
+  }
   if (parts.random_ring) {
-    check_cuda(fill_uniform_bf16(routed_x, ring_blocks * kTileRows * H, 0x5eed, 1.0f, nullptr),
+    require(!fp8, ErrorCode::invalid_argument, "the dispatch-copy probe runs BF16 forwards only");
+    check_cuda(fill_uniform_bf16(routed_x, ring_rows * H, 0x5eed, 1.0f, nullptr),
                "filling the token ring");
     check_cuda(cudaStreamSynchronize(nullptr), "filling the token ring");
   }
-  act = device_alloc<__nv_bfloat16>(size_t(sched.capacity * I), what);
   act_shared = S ? device_alloc<__nv_bfloat16>(size_t(sched.token_rows * S), what) : nullptr;
   y_slots = parts.y_slots ? device_alloc<__nv_bfloat16>(size_t(max_t * K * H), what) : nullptr;
   y_shared = S ? device_alloc<__nv_bfloat16>(size_t(max_t * H), what) : nullptr;
@@ -174,14 +185,16 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
   aborted = reinterpret_cast<int*>(zeroed + aborted_at);
   timings = parts.timings ? reinterpret_cast<unsigned long long*>(zeroed + timings_at) : nullptr;
   for (int i = 0; i < 2; ++i)  // boxes of 128 rows, then of 64 (kern::ForwardMaps)
-    routed_x_map[i] =
-        dev::make_map_2d(dev::Dtype::bf16, routed_x, uint64_t(ring_blocks * kTileRows), uint64_t(H),
-                         uint64_t(H), kern::a_box_rows(i));
+    routed_x_map[i] = fp8 ? dev::make_map_2d(dev::Dtype::e4m3, routed_x_e4m3, uint64_t(ring_rows),
+                                             uint64_t(H), uint64_t(H), kern::a_box_rows(i))
+                          : dev::make_map_2d(dev::Dtype::bf16, routed_x, uint64_t(ring_rows),
+                                             uint64_t(H), uint64_t(H), kern::a_box_rows(i));
 }
 
 void RankBuffers::release() {
   schedule.release();
   for (void* p : {(void*)routed_x, (void*)act, (void*)act_shared, (void*)y_slots, (void*)y_shared,
+                  (void*)routed_x_e4m3, (void*)routed_x_scales, (void*)act_e4m3, (void*)act_scales,
                   (void*)counters /* with fault, aborted and timings */})
     cudaFree(p);
   *this = RankBuffers{};
@@ -203,15 +216,24 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
   for (int i = 0; i < 2; ++i) {  // boxes of 128 rows, then of 64
     const uint32_t box = kern::a_box_rows(i);
     maps.routed_x[i] = w.routed_x_map[i];
-    maps.act[i] = dev::make_map_2d(bf16, a.act, capacity, I, I, box);
+    if (a.act) maps.act[i] = dev::make_map_2d(bf16, a.act, capacity, I, I, box);
     maps.act_shared[i] =
-        S ? dev::make_map_2d(bf16, a.act_shared, token_rows, S, S, box) : maps.act[i];
+        S ? dev::make_map_2d(bf16, a.act_shared, token_rows, S, S, box) : w.routed_x_map[i];
     maps.x[i] = b.tokens > 0 ? dev::make_map_2d(bf16, b.x, uint64_t(b.tokens), H, H, box)
                              : w.routed_x_map[i];
   }
-  maps.gate = dev::make_map_3d(bf16, wt.gate, El, I, H, bn / 2);
-  maps.up = dev::make_map_3d(bf16, wt.up, El, I, H, bn / 2);
-  maps.down = dev::make_map_3d(bf16, wt.down, El, H, I, bn);
+  if (c.precision == Precision::fp8_block) {  // the routed maps read E4M3
+    const dev::Dtype e4m3 = dev::Dtype::e4m3;
+    for (int i = 0; i < 2; ++i)
+      maps.act[i] = dev::make_map_2d(e4m3, w.act_e4m3, capacity, I, I, kern::a_box_rows(i));
+    maps.gate = dev::make_map_3d(e4m3, wt.fp8_block.gate, El, I, H, bn / 2);
+    maps.up = dev::make_map_3d(e4m3, wt.fp8_block.up, El, I, H, bn / 2);
+    maps.down = dev::make_map_3d(e4m3, wt.fp8_block.down, El, H, I, bn);
+  } else {
+    maps.gate = dev::make_map_3d(bf16, wt.gate, El, I, H, bn / 2);
+    maps.up = dev::make_map_3d(bf16, wt.up, El, I, H, bn / 2);
+    maps.down = dev::make_map_3d(bf16, wt.down, El, H, I, bn);
+  }
   if (S > 0) {
     maps.shared_gate = dev::make_map_3d(bf16, wt.shared_gate, 1, S, H, bn / 2);
     maps.shared_up = dev::make_map_3d(bf16, wt.shared_up, 1, S, H, bn / 2);
@@ -246,9 +268,20 @@ void require_batch_operands(const Config& c, const DeviceBatch& b, const std::st
 void require_forward_operands(const Config& c, const DeviceBatch& b, const DeviceLayerWeights& wt,
                               const __nv_bfloat16* out) {
   require_batch_operands(c, b);
-  require_operand(wt.gate, "gate weights");
-  require_operand(wt.up, "up weights");
-  require_operand(wt.down, "down weights");
+  if (c.precision == Precision::fp8_block) {
+    const Fp8BlockWeights& q = wt.fp8_block;
+    const char* hint = " (fp8_block: DeviceLayerWeights::fp8_block, from Fp8BlockExperts)";
+    require_operand(q.gate, std::string("fp8_block gate weights") + hint);
+    require_operand(q.up, std::string("fp8_block up weights") + hint);
+    require_operand(q.down, std::string("fp8_block down weights") + hint);
+    require_operand(q.gate_scales, "fp8_block gate scales", 4);
+    require_operand(q.up_scales, "fp8_block up scales", 4);
+    require_operand(q.down_scales, "fp8_block down scales", 4);
+  } else {
+    require_operand(wt.gate, "gate weights");
+    require_operand(wt.up, "up weights");
+    require_operand(wt.down, "down weights");
+  }
   if (c.shared_width() > 0) {
     require_operand(wt.shared_gate, "shared gate weights");
     require_operand(wt.shared_up, "shared up weights");
@@ -279,12 +312,13 @@ void set_batch_params(kern::ForwardParams& p, const RankSchedule& s, const Confi
   p.intermediate = c.intermediate;
   p.shared_width = c.shared_width();
   p.experts = c.experts_per_rank();
+  p.routed_block_k = kern::kBlockK;
 }
 
 kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, const Activations& a,
-                                const Config& c, const DeviceBatch& b, __nv_bfloat16* out,
-                                const ForwardPlan& plan, const ForwardHooks& hooks, int ep_rank,
-                                int* aborted) {
+                                const Config& c, const DeviceBatch& b, const DeviceLayerWeights& wt,
+                                __nv_bfloat16* out, const ForwardPlan& plan,
+                                const ForwardHooks& hooks, int ep_rank, int* aborted) {
   kern::ForwardParams p{};
   set_batch_params(p, s, c, b, ep_rank, aborted);
   p.peer_y_slots[ep_rank] = w.y_slots;
@@ -297,6 +331,16 @@ kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, con
   p.y_slots = w.y_slots;
   p.y_shared = w.y_shared;
   p.out = out;
+  if (c.precision == Precision::fp8_block) {
+    p.routed_x_e4m3 = w.routed_x_e4m3;
+    p.routed_x_scales = w.routed_x_scales;
+    p.act_e4m3 = w.act_e4m3;
+    p.act_scales = w.act_scales;
+    p.gate_scales = wt.fp8_block.gate_scales;
+    p.up_scales = wt.fp8_block.up_scales;
+    p.down_scales = wt.fp8_block.down_scales;
+    p.routed_block_k = kern::Fp8BlockKMajor::kBlockK;
+  }
   p.x_ready = w.counters;
   p.act_ready = p.x_ready + w.capacity_blocks;
   p.act_shared_ready = p.act_ready + w.capacity_blocks;

@@ -49,6 +49,10 @@ struct RankBuffers {
   RankSchedule schedule;  // used when the caller passes none
   __nv_bfloat16 *routed_x = nullptr, *act = nullptr, *act_shared = nullptr, *y_slots = nullptr,
                 *y_shared = nullptr;
+  // fp8_block: the routed rows' E4M3 token ring and activations with their scales (routed_x and
+  // act are then not allocated).
+  uint8_t *routed_x_e4m3 = nullptr, *act_e4m3 = nullptr;
+  float *routed_x_scales = nullptr, *act_scales = nullptr;
   uint32_t* counters = nullptr;  // x_ready | act_ready | act_shared_ready | token_done |
   size_t counter_words = 0;      // combine_next | tile_next
   // In the counters' allocation, after them: the fault record, kern::ForwardParams::aborted (an
@@ -58,7 +62,7 @@ struct RankBuffers {
   unsigned long long* timings = nullptr;
   size_t zeroed_bytes = 0;  // counters, fault record, aborted and timings together
   int64_t capacity_blocks = 0, ring_blocks = 0, token_blocks = 0;
-  CUtensorMap routed_x_map[2]{};  // boxes of 128, 64 rows
+  CUtensorMap routed_x_map[2]{};  // boxes of 128, 64 rows (fp8_block: of the E4M3 ring)
 
   // Without y_slots the caller provides them (EpForward: in its symmetric window).
   struct Parts {
@@ -97,9 +101,9 @@ void set_batch_params(kern::ForwardParams& p, const RankSchedule& s, const Confi
 // Parameters of rank `ep_rank` (buffers `w`) with its own buffers in every peer-table entry of its
 // rank; the caller fills the other ranks' entries. `aborted`: the group's flag.
 kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, const Activations& a,
-                                const Config& c, const DeviceBatch& b, __nv_bfloat16* out,
-                                const ForwardPlan& plan, const ForwardHooks& hooks, int ep_rank,
-                                int* aborted);
+                                const Config& c, const DeviceBatch& b, const DeviceLayerWeights& wt,
+                                __nv_bfloat16* out, const ForwardPlan& plan,
+                                const ForwardHooks& hooks, int ep_rank, int* aborted);
 
 // Turns the fault records of a forward into mok::Error(peer_timeout): the most upstream wait is
 // the cause, the others gave up because of it. `prefix` goes first ("rank 1: "). Nothing if no

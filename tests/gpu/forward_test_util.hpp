@@ -55,24 +55,30 @@ struct GpuLayer {
     auto bf = [](const DeviceBuffer<uint16_t>& b) {
       return reinterpret_cast<const __nv_bfloat16*>(b.ptr);
     };
-    return {bf(sg), bf(su), bf(sd), bf(g), bf(u), bf(d)};
+    return {bf(sg), bf(su), bf(sd), bf(g), bf(u), bf(d), {}};
   }
 };
 
 // Runs the GPU forward; returns out as doubles (NaN where unwritten: the poison is BF16 NaN).
 template <class Forward>
-std::vector<double> gpu_forward(Forward& f, const mok::Config& c, const GpuLayer& layer,
-                                const mok::Batch& b, bool check = true) {
+std::vector<double> gpu_forward(Forward& f, const mok::Config& c,
+                                const mok::gpu::DeviceLayerWeights& weights, const mok::Batch& b,
+                                bool check = true) {
   DeviceBuffer<uint16_t> x(to_bf16(b.x));
   DeviceBuffer<int32_t> ids(b.topk_ids);
   std::vector<float> wf(b.topk_weights.begin(), b.topk_weights.end());
   DeviceBuffer<float> w(wf);
   DeviceBuffer<uint16_t> out(size_t(b.tokens * c.hidden), 0xFF);
-  f.forward({b.tokens, reinterpret_cast<const __nv_bfloat16*>(x.ptr), ids.ptr, w.ptr},
-            layer.weights(), reinterpret_cast<__nv_bfloat16*>(out.ptr), nullptr);
+  f.forward({b.tokens, reinterpret_cast<const __nv_bfloat16*>(x.ptr), ids.ptr, w.ptr}, weights,
+            reinterpret_cast<__nv_bfloat16*>(out.ptr), nullptr);
   if (check) f.check(nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   return from_bf16(out.to_host());
+}
+template <class Forward>
+std::vector<double> gpu_forward(Forward& f, const mok::Config& c, const GpuLayer& layer,
+                                const mok::Batch& b, bool check = true) {
+  return gpu_forward(f, c, layer.weights(), b, check);
 }
 
 inline void expect_matches_reference(const mok::Config& c, const mok::LayerParams& p,

@@ -1,11 +1,22 @@
 // A layer's weights and a batch in device memory, as the GPU forwards take them (BF16 operands,
-// layouts of mok/layer.hpp).
+// layouts of mok/layer.hpp; the routed experts also in fp8_block).
 #pragma once
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
 namespace mok::gpu {
+
+// The routed experts' weights in fp8_block (Fp8BlockExperts writes them from the BF16 ones): E4M3
+// codes in the BF16 layouts, one FP32 decode scale per 128x128 block.
+struct Fp8BlockWeights {
+  const uint8_t* gate = nullptr;       // [E, I, H]
+  const uint8_t* up = nullptr;         // [E, I, H]
+  const uint8_t* down = nullptr;       // [E, H, I]
+  const float* gate_scales = nullptr;  // [E, I / 128, H / 128]
+  const float* up_scales = nullptr;    // [E, I / 128, H / 128]
+  const float* down_scales = nullptr;  // [E, H / 128, I / 128]
+};
 
 struct DeviceLayerWeights {                    // BF16, layouts of mok/layer.hpp
   const __nv_bfloat16* shared_gate = nullptr;  // [S*Is, H]
@@ -14,6 +25,9 @@ struct DeviceLayerWeights {                    // BF16, layouts of mok/layer.hpp
   const __nv_bfloat16* gate = nullptr;         // [E, I, H]
   const __nv_bfloat16* up = nullptr;           // [E, I, H]
   const __nv_bfloat16* down = nullptr;         // [E, H, I]
+  // Precision::fp8_block: the routed experts' weights the forward reads (gate, up and down above
+  // are then not read; the shared experts stay BF16).
+  Fp8BlockWeights fp8_block;
 };
 
 struct DeviceBatch {

@@ -4,6 +4,8 @@
 #pragma once
 #include <cuda_runtime_api.h>
 
+#include <cuda_bf16.h>
+
 #include <cstdint>
 
 #include "mok/formats.hpp"
@@ -23,5 +25,15 @@ cudaError_t quantize_nvfp4_rows(const float* x, int64_t rows, int64_t cols, uint
 // data [rows, cols] E4M3; scales [rows, cols / 128] FP32. cols % 128 == 0.
 cudaError_t quantize_fp8_block_rows(const float* x, int64_t rows, int64_t cols, bool ue8m0,
                                     uint8_t* data, float* scales, cudaStream_t stream);
+
+// A batch of BF16 matrices x [batches, rows, cols] (experts' weights) in 128x128 blocks, as
+// quantize_fp8_block(..., {128, 128}, ue8m0) quantizes each matrix: data [batches, rows, cols]
+// E4M3; scales [batches, ceil(rows / 128), ceil(cols / 128)] FP32 (edge blocks may be partial).
+// With `transposed` the codes go out as each matrix's transpose, data [batches, cols, rows], and
+// scales [batches, ceil(cols / 128), ceil(rows / 128)]: the blocks are square, so these are the
+// quantized transpose (the backward's K-major copy of a weight).
+cudaError_t quantize_fp8_block_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                       int64_t cols, bool ue8m0, bool transposed, uint8_t* data,
+                                       float* scales, cudaStream_t stream);
 
 }  // namespace mok::gpu

@@ -1,8 +1,8 @@
-// The layer's forward on one GPU (EP = 1, BF16 operands, FP32 accumulation) as one persistent
-// megakernel after a few small schedule kernels: dispatch CTAs gather routed rows block by block,
-// GEMM CTAs run gate/up with the SwiGLU epilogue and down as soon as their inputs are published,
-// and every idle warp combines finished tokens. No host synchronisation; capturable in a CUDA
-// graph. The kernels live in src/kernels/moe_forward/.
+// The layer's forward on one GPU (EP = 1, BF16 or fp8_block operands, FP32 accumulation) as one
+// persistent megakernel after a few small schedule kernels: dispatch CTAs gather routed rows block
+// by block, GEMM CTAs run gate/up with the SwiGLU epilogue and down as soon as their inputs are
+// published, and every idle warp combines finished tokens. No host synchronisation; capturable in a
+// CUDA graph. The kernels live in src/kernels/moe_forward/.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -53,8 +53,12 @@ class LayerRunner;    // the host path every forward shares: src/layer/layer_run
 
 class MoeForward {
  public:
-  // Throws mok::Error for configurations it does not take (ep_size != 1, precision other than
-  // bf16, H or I or S not multiples of 64, options out of range) and for allocation failures.
+  // Throws mok::Error for configurations it does not take (ep_size != 1, precision mxfp8 or
+  // nvfp4, H or I or S not multiples of 64, or of 128 for fp8_block, options out of range) and
+  // for allocation failures. fp8_block: the routed experts' GEMMs in E4M3 with DeepSeek-V3's
+  // block scales (x quantized in dispatch, the activations in the gate/up epilogue, the weights
+  // given quantized in DeviceLayerWeights::fp8_block); the shared experts stay BF16; inference
+  // only (no ForwardContext: the GPU backward is BF16).
   explicit MoeForward(const Config& c, const ForwardOptions& options = {});
   MoeForward(const Config& c, const ForwardOptions& options, const detail::ForwardHooks& hooks);
   ~MoeForward();

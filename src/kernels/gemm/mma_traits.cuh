@@ -104,6 +104,12 @@ struct Bf16MnMajorB
 struct Bf16MnMajorAB
     : MmaTraits<__nv_bfloat16, dev::Dtype::bf16, 64, 16, dev::Major::MN, dev::Major::MN> {};
 
+// fp8_block's routed GEMMs: E4M3 activations [rows, K] and weights [N, K], K contiguous (8-bit
+// wgmma reads nothing else). A k-block of 128 is one swizzle span and one scale block along K,
+// and its stage has the BF16 forward's bytes, so both share one ring.
+struct Fp8BlockKMajor
+    : MmaTraits<__nv_fp8_e4m3, dev::Dtype::e4m3, 128, 32, dev::Major::K, dev::Major::K> {};
+
 static_assert(Bf16KMajor::kBlockK == kBlockK, "the forward's k-block is Bf16KMajor's");
 
 }  // namespace mok::kern

@@ -36,6 +36,7 @@ __device__ __forceinline__ const BackwardParams& backward(const ForwardParams& p
 // x rows (ForwardDispatchRows) through x_ready.
 template <int kBlockN>
 struct DyDispatchRows {
+  static constexpr bool kQuantized = false;
   __device__ static const uint4* source(const ForwardParams& p, int rank, int64_t slot) {
     return reinterpret_cast<const uint4*>(backward(p).peer_d_out[rank] +
                                           sched::slot_token(slot, p.top_k) * p.hidden);

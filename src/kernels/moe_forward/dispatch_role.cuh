@@ -12,6 +12,7 @@
 #include <cstdint>
 
 #include "kernels/moe_forward/tile_schedule.cuh"
+#include "mok/formats/fp8_block_device.cuh"
 #include "mok/schedule/routing_layout.hpp"
 
 namespace mok::kern {
@@ -38,6 +39,7 @@ constexpr int kDispatchUnroll = 16;
 // output gradients is another Rows over the same role.
 template <int kBlockN>
 struct ForwardDispatchRows {
+  static constexpr bool kQuantized = false;
   __device__ static const uint4* source(const ForwardParams& p, int rank, int64_t slot) {
     return reinterpret_cast<const uint4*>(p.peer_x[rank] +
                                           sched::slot_token(slot, p.top_k) * p.hidden);
@@ -50,6 +52,14 @@ struct ForwardDispatchRows {
   __device__ static uint32_t readers(const ForwardTiles<kBlockN>& tiles) {
     return uint32_t(kConsumers * tiles.gate_up_tiles);
   }
+};
+
+// fp8_block: the same rows into the E4M3 token ring and its scales (quantize_block).
+template <int kBlockN>
+struct ForwardDispatchRowsFp8Block : ForwardDispatchRows<kBlockN> {
+  static constexpr bool kQuantized = true;
+  __device__ static uint8_t* ring_codes(const ForwardParams& p) { return p.routed_x_e4m3; }
+  __device__ static float* ring_scales(const ForwardParams& p) { return p.routed_x_scales; }
 };
 
 // Before gathering block b, dispatch may have to wait for the GEMMs to free its place in the
@@ -72,15 +82,14 @@ __device__ __forceinline__ bool may_gather(const ForwardParams& p,
 
 // One block's rows of one Rows policy into its ring tile (padding rows as zeros), by the whole
 // CTA. row_source / row_copied: the CTA's shared arrays.
+// Where each row of block b comes from (row_source; nullptr: padding, written as zeros) and
+// whether it is moved at all (row_copied: not when the producers gather it). True when any row
+// is. One load per row from the row-destination table (the lookup through the schedules is a
+// chain of dependent loads, two of them from the source rank over NVLink).
 template <class Rows>
-__device__ __forceinline__ void copy_block(const ForwardParams& p, int64_t b,
-                                           const uint4** row_source, bool* row_copied) {
-  const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row
-  const uint32_t block_vecs = kBlockM * row_vecs;
-  const sched::VectorWalk walk = sched::VectorWalk::make(blockDim.x, row_vecs);
+__device__ __forceinline__ bool resolve_block_rows(const ForwardParams& p, int64_t b,
+                                                   const uint4** row_source, bool* row_copied) {
   bool copies = false;
-  // One load per row from the row-destination table (the lookup through the schedules is a
-  // chain of dependent loads, two of them from the source rank over NVLink).
   if (threadIdx.x < kBlockM) {
     const int64_t d = p.row_destination[b * kBlockM + threadIdx.x];
     const int src = sched::RowDestination::rank(d);
@@ -90,9 +99,18 @@ __device__ __forceinline__ void copy_block(const ForwardParams& p, int64_t b,
         src >= 0 && !gathered ? Rows::source(p, src, sched::RowDestination::slot(d)) : nullptr;
     copies = !gathered;
   }
+  return __syncthreads_or(copies);
+}
+
+template <class Rows>
+__device__ __forceinline__ void copy_block(const ForwardParams& p, int64_t b,
+                                           const uint4** row_source, bool* row_copied) {
+  const uint32_t row_vecs = uint32_t(p.hidden) / 8;  // 16-byte vectors per row
+  const uint32_t block_vecs = kBlockM * row_vecs;
+  const sched::VectorWalk walk = sched::VectorWalk::make(blockDim.x, row_vecs);
   // The block as one flat run of vectors: consecutive threads move consecutive 16 bytes.
   uint4* const dst = Rows::ring(p) + sched::ring_tile(b, token_ring(p)) * int64_t(block_vecs);
-  const bool any_copies = __syncthreads_or(copies);
+  const bool any_copies = resolve_block_rows<Rows>(p, b, row_source, row_copied);
   const uint32_t copy_vecs =
       p.profile_flags & kProfileNoDispatchCopy || !any_copies ? 0 : block_vecs;
   sched::VectorWalk::Position at = walk.at(threadIdx.x);  // of vector `base`
@@ -114,6 +132,69 @@ __device__ __forceinline__ void copy_block(const ForwardParams& p, int64_t b,
     at = pos;
   }
   __syncthreads();  // every thread's stores precede the release (it is cumulative)
+}
+
+// fp8_block: x rows into the E4M3 token ring, quantized on the way (block_scale.hpp's 1x128 rule;
+// the codes and scales of quantize_fp8_block bit for bit). Half a warp takes one 128-column block
+// of a row, 16 bytes of BF16 per lane; kQuantizeUnroll blocks per half-warp in flight.
+constexpr int kQuantizeUnroll = 8;
+
+template <class Rows>
+__device__ __forceinline__ void quantize_block(const ForwardParams& p, int64_t b,
+                                               const uint4** row_source, bool* row_copied) {
+  resolve_block_rows<Rows>(p, b, row_source, row_copied);  // every row: fp8_block never gathers
+  const int blocks_per_row = p.hidden / 128;
+  const int units = kBlockM * blocks_per_row;  // (row, 128-column block) pairs
+  const int half = int(threadIdx.x / 16), halves = int(blockDim.x / 16),
+            lane = int(threadIdx.x % 16);
+  const int64_t ring_row0 = sched::ring_tile(b, token_ring(p)) * kBlockM;
+  uint8_t* const codes = Rows::ring_codes(p) + ring_row0 * p.hidden;
+  float* const scales = Rows::ring_scales(p) + ring_row0 * blocks_per_row;
+  for (int base = half; base < units; base += halves * kQuantizeUnroll) {
+    uint4 v[kQuantizeUnroll];
+#pragma unroll
+    for (int u = 0; u < kQuantizeUnroll; ++u) {
+      const int i = base + u * halves;
+      const uint4* src = i < units ? row_source[i / blocks_per_row] : nullptr;
+      v[u] = src ? __ldg(src + (i % blocks_per_row) * 16 + lane) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kQuantizeUnroll; ++u) {
+      const int i = base + u * halves;  // the same for the 16 lanes: the shuffles stay converged
+      float x[8];
+      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+      fmt::BlockAmax a;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        x[e] = bits_float(e % 2 ? w[e / 2] & 0xFFFF0000u : w[e / 2] << 16);
+        a.add(x[e]);
+      }
+      a = fmt::reduce_block_amax(a, 15);
+      if (i >= units) continue;
+      const fmt::Fp8BlockScale s = fmt::fp8_block_scale(a.amax, false);
+      const int row = i / blocks_per_row, col_block = i % blocks_per_row;
+      uint32_t out[2];
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        out[e] = uint32_t(fmt::fp8_block_pair(x[4 * e], x[4 * e + 1], s.encode)) |
+                 uint32_t(fmt::fp8_block_pair(x[4 * e + 2], x[4 * e + 3], s.encode)) << 16;
+      *reinterpret_cast<uint2*>(codes + int64_t(row) * p.hidden + col_block * 128 + lane * 8) =
+          make_uint2(out[0], out[1]);
+      if (lane == 0)
+        scales[int64_t(row) * blocks_per_row + col_block] = fmt::fp8_block_stored_scale(a, s);
+    }
+  }
+  __syncthreads();  // every thread's stores precede the release (it is cumulative)
+}
+
+// One block of a Rows policy into its ring: copied, or quantized (Rows::kQuantized).
+template <class Rows>
+__device__ __forceinline__ void move_block(const ForwardParams& p, int64_t b,
+                                           const uint4** row_source, bool* row_copied) {
+  if constexpr (Rows::kQuantized)
+    quantize_block<Rows>(p, b, row_source, row_copied);
+  else
+    copy_block<Rows>(p, b, row_source, row_copied);
 }
 
 // False when a bounded wait expired (recorded); every thread returns the same. Not inlined: the
@@ -142,8 +223,8 @@ __device__ __noinline__ bool dispatch_role(const ForwardParams& p, int cta, int 
     __syncthreads();
     if (!ring_ok) return false;
     const uint64_t copy_start = timer.now();
-    copy_block<Rows>(p, b, row_source, row_copied);
-    (copy_block<More>(p, b, row_source, row_copied), ...);
+    move_block<Rows>(p, b, row_source, row_copied);
+    (move_block<More>(p, b, row_source, row_copied), ...);
     timer.add(kTimeDispatchCopying, copy_start);
     if (threadIdx.x == 0) {
       injected_delay(p.delay_ns, p.delay_seed, b);

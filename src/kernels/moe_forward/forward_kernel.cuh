@@ -1,9 +1,10 @@
-// The BF16 forward megakernel, sm_90a: one persistent launch with three roles (dispatch, GEMM,
-// combine) that hand work to each other through counters in global memory. The engine
-// (megakernel/engine.cuh) runs the roles; the forward's tile program (forward_program.cuh) says
-// which tiles exist, with the tile order and its deadlock argument in tile_schedule.cuh and the
-// row movers in dispatch_role.cuh and combine_role.cuh. The instantiations live in
-// moe_forward_bf16.cu (production) and moe_forward_probes.cu (the benchmarks' stage probes).
+// The forward megakernel (BF16, or the routed experts in fp8_block), sm_90a: one persistent launch
+// with three roles (dispatch, GEMM, combine) that hand work to each other through counters in
+// global memory. The engine (megakernel/engine.cuh) runs the roles; the forward's tile program
+// (forward_program.cuh) says which tiles exist, with the tile order and its deadlock argument in
+// tile_schedule.cuh and the row movers in dispatch_role.cuh and combine_role.cuh. The
+// instantiations live in moe_forward_bf16.cu (production) and moe_forward_probes.cu (the
+// benchmarks' stage probes).
 #pragma once
 #include "kernels/megakernel/engine.cuh"
 #include "kernels/moe_forward/forward_program.cuh"
@@ -19,11 +20,22 @@ constexpr int kForwardProducerRegs = 96, kForwardConsumerRegs = 200;
 static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRegs <=
                   kThreads * 168,
               "setmaxnreg budget");
+// fp8_block's consumers hold a partial accumulator beside the tile's (mma_tile_fp8_block), more
+// than the 168 registers ptxas allots each of 384 threads, whatever setmaxnreg raises at run time
+// (it spilled ~700 bytes at 200 and at 232). Its producer never gathers, so its CTA is the two
+// consumer warpgroups and one producer warp: 288 threads of up to kFp8Regs registers, no
+// setmaxnreg.
+constexpr int kFp8Threads = kConsumers * 128 + 32, kFp8Regs = 224;
+static_assert(kFp8Threads * kFp8Regs <= 65536, "the register file of one SM");
+template <bool kFp8Block>
+constexpr int forward_threads() {
+  return kFp8Block ? kFp8Threads : kThreads;
+}
 
 // The forward megakernel: the engine running the forward's tile program. kMmaInFlight: the
 // consumers keep one wgmma group in flight (mma_tile). kKeepGateUp: a training forward, which also
 // keeps the SwiGLU inputs (store_gate_up). kProbe: a benchmark's stage probe (kProbe*), 0 in every
-// forward that computes.
+// forward that computes. kFp8Block: the routed experts in fp8_block.
 template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp, int kProbe, bool kGroup>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
@@ -31,22 +43,35 @@ __global__ void __launch_bounds__(kThreads, 1)
                  kForwardConsumerRegs, kGroup>(launch);
 }
 
+// The routed experts in fp8_block, kFp8Threads per CTA (with __launch_bounds__(288, 1) ptxas
+// still kept to 168 registers; it takes __maxnreg__ or __launch_bounds__, not both).
+template <bool kGroup>
+__global__ void __maxnreg__(kFp8Regs)
+    moe_forward_fp8_block_kernel(const __grid_constant__ ForwardLaunch launch) {
+  run_megakernel<ForwardProgram<256, false, false, 0, true>, 0, 0, kGroup>(launch);
+}
+
 // One instantiation, prepared and launched.
 template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp = false, int kProbe = 0,
-          bool kGroup = false>
+          bool kGroup = false, bool kFp8Block = false>
 struct ForwardVariant {
-  static constexpr auto kernel =
-      moe_forward_kernel<kBlockN, kMmaInFlight, kKeepGateUp, kProbe, kGroup>;
+  static constexpr auto kernel = [] {
+    if constexpr (kFp8Block)
+      return moe_forward_fp8_block_kernel<kGroup>;
+    else
+      return moe_forward_kernel<kBlockN, kMmaInFlight, kKeepGateUp, kProbe, kGroup>;
+  }();
   static constexpr int smem = TileShape<kBlockN>::kSmemBytes;
+  static constexpr int threads = forward_threads<kFp8Block>();
   static cudaError_t prepare(int* ctas_per_sm) {
     if (cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         e != cudaSuccess)
       return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, kThreads, smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, threads, smem);
   }
   static void launch(const ForwardLaunch& l, int grid, cudaStream_t stream) {
-    kernel<<<grid, kThreads, smem, stream>>>(l);
+    kernel<<<grid, threads, smem, stream>>>(l);
   }
 };
 
@@ -55,6 +80,11 @@ struct ForwardVariant {
 template <bool kGroup, class F>
 bool with_production_variant(const ForwardKernel& k, F&& f) {
   if (k.probe != 0) return false;
+  if (k.fp8_block) {  // one instantiation: 256-wide tiles, no group in flight, inference
+    if (k.block_n != 256 || k.mma_in_flight || k.keep_gate_up) return false;
+    f(ForwardVariant<256, false, false, 0, kGroup, true>{});
+    return true;
+  }
   auto pick = [&](auto block_n) {
     constexpr int kBlockN = decltype(block_n)::value;
     if (k.keep_gate_up)

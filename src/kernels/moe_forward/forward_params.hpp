@@ -29,7 +29,9 @@ struct ForwardFault {
   FaultRecord records[kForwardRoles];  // the first wait of each role that gave up
 };
 
-// Every operand is a TMA tensor map: K-major, 128B swizzle, boxes of 64 columns.
+// Every operand is a TMA tensor map: K-major, 128B swizzle, boxes of 128 bytes of columns (64
+// BF16; 128 E4M3 for the routed maps of fp8_block, which then hold the E4M3 ring, activations and
+// weights).
 // A operands come as two maps each, [0] with boxes of 128 rows, [1] with boxes of 64 (one consumer
 // warpgroup's rows): a tile whose last 64 rows hold no token (an expert's short last row block)
 // loads only its first 64 rows (one map with 64-row boxes for every tile, two loads per full
@@ -83,9 +85,20 @@ struct ForwardParams {
   // (inference: not written): each row's gate pre-activations, then its up pre-activations.
   __nv_bfloat16* gate_up;         // [capacity, 2I]
   __nv_bfloat16* gate_up_shared;  // [token_rows, 2S]
-  __nv_bfloat16* y_slots;         // [T * K, H]: expert output of each (token, k) slot
-  __nv_bfloat16* y_shared;        // [T, H]
-  __nv_bfloat16* out;             // [T, H]
+  // fp8_block (ForwardKernel::fp8_block; the routed experts only): the token ring and the
+  // activations as E4M3 codes with one FP32 scale per 128 columns of a row, and the weights'
+  // FP32 scales per 128x128 block. routed_x, act and gate_up are then not used.
+  uint8_t* routed_x_e4m3;                // [ring_blocks * 128, H]
+  float* routed_x_scales;                // [ring_blocks * 128, H / 128]
+  uint8_t* act_e4m3;                     // [capacity, I]
+  float* act_scales;                     // [capacity, I / 128]
+  const float *gate_scales, *up_scales;  // [E, I / 128, H / 128]
+  const float* down_scales;              // [E, H / 128, I / 128]
+  int routed_block_k;                    // K elements per ring stage of a routed tile: 64
+                                         // (BF16) or 128 (fp8_block)
+  __nv_bfloat16* y_slots;                // [T * K, H]: expert output of each (token, k) slot
+  __nv_bfloat16* y_shared;               // [T, H]
+  __nv_bfloat16* out;                    // [T, H]
   // Dataflow counters, zero at launch (one memset before each forward).
   uint32_t* x_ready;    // [capacity / 128]: 1 once dispatch wrote the row block
   uint32_t* act_ready;  // [capacity / 128]: +1 per warpgroup per gate/up tile; once complete the
@@ -142,6 +155,7 @@ struct ForwardKernel {
   bool group = false;  // the ranks' shares in device memory (ForwardLaunch::group)
   bool mma_in_flight = false;
   bool keep_gate_up = false;  // a training forward: the SwiGLU inputs into ForwardParams::gate_up
+  bool fp8_block = false;     // the routed experts in fp8_block (block_n 256, no group in flight)
   int probe = 0;
 };
 

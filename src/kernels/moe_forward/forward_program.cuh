@@ -13,10 +13,12 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/megakernel/engine.cuh"
 #include "kernels/moe_forward/combine_role.cuh"
 #include "kernels/moe_forward/dispatch_role.cuh"
+#include "kernels/moe_forward/fp8_block_tiles.cuh"
 #include "kernels/moe_forward/tile_schedule.cuh"
 #include "mok/schedule/routing_layout.hpp"
 
@@ -30,6 +32,7 @@ struct TileInputs {
   const CUtensorMap* a_maps;
   const CUtensorMap *b_map, *b_up_map;
   int32_t a_row, b_row, b_batch;
+  int k_block;  // K elements per stage: kBlockK, or 128 for fp8_block's routed tiles
   const uint32_t* ready;
   uint32_t needed;
   int role, timing;
@@ -39,6 +42,10 @@ struct TileInputs {
 
 __device__ __forceinline__ bool is_gate_up(const TileWork& w) {
   return w.kind == TileKind::routed_gate_up || w.kind == TileKind::shared_gate_up;
+}
+
+__device__ __forceinline__ bool is_routed(const TileWork& w) {
+  return w.kind == TileKind::routed_gate_up || w.kind == TileKind::routed_down;
 }
 
 // The row block's act counter that a gate/up tile publishes.
@@ -140,9 +147,16 @@ __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, cons
   return {rows, w.kind == TileKind::routed_down};
 }
 
-// The program: kMmaInFlight (mma_tile), kKeepGateUp (store_gate_up), kProbe (a stage probe).
-template <int kBlockN_, bool kMmaInFlight_, bool kKeepGateUp, int kProbe>
+// The program: kMmaInFlight (mma_tile), kKeepGateUp (store_gate_up), kProbe (a stage probe),
+// kFp8Block (the routed experts in fp8_block: fp8_block_tiles.cuh).
+template <int kBlockN_, bool kMmaInFlight_, bool kKeepGateUp, int kProbe, bool kFp8Block = false>
 struct ForwardProgram {
+  // fp8_block's partial accumulators cover 64 columns: with 128 (64 registers) the consumers
+  // spill at the forward's 200 registers.
+  static constexpr int kFp8SliceN = 64;
+  static_assert(!kFp8Block || (kBlockN_ == 256 && !kMmaInFlight_ && !kKeepGateUp && kProbe == 0),
+                "fp8_block: 256-wide tiles (one 1x128 block per gate/up row), promotion after "
+                "every k-block, inference only");
   using Params = ForwardParams;
   using Maps = ForwardMaps;
   using Work = TileWork;
@@ -160,7 +174,9 @@ struct ForwardProgram {
   __device__ static void prepare_cta(const Params&) {}
 
   __device__ static bool dispatch(const Params& p, int cta, int ctas) {
-    return !batch_ok(p) || dispatch_role<kBlockN>(p, cta, ctas);
+    using Rows = std::conditional_t<kFp8Block, ForwardDispatchRowsFp8Block<kBlockN>,
+                                    ForwardDispatchRows<kBlockN>>;
+    return !batch_ok(p) || dispatch_role<kBlockN, Rows>(p, cta, ctas);
   }
   __device__ static void combine(const Params& p) { combine_role<kBlockN>(p); }
 
@@ -227,6 +243,7 @@ struct ForwardProgram {
         w.kind == TileKind::routed_gate_up ? sched::ring_tile(w.m_block, token_ring(p)) : w.m_block;
     in.a_row = int32_t(a_block * kBlockM);
     in.b_row = in.b_up_map ? w.n_tile * (kBlockN / 2) : w.n_tile * kBlockN;
+    in.k_block = kFp8Block && is_routed(w) ? Fp8BlockKMajor::kBlockK : kBlockK;
     return in;
   }
 
@@ -241,14 +258,14 @@ struct ForwardProgram {
   // (gate/up: block_n / 2 gate rows, then the up rows of the same outputs).
   __device__ static void load_stage(const Inputs& in, uint8_t* tile_a, uint8_t* tile_b,
                                     uint64_t* bar, int kb, bool a_top_only) {
-    if (!in.gather)
-      dev::tma_load_2d(tile_a, in.a_maps + (a_top_only ? 1 : 0), bar, kb * kBlockK, in.a_row);
+    const int k = kb * in.k_block;
+    if (!in.gather) dev::tma_load_2d(tile_a, in.a_maps + (a_top_only ? 1 : 0), bar, k, in.a_row);
     if (in.b_up_map) {
-      dev::tma_load_3d(tile_b, in.b_map, bar, kb * kBlockK, in.b_row, in.b_batch);
-      dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, in.b_up_map, bar, kb * kBlockK,
-                       in.b_row, in.b_batch);
+      dev::tma_load_3d(tile_b, in.b_map, bar, k, in.b_row, in.b_batch);
+      dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, in.b_up_map, bar, k, in.b_row,
+                       in.b_batch);
     } else {
-      dev::tma_load_3d(tile_b, in.b_map, bar, kb * kBlockK, in.b_row, in.b_batch);
+      dev::tma_load_3d(tile_b, in.b_map, bar, k, in.b_row, in.b_batch);
     }
   }
   template <class Times>
@@ -256,6 +273,15 @@ struct ForwardProgram {
                                   dev::RingCursor<TileShape<kBlockN>::kStages>& cursor,
                                   const Work& w, int wg, const Params& p, Times& times,
                                   bool gathered) {
+    if constexpr (kFp8Block) {
+      if (is_routed(w)) {
+        const SmemRing<kBlockN, Fp8BlockKMajor> fp8{ring.tiles_a, ring.tiles_b, ring.full,
+                                                    ring.empty};
+        return mma_tile_fp8_block<kBlockN, kFp8SliceN>(
+            d, fp8, cursor, w.k_blocks, wg, p.wait_cycles, routed_tile_scales(p, w, wg),
+            times.timer.on, &times.starved, &times.starved_first);
+      }
+    }
     return mma_tile<kBlockN, kMmaInFlight, kMultiply>(d, ring, cursor, w.k_blocks, wg,
                                                       p.wait_cycles, times.timer.on, &times.starved,
                                                       gathered, &times.starved_first);
@@ -273,7 +299,14 @@ struct ForwardProgram {
                                   const dev::RingCursor<TileShape<kBlockN>::kStages>&) {
     const uint64_t since = timer.now();
     if (is_gate_up(w)) {
-      store_gate_up<kBlockN, kKeepGateUp>(p, w, d, row0);
+      bool stored = false;
+      if constexpr (kFp8Block) {
+        if (w.kind == TileKind::routed_gate_up) {
+          store_gate_up_fp8_block<kBlockN>(p, w, d, row0);
+          stored = true;
+        }
+      }
+      if (!stored) store_gate_up<kBlockN, kKeepGateUp>(p, w, d, row0);
       const uint64_t publish_since = timer.now();
       publish_warpgroup(act_counter(p, w), wg);
       timer.add(kTimeConsumerPublish, publish_since);

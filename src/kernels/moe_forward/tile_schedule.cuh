@@ -116,7 +116,7 @@ struct ForwardTiles {
     }
     if (t < shared_down_begin) {
       const TileWork w = routed(t - routed_gate_up_begin, gate_up_tiles, p);
-      return {TileKind::routed_gate_up, w.m_block, w.n_tile, w.expert, p.hidden / kBlockK};
+      return {TileKind::routed_gate_up, w.m_block, w.n_tile, w.expert, p.hidden / p.routed_block_k};
     }
     if (t < routed_down_begin) {
       const sched::TileCoord c =
@@ -124,7 +124,8 @@ struct ForwardTiles {
       return {TileKind::shared_down, c.block, c.n_tile, 0, p.shared_width / kBlockK};
     }
     const TileWork w = routed(t - routed_down_begin, down_tiles, p);
-    return {TileKind::routed_down, w.m_block, w.n_tile, w.expert, p.intermediate / kBlockK};
+    return {TileKind::routed_down, w.m_block, w.n_tile, w.expert,
+            p.intermediate / p.routed_block_k};
   }
 
   // Routed tile i of a phase with n_tiles per row block: experts in order, each expert's row

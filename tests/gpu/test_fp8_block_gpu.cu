@@ -1,0 +1,368 @@
+// fp8_block on the GPU (DeepSeek-V3's recipe for the routed experts): the hardware E4M3 pair
+// conversion equals the codec on every finite FP32 value; the weight quantizer equals the CPU's
+// quantize_fp8_block bit for bit (edge blocks, NaN, Inf, tiny and huge values, both scale kinds,
+// both orientations); the forward's dispatch puts exactly the CPU's 1x128 codes and scales of
+// every routed row into the token ring; the forward matches the quantized CPU reference (the
+// same operand quantization, FP64 math) within its bound, on odd shapes and routings, outputs
+// poisoned first; its bits repeat under dispatch delays and at EP 2 and 4 (emulated groups);
+// and the configurations it does not take are clear errors.
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "forward_test_util.hpp"
+#include "layer/layer_runner.hpp"
+#include "mok/formats.hpp"
+#include "mok/formats/fp8_block_device.cuh"
+#include "mok/gpu/emulated_ep_forward.hpp"
+#include "mok/gpu/formats_gpu.hpp"
+#include "mok/gpu/fp8_block_experts.hpp"
+#include "mok/gpu/moe_forward.hpp"
+#include "mok/schedule/routing_layout.hpp"
+
+using namespace fwd_test;
+using mok::gpu::Fp8BlockExperts;
+using mok::gpu::MoeForward;
+
+namespace {
+
+// ---- The conversion ------------------------------------------------------------------------
+
+struct Mismatch {
+  unsigned long long count;
+  uint32_t first_bits, first_got, first_want;
+};
+
+__global__ void e4m3_pairs_kernel(uint64_t begin, uint64_t end, Mismatch* m) {
+  for (uint64_t i = begin + uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < end;
+       i += uint64_t(gridDim.x) * blockDim.x) {
+    const uint32_t bits = uint32_t(i);
+    if (!mok::is_finite_bits(bits)) continue;
+    const float x = mok::bits_float(bits), y = -x * 0.75f;  // a second, different value
+    const uint32_t got = mok::fmt::e4m3x2_from_finite(x, y);
+    const uint32_t want =
+        uint32_t(mok::fmt::e4m3_from_float(x)) | uint32_t(mok::fmt::e4m3_from_float(y)) << 8;
+    if (got != want && atomicAdd(&m->count, 1ull) == 0)
+      m->first_bits = bits, m->first_got = got, m->first_want = want;
+  }
+}
+
+// ---- Layers --------------------------------------------------------------------------------
+
+mok::Config fp8_config(int H, int I, int E, int K, int shared, int max_tokens) {
+  mok::Config c;
+  c.hidden = H;
+  c.intermediate = I;
+  c.num_experts = E;
+  c.top_k = K;
+  c.num_shared_experts = shared;
+  c.shared_intermediate = 128;
+  c.max_tokens_per_rank = max_tokens;
+  c.precision = mok::Precision::fp8_block;
+  return c;
+}
+
+// A layer on the device in BF16 and its routed experts quantized (for ranks of `ranks`).
+struct Fp8Layer {
+  GpuLayer bf16;
+  std::vector<std::unique_ptr<Fp8BlockExperts>> experts;  // per rank
+  Fp8Layer(const mok::Config& c, const mok::LayerParams& p, int ranks = 1) : bf16(p) {
+    mok::Config rc = c;
+    rc.ep_size = ranks;
+    for (int r = 0; r < ranks; ++r) {
+      experts.push_back(std::make_unique<Fp8BlockExperts>(rc));
+      experts.back()->quantize(weights(c, r, ranks, false), nullptr);
+    }
+  }
+  mok::gpu::DeviceLayerWeights weights(const mok::Config& c, int r, int ranks,
+                                       bool quantized = true) const {
+    const int64_t H = c.hidden, I = c.intermediate, El = c.num_experts / ranks;
+    mok::gpu::DeviceLayerWeights w = bf16.weights();
+    w.gate += r * El * I * H;
+    w.up += r * El * I * H;
+    w.down += r * El * H * I;
+    return quantized ? experts[size_t(r)]->with(w) : w;
+  }
+};
+
+std::vector<double> reference_out(const mok::Config& c, const mok::LayerParams& p,
+                                  const mok::Batch& b, mok::OperandQuant quant) {
+  mok::ReferenceOptions o;
+  o.quant = quant;
+  return mok::reference_forward(c, p, b, o).out;
+}
+
+// Routing variants: random (softmax top-k), skewed (most rows on two experts), and one that
+// leaves every odd expert empty.
+mok::Batch routed_batch(const mok::Config& c, int64_t tokens, uint64_t seed, int routing) {
+  mok::Batch b = mok::tools::random_batch(c, tokens, seed);
+  std::mt19937_64 rng(seed ^ 0x5bd1e995);
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int k = 0; k < c.top_k; ++k) {
+      int32_t& id = b.topk_ids[size_t(t * c.top_k + k)];
+      if (routing == 1) id = int32_t((k + (rng() % 8 == 0 ? t : 0)) % c.num_experts);
+      if (routing == 2) id = int32_t((2 * ((t + k) % (c.num_experts / 2))) % c.num_experts);
+    }
+  return b;
+}
+
+}  // namespace
+
+TEST(Fp8BlockGpu, HardwarePairConversionEqualsTheCodecOnEveryFiniteFloat) {
+  MOK_REQUIRE_GPU();
+  DeviceBuffer<Mismatch> m(1, 0);
+  for (uint64_t begin = 0; begin < (1ull << 32); begin += 1ull << 30)
+    e4m3_pairs_kernel<<<1024, 256>>>(begin, begin + (1ull << 30), m.ptr);
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const Mismatch got = m.to_host()[0];
+  EXPECT_EQ(got.count, 0ull) << "first at bits 0x" << std::hex << got.first_bits << ": got 0x"
+                             << got.first_got << ", codec 0x" << got.first_want;
+}
+
+TEST(Fp8BlockGpu, WeightQuantizerEqualsTheCpuBitForBit) {
+  MOK_REQUIRE_GPU();
+  // 8 x 1030 x 1290 (10.6 M values): partial edge blocks both ways.
+  const int64_t batches = 8, rows = 1030, cols = 1290, n = batches * rows * cols;
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> x(static_cast<size_t>(n));
+  for (auto& v : x) v = mok::fmt::bf16_from_float(normal(rng) * 0.02f);
+  auto at = [&](int64_t b, int64_t r, int64_t c) -> uint16_t& {
+    return x[size_t((b * rows + r) * cols + c)];
+  };
+  // Edge blocks of matrix 1: all zeros, one NaN, one +Inf and one -Inf, amax below the 1e-4 floor,
+  // BF16 subnormals, values near FLT_MAX, and the last partial block with a NaN.
+  for (int64_t r = 0; r < 128; ++r)
+    for (int64_t c = 0; c < 128; ++c) {
+      at(1, r, c) = 0;
+      at(1, r, 128 + c) = mok::fmt::bf16_from_float(normal(rng) * 1e-6f);
+      at(1, r, 256 + c) = uint16_t(0x0001 + (r * 128 + c) % 0x7F);  // subnormals
+      at(1, 128 + r, c) = mok::fmt::bf16_from_float(normal(rng) * 3e38f);
+    }
+  at(1, 5, 400) = 0x7FC0;                           // NaN
+  at(1, 200, 700) = 0x7F80;                         // +Inf
+  at(1, 300, 900) = 0xFF80;                         // -Inf
+  at(1, 1029, 1289) = 0xFFC1;                       // NaN in the corner's partial block
+  at(2, 7, 9) = mok::fmt::bf16_from_float(448.0f);  // one value at the E4M3 maximum
+  DeviceBuffer<uint16_t> dx(x);
+  std::vector<float> xf(static_cast<size_t>(rows * cols));
+  for (bool ue8m0 : {false, true})
+    for (bool transposed : {false, true}) {
+      SCOPED_TRACE(std::string(ue8m0 ? "ue8m0" : "fp32") + " scales" +
+                   (transposed ? ", transposed" : ""));
+      const int64_t br = (rows + 127) / 128, bc = (cols + 127) / 128;
+      DeviceBuffer<uint8_t> data(size_t(n), 0xAB);
+      DeviceBuffer<float> scales(size_t(batches * br * bc), 0xAB);
+      MOK_CUDA_OK(mok::gpu::quantize_fp8_block_weights(
+          reinterpret_cast<const __nv_bfloat16*>(dx.ptr), batches, rows, cols, ue8m0, transposed,
+          data.ptr, scales.ptr, nullptr));
+      MOK_CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint8_t> got = data.to_host();
+      const std::vector<float> got_scales = scales.to_host();
+      for (int64_t b = 0; b < batches; ++b) {
+        for (int64_t i = 0; i < rows * cols; ++i)
+          xf[size_t(i)] = mok::fmt::bf16_to_float(x[size_t(b * rows * cols + i)]);
+        const mok::Fp8BlockTensor want =
+            mok::quantize_fp8_block(xf.data(), rows, cols, {128, 128}, ue8m0);
+        int64_t bad = 0;
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) {
+            const uint8_t g =
+                got[size_t(b * rows * cols + (transposed ? c * rows + r : r * cols + c))];
+            bad += g != want.data[size_t(r * cols + c)];
+          }
+        EXPECT_EQ(bad, 0) << "codes differ in matrix " << b;
+        for (int64_t i = 0; i < br; ++i)
+          for (int64_t j = 0; j < bc; ++j) {
+            const float g =
+                got_scales[size_t(b * br * bc + (transposed ? j * br + i : i * bc + j))];
+            const float w = want.scales[size_t(i * bc + j)];
+            EXPECT_EQ(std::memcmp(&g, &w, 4), 0) << "scale of block (" << i << ", " << j
+                                                 << ") of matrix " << b << ": " << g << " vs " << w;
+          }
+      }
+    }
+}
+
+TEST(Fp8BlockGpu, DispatchWritesTheCpuCodesAndScalesOfEveryRoutedRow) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = fp8_config(384, 256, 8, 2, 1, 300);
+  const mok::LayerParams p = mok::tools::random_params(c, 11);
+  mok::Batch b = mok::tools::random_batch(c, 300, 12);
+  b.x[7] = std::nan("");  // a NaN row block: its scale is NaN, its codes the codec's
+  b.x[size_t(9 * c.hidden + 200)] = mok::fmt::round_to_bf16(1e30f);  // one huge value
+  const Fp8Layer layer(c, p);
+  MoeForward f(c);
+  const std::vector<double> got = gpu_forward(f, c, layer.weights(c, 0, 1), b);
+  (void)got;
+  const auto& rank = f.runner().rank(0);
+  const int64_t H = c.hidden, blocks = H / 128, rows = rank.capacity_blocks * 128;
+  ASSERT_EQ(rank.ring_blocks, rank.capacity_blocks) << "the ring must hold the whole batch";
+  std::vector<uint8_t> codes(static_cast<size_t>(rows * H));
+  std::vector<float> scales(static_cast<size_t>(rows * blocks));
+  std::vector<int64_t> destination(static_cast<size_t>(rows));
+  MOK_CUDA_OK(cudaMemcpy(codes.data(), rank.routed_x_e4m3, codes.size(), cudaMemcpyDeviceToHost));
+  MOK_CUDA_OK(
+      cudaMemcpy(scales.data(), rank.routed_x_scales, scales.size() * 4, cudaMemcpyDeviceToHost));
+  MOK_CUDA_OK(cudaMemcpy(destination.data(), rank.schedule.row_destination, rows * 8,
+                         cudaMemcpyDeviceToHost));
+  int64_t used = 0;  // the padded segments' rows (row_destination holds only those)
+  MOK_CUDA_OK(
+      cudaMemcpy(&used, rank.schedule.sched.seg_begin + c.num_experts, 8, cudaMemcpyDeviceToHost));
+  ASSERT_LE(used, rows);
+  int64_t routed = 0, padding = 0;
+  std::vector<float> row(static_cast<size_t>(H));
+  for (int64_t r = 0; r < used; ++r) {
+    const int64_t d = destination[size_t(r)];
+    if (d < 0) {  // padding: zero codes
+      for (int64_t i = 0; i < H; ++i) ASSERT_EQ(codes[size_t(r * H + i)], 0) << "row " << r;
+      ++padding;
+      continue;
+    }
+    const int64_t token = mok::sched::slot_token(mok::sched::RowDestination::slot(d), c.top_k);
+    for (int64_t i = 0; i < H; ++i) row[size_t(i)] = float(b.x[size_t(token * H + i)]);
+    const mok::Fp8BlockTensor want = mok::quantize_fp8_block(row.data(), 1, H, {1, 128});
+    ASSERT_EQ(std::memcmp(want.data.data(), &codes[size_t(r * H)], size_t(H)), 0) << "row " << r;
+    ASSERT_EQ(std::memcmp(want.scales.data(), &scales[size_t(r * blocks)], size_t(blocks) * 4), 0)
+        << "row " << r;
+    ++routed;
+  }
+  EXPECT_EQ(routed, 300 * c.top_k);
+  EXPECT_GT(padding, 0);
+}
+
+TEST(Fp8BlockGpu, ForwardMatchesTheQuantizedReference) {
+  MOK_REQUIRE_GPU();
+  struct Case {
+    mok::Config c;
+    int64_t tokens;
+    int routing;
+  };
+  const std::vector<Case> cases = {
+      {fp8_config(256, 256, 8, 2, 1, 300), 300, 0},    // T not a multiple of 128
+      {fp8_config(384, 256, 8, 2, 1, 257), 257, 1},    // skewed; H ends in a half down tile
+      {fp8_config(512, 384, 16, 4, 0, 200), 200, 2},   // no shared expert, odd experts empty
+      {fp8_config(256, 128, 4, 1, 2, 1), 1, 0},        // one token
+      {fp8_config(1024, 512, 32, 8, 1, 700), 700, 0},  // several k-blocks and tiles
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Case& k = cases[i];
+    SCOPED_TRACE("case " + std::to_string(i));
+    const mok::LayerParams p = mok::tools::random_params(k.c, 30 + i);
+    const mok::Batch b = routed_batch(k.c, k.tokens, 40 + i, k.routing);
+    const Fp8Layer layer(k.c, p);
+    MoeForward f(k.c);
+    const std::vector<double> got = gpu_forward(f, k.c, layer.weights(k.c, 0, 1), b);
+    for (size_t j = 0; j < got.size(); ++j) ASSERT_FALSE(std::isnan(got[j])) << "unwritten " << j;
+    // Against the same quantization in FP64: the GPU also rounds y and out to BF16 (2^-9) and
+    // quantizes its own FP32 activations, whose block amax and rounding may differ from the
+    // reference's in an element now and then: well inside 1e-2. Against the unquantized layer:
+    // the recipe's own error, recipes.md's bound (0.12); a BF16 computation would pass that one
+    // but not the first.
+    const double quantized =
+        mok::relative_l2_error(got, reference_out(k.c, p, b, mok::OperandQuant::fp8_block));
+    const double exact =
+        mok::relative_l2_error(got, reference_out(k.c, p, b, mok::OperandQuant::none));
+    EXPECT_LT(quantized, 1e-2) << "against the quantized reference";
+    EXPECT_LT(exact, 0.12) << "against the unquantized layer";
+    std::printf("[ fp8_block ] case %zu: relative L2 %.2e (quantized reference), %.2e (exact)\n", i,
+                quantized, exact);
+  }
+}
+
+TEST(Fp8BlockGpu, BitsRepeatUnderDelaysAndAcrossEpSizes) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = fp8_config(512, 256, 16, 4, 1, 256);
+  const mok::LayerParams p = mok::tools::random_params(c, 71);
+  const int64_t total = 4 * 256;
+  mok::Config global = c;
+  global.max_tokens_per_rank = int(total);
+  const mok::Batch b = routed_batch(global, total, 72, 0);
+  const Fp8Layer layer(global, p, 1);
+  MoeForward plain(global);
+  const std::vector<double> want = gpu_forward(plain, global, layer.weights(global, 0, 1), b);
+  mok::gpu::detail::ForwardHooks delayed;
+  delayed.dispatch_delay_ns = 30'000, delayed.delay_seed = 3;
+  MoeForward late(global, {}, delayed);
+  EXPECT_TRUE(same_bits(gpu_forward(late, global, layer.weights(global, 0, 1), b), want));
+  EXPECT_TRUE(same_bits(gpu_forward(plain, global, layer.weights(global, 0, 1), b), want));
+
+  for (int ranks : {2, 4}) {
+    SCOPED_TRACE("EP " + std::to_string(ranks));
+    mok::Config rc = c;
+    rc.ep_size = ranks;
+    rc.max_tokens_per_rank = int(total / ranks);
+    const Fp8Layer split(global, p, ranks);
+    mok::gpu::EmulatedEpForward ep(rc);
+    const int64_t H = c.hidden, t = total / ranks;
+    DeviceBuffer<uint16_t> x(to_bf16(b.x));
+    DeviceBuffer<int32_t> ids(b.topk_ids);
+    std::vector<float> wf(b.topk_weights.begin(), b.topk_weights.end());
+    DeviceBuffer<float> w(wf);
+    DeviceBuffer<uint16_t> out(size_t(total * H), 0xFF);
+    std::vector<mok::gpu::DeviceBatch> batches;
+    std::vector<mok::gpu::DeviceLayerWeights> weights;
+    std::vector<__nv_bfloat16*> outs;
+    for (int r = 0; r < ranks; ++r) {
+      batches.push_back({t, reinterpret_cast<const __nv_bfloat16*>(x.ptr) + r * t * H,
+                         ids.ptr + r * t * c.top_k, w.ptr + r * t * c.top_k});
+      weights.push_back(split.weights(global, r, ranks));
+      outs.push_back(reinterpret_cast<__nv_bfloat16*>(out.ptr) + r * t * H);
+    }
+    ep.forward(batches, weights, outs, nullptr);
+    ep.check(nullptr);
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_TRUE(same_bits(from_bf16(out.to_host()), want));
+  }
+}
+
+TEST(Fp8BlockGpu, ConfigurationsItDoesNotTakeAreClearErrors) {
+  MOK_REQUIRE_GPU();
+  auto expect_error = [](auto&& make, mok::ErrorCode code, const std::string& text) {
+    try {
+      make();
+      ADD_FAILURE() << "no error";
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.code(), code);
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  mok::Config c = fp8_config(320, 256, 8, 2, 1, 64);  // H not a multiple of 128
+  expect_error([&] { MoeForward f(c); }, mok::ErrorCode::unsupported,
+               "precision fp8_block needs hidden, intermediate and the shared width to be "
+               "multiples of 128");
+  expect_error([&] { Fp8BlockExperts e(c); }, mok::ErrorCode::unsupported,
+               "hidden and intermediate must be multiples of 128, got H = 320");
+  c.hidden = 256;
+  mok::gpu::ForwardOptions narrow;
+  narrow.block_n = 128;
+  expect_error([&] { MoeForward f(c, narrow); }, mok::ErrorCode::invalid_argument,
+               "block_n 128 are not available");
+  mok::Config mx = c;
+  mx.precision = mok::Precision::mxfp8;
+  expect_error([&] { MoeForward f(mx); }, mok::ErrorCode::unsupported,
+               "precision mxfp8: the GPU forward runs bf16 and fp8_block for now");
+
+  const mok::LayerParams p = mok::tools::random_params(c, 81);
+  const mok::Batch b = mok::tools::random_batch(c, 64, 82);
+  const Fp8Layer layer(c, p);
+  MoeForward f(c);
+  DeviceBuffer<uint16_t> x(to_bf16(b.x)), out(size_t(64 * c.hidden), 0xFF);
+  DeviceBuffer<int32_t> ids(b.topk_ids);
+  std::vector<float> wf(b.topk_weights.begin(), b.topk_weights.end());
+  DeviceBuffer<float> w(wf);
+  const mok::gpu::DeviceBatch batch{64, reinterpret_cast<const __nv_bfloat16*>(x.ptr), ids.ptr,
+                                    w.ptr};
+  auto* o = reinterpret_cast<__nv_bfloat16*>(out.ptr);
+  expect_error([&] { f.forward(batch, layer.weights(c, 0, 1, false), o, nullptr); },
+               mok::ErrorCode::invalid_argument, "fp8_block gate weights");
+  mok::gpu::Schedule s(c);
+  mok::gpu::ForwardContext ctx(c);
+  f.schedule(batch, s, nullptr);
+  expect_error([&] { f.forward(s, batch, layer.weights(c, 0, 1), o, &ctx, nullptr); },
+               mok::ErrorCode::unsupported, "the GPU backward is BF16 only for now");
+  // Nothing above reached the device: a valid forward still runs.
+  f.forward(batch, layer.weights(c, 0, 1), o, nullptr);
+  f.check(nullptr);
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+}

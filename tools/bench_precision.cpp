@@ -1,0 +1,117 @@
+// `mok bench --precision P`: a low-precision forward (EP = 1) beside mok's BF16 forward on the
+// same inputs in alternating rounds, on the standard shapes or the layer given: their times and
+// TFLOP/s by design.md's formula (the same FLOPs), the weight quantization timed apart, and how
+// far the low-precision output is from the BF16 one.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "bench_command.hpp"
+#include "mok/config.hpp"
+#include "mok/error.hpp"
+
+#if defined(MOK_WITH_CUDA_KERNELS)
+#include <cuda_runtime_api.h>
+
+#include <cstring>
+
+#include "bench_layer.hpp"
+#include "cuda_util.hpp"
+#include "mok/compare.hpp"
+#include "mok/formats/codecs.hpp"
+#include "mok/gpu/fp8_block_experts.hpp"
+#include "mok/gpu/moe_forward.hpp"
+#endif
+
+namespace mok::tools {
+
+#if defined(MOK_WITH_CUDA_KERNELS)
+namespace {
+
+std::vector<double> host_values(const DeviceArray<__nv_bfloat16>& a) {
+  std::vector<double> v;
+  for (const __nv_bfloat16& b : a.to_host()) {
+    uint16_t bits;
+    std::memcpy(&bits, &b, 2);
+    v.push_back(fmt::bf16_to_float(bits));
+  }
+  return v;
+}
+
+}  // namespace
+
+int bench_precision_command(const BenchOptions& o) {
+  const Precision precision = parse_precision(o.layer.precision);
+  if (precision != Precision::fp8_block)
+    throw Error(ErrorCode::unsupported, std::string("mok bench --precision ") + o.layer.precision +
+                                            ": the GPU forward runs bf16 and fp8_block for now");
+  if (o.ep > 1 || o.direction != "forward")
+    throw UsageError("mok bench --precision: the forward at EP = 1 only (no --ep, no --direction)");
+  int gpus = 0;
+  if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
+    throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");
+  cudaDeviceProp prop{};
+  cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
+  std::printf(
+      "mok bench: the %s forward megakernel (EP = 1; the routed experts in %s, the shared ones "
+      "BF16) beside mok's BF16 forward on %s, the same inputs; medians of %d runs, 3 alternating "
+      "rounds; TFLOP/s by design.md's formula for both\n\n",
+      o.layer.precision.c_str(), o.layer.precision.c_str(), prop.name, o.iterations);
+  print_routing_note(o);
+  std::printf(
+      "| shape | T | BF16 ms | BF16 TFLOP/s | %s ms | %s TFLOP/s | speed-up | weight "
+      "quantization ms | output differs from BF16 by |\n|---|---|---|---|---|---|---|---|---|\n",
+      o.layer.precision.c_str(), o.layer.precision.c_str());
+  gpu::ForwardOptions fo = bench_forward_options(o);
+  gpu::ForwardOptions fq = fo;
+  fq.row_path = gpu::RowPath::automatic;  // fp8_block quantizes x in the dispatch copy
+  for (const auto& [name, shape, tokens] : bench_shapes(o)) {
+    Config c = shape;
+    c.max_tokens_per_rank = int(tokens);
+    c.ring_rows = o.ring_rows;
+    c.precision = Precision::bf16;
+    c.validate();
+    Config q = c;
+    q.precision = precision;
+    const BenchLayer data(c, c.num_experts, tokens, 0, o.balanced_routing);
+    DeviceArray<__nv_bfloat16> out_q(size_t(tokens * c.hidden));
+    gpu::MoeForward bf16(c, fo), low(q, fq);
+    gpu::Fp8BlockExperts experts(q);
+    const gpu::DeviceLayerWeights weights = data.weights();
+    const gpu::DeviceLayerWeights quantized = experts.with(weights);
+    const gpu::DeviceBatch batch = data.batch();
+    auto run_bf16 = [&] { bf16.forward(batch, weights, data.out.ptr, nullptr); };
+    auto run_low = [&] { low.forward(batch, quantized, out_q.ptr, nullptr); };
+    auto quantize = [&] { experts.quantize(weights, nullptr); };
+    median_ms(quantize, 3);
+    median_ms(run_bf16, 3);
+    median_ms(run_low, 3);
+    bf16.check(nullptr);
+    low.check(nullptr);
+    std::vector<double> a, b;
+    for (int round = 0; round < 3; ++round) {
+      a.push_back(median_ms(run_bf16, o.iterations));
+      b.push_back(median_ms(run_low, o.iterations));
+    }
+    const double quantize_ms = median_ms(quantize, o.iterations);
+    bf16.check(nullptr);
+    low.check(nullptr);
+    const double flops = forward_flops(c, tokens), ms_bf16 = middle(a), ms_low = middle(b);
+    const double difference = relative_l2_error(host_values(out_q), host_values(data.out));
+    std::printf("| %s | %lld | %.3f | %.0f | %.3f | %.0f | %.2f | %.3f | %.1e |\n", name.c_str(),
+                (long long)tokens, ms_bf16, flops / (ms_bf16 * 1e-3) * 1e-12, ms_low,
+                flops / (ms_low * 1e-3) * 1e-12, ms_bf16 / ms_low, quantize_ms, difference);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
+#else
+
+int bench_precision_command(const BenchOptions&) {
+  throw Error(ErrorCode::unsupported, "mok bench needs a build with CUDA (nvcc) and a GPU");
+}
+
+#endif
+
+}  // namespace mok::tools
