@@ -338,8 +338,7 @@ __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
 // The persistent megakernel's CTA: the grid is split into launch.ranks contiguous shares, one per
 // logical rank (one share for a real EP rank); inside a share the first dispatch_ctas CTAs move
 // rows (Program::dispatch), then join the others in the GEMMs; the consumers then combine. The
-// producer warpgroup keeps kProducerRegs registers, the consumers kConsumerRegs (both 0: no
-// setmaxnreg, for a CTA whose producer is one warp, not a warpgroup). kGroup: the
+// producer warpgroup keeps kProducerRegs registers, the consumers kConsumerRegs. kGroup: the
 // ranks' shares (maps, params) are in device memory at launch.group, else launch.local.
 template <class Program, int kProducerRegs, int kConsumerRegs, bool kGroup, class Launch>
 __device__ __forceinline__ void run_megakernel(const Launch& launch) {
@@ -379,8 +378,7 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
   Program::prepare_cta(p);
   __syncthreads();
   if (threadIdx.x / 128 == kConsumers) {
-    if constexpr (kProducerRegs > 0)
-      asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(kProducerRegs));
     if constexpr (kGroup) {  // the maps were written by launch_group_copies' kernels
       static_assert(sizeof(maps) % sizeof(CUtensorMap) == 0, "Maps: tensor maps only");
       const CUtensorMap* m = reinterpret_cast<const CUtensorMap*>(&maps);
@@ -395,8 +393,7 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
     }
     return;
   }
-  if constexpr (kConsumerRegs > 0)
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
   if (consumer_role<Program>(p, ring, queue)) Program::combine(p);
 }
 

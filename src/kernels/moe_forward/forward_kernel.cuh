@@ -20,22 +20,17 @@ constexpr int kForwardProducerRegs = 96, kForwardConsumerRegs = 200;
 static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRegs <=
                   kThreads * 168,
               "setmaxnreg budget");
-// fp8_block's consumers hold a partial accumulator beside the tile's (mma_tile_fp8_block), more
-// than the 168 registers ptxas allots each of 384 threads, whatever setmaxnreg raises at run time
-// (it spilled ~700 bytes at 200 and at 232). Its producer never gathers, so its CTA is the two
-// consumer warpgroups and one producer warp: 288 threads of up to kFp8Regs registers, no
-// setmaxnreg.
-constexpr int kFp8Threads = kConsumers * 128 + 32, kFp8Regs = 224;
-static_assert(kFp8Threads * kFp8Regs <= 65536, "the register file of one SM");
-template <bool kFp8Block>
-constexpr int forward_threads() {
-  return kFp8Block ? kFp8Threads : kThreads;
-}
+// fp8_block's consumers also hold a partial accumulator per 64-column slice (mma_tile_fp8_block):
+// registers move from the producer to them (at 40 / 232 the producer spilled, at 72 / 216 only
+// per-tile lookups and the profiling timers do).
+constexpr int kFp8ProducerRegs = 72, kFp8ConsumerRegs = 216;
+static_assert(128 * kFp8ProducerRegs + kConsumers * 128 * kFp8ConsumerRegs <= kThreads * 168,
+              "setmaxnreg budget");
 
 // The forward megakernel: the engine running the forward's tile program. kMmaInFlight: the
 // consumers keep one wgmma group in flight (mma_tile). kKeepGateUp: a training forward, which also
 // keeps the SwiGLU inputs (store_gate_up). kProbe: a benchmark's stage probe (kProbe*), 0 in every
-// forward that computes. kFp8Block: the routed experts in fp8_block.
+// forward that computes.
 template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp, int kProbe, bool kGroup>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_kernel(const __grid_constant__ ForwardLaunch launch) {
@@ -43,12 +38,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                  kForwardConsumerRegs, kGroup>(launch);
 }
 
-// The routed experts in fp8_block, kFp8Threads per CTA (with __launch_bounds__(288, 1) ptxas
-// still kept to 168 registers; it takes __maxnreg__ or __launch_bounds__, not both).
+// The routed experts in fp8_block (ForwardProgram's kFp8Block).
 template <bool kGroup>
-__global__ void __maxnreg__(kFp8Regs)
+__global__ void __launch_bounds__(kThreads, 1)
     moe_forward_fp8_block_kernel(const __grid_constant__ ForwardLaunch launch) {
-  run_megakernel<ForwardProgram<256, false, false, 0, true>, 0, 0, kGroup>(launch);
+  run_megakernel<ForwardProgram<256, false, false, 0, true>, kFp8ProducerRegs, kFp8ConsumerRegs,
+                 kGroup>(launch);
 }
 
 // One instantiation, prepared and launched.
@@ -62,16 +57,15 @@ struct ForwardVariant {
       return moe_forward_kernel<kBlockN, kMmaInFlight, kKeepGateUp, kProbe, kGroup>;
   }();
   static constexpr int smem = TileShape<kBlockN>::kSmemBytes;
-  static constexpr int threads = forward_threads<kFp8Block>();
   static cudaError_t prepare(int* ctas_per_sm) {
     if (cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
         e != cudaSuccess)
       return e;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, threads, smem);
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, kernel, kThreads, smem);
   }
   static void launch(const ForwardLaunch& l, int grid, cudaStream_t stream) {
-    kernel<<<grid, threads, smem, stream>>>(l);
+    kernel<<<grid, kThreads, smem, stream>>>(l);
   }
 };
 
