@@ -68,10 +68,12 @@ __global__ void fp8_block_rows_kernel(const float* x, int64_t rows, int64_t cols
   for (int i = 0; i < 128; ++i) data[b * 128 + i] = fmt::fp8_block_element(in[i], s);
 }
 
-// One CTA per 128x128 block of one matrix: thread t holds column t % 128 of rows t / 128 + 2i
-// (64 values in registers), so the block is read from global memory once and coalesced.
-constexpr int kWeightBlock = 128, kWeightThreads = 256;
-constexpr int kWeightRowsPerThread = kWeightBlock * kWeightBlock / kWeightThreads;
+// One CTA per 128x128 block of one matrix: thread t holds columns 8 (t % 16) .. + 7 of rows
+// t / 16 + 16 i (64 values in registers, 16-byte loads and 8-byte stores), so the block is read
+// from global memory once. cols % 8 == 0: a group of 8 columns is inside the matrix or outside.
+constexpr int kWeightBlock = 128, kWeightThreads = 256, kWeightVec = 8;
+constexpr int kWeightRowStep = kWeightThreads / (kWeightBlock / kWeightVec);  // 16
+constexpr int kWeightRowsPerThread = kWeightBlock / kWeightRowStep;           // 8
 
 __global__ void __launch_bounds__(kWeightThreads)
     fp8_block_weights_kernel(const __nv_bfloat16* x, int64_t rows, int64_t cols, bool ue8m0,
@@ -79,16 +81,23 @@ __global__ void __launch_bounds__(kWeightThreads)
   const int64_t block_rows = (rows + kWeightBlock - 1) / kWeightBlock;
   const int64_t block_cols = (cols + kWeightBlock - 1) / kWeightBlock;
   const int64_t batch = blockIdx.z, br = blockIdx.y, bc = blockIdx.x;
-  const int64_t c = bc * kWeightBlock + threadIdx.x % kWeightBlock;
-  const int64_t r0 = br * kWeightBlock + threadIdx.x / kWeightBlock;
+  const int64_t c0 = bc * kWeightBlock + (threadIdx.x % (kWeightBlock / kWeightVec)) * kWeightVec;
+  const int64_t r0 = br * kWeightBlock + threadIdx.x / (kWeightBlock / kWeightVec);
   const __nv_bfloat16* in = x + batch * rows * cols;
-  float v[kWeightRowsPerThread];
+  const bool inside = c0 < cols;
+  float v[kWeightRowsPerThread][kWeightVec];
   fmt::BlockAmax a;
 #pragma unroll
   for (int i = 0; i < kWeightRowsPerThread; ++i) {
-    const int64_t r = r0 + 2 * i;
-    v[i] = r < rows && c < cols ? __bfloat162float(in[r * cols + c]) : 0.0f;
-    a.add(v[i]);
+    const int64_t r = r0 + kWeightRowStep * i;
+    uint4 q = make_uint4(0, 0, 0, 0);
+    if (inside && r < rows) q = __ldg(reinterpret_cast<const uint4*>(in + r * cols + c0));
+    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int e = 0; e < kWeightVec; ++e) {
+      v[i][e] = bits_float(e % 2 ? w[e / 2] & 0xFFFF0000u : w[e / 2] << 16);
+      a.add(v[i][e]);
+    }
   }
   a = fmt::reduce_block_amax(a, 31);
   __shared__ uint32_t warp_amax[kWeightThreads / 32];
@@ -109,14 +118,24 @@ __global__ void __launch_bounds__(kWeightThreads)
                                   : (batch * block_rows + br) * block_cols + bc;
     scales[at] = fmt::fp8_block_stored_scale(block, s);
   }
-  if (c >= cols) return;
+  if (!inside) return;
   uint8_t* out = data + batch * rows * cols;
 #pragma unroll
   for (int i = 0; i < kWeightRowsPerThread; ++i) {
-    const int64_t r = r0 + 2 * i;
+    const int64_t r = r0 + kWeightRowStep * i;
     if (r >= rows) break;
-    const uint8_t code = uint8_t(fmt::fp8_block_pair(v[i], 0.0f, s.encode) & 0xFFu);
-    out[transposed ? c * rows + r : r * cols + c] = code;
+    uint32_t word[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      word[h] = uint32_t(fmt::fp8_block_pair(v[i][4 * h], v[i][4 * h + 1], s.encode)) |
+                uint32_t(fmt::fp8_block_pair(v[i][4 * h + 2], v[i][4 * h + 3], s.encode)) << 16;
+    if (!transposed) {
+      *reinterpret_cast<uint2*>(out + r * cols + c0) = make_uint2(word[0], word[1]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kWeightVec; ++e)
+        out[(c0 + e) * rows + r] = uint8_t(word[e / 4] >> (8 * (e % 4)));
+    }
   }
 }
 
@@ -129,7 +148,9 @@ cudaError_t check_cols(int64_t cols, int block) {
 cudaError_t quantize_fp8_block_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
                                        int64_t cols, bool ue8m0, bool transposed, uint8_t* data,
                                        float* scales, cudaStream_t stream) {
-  if (batches < 0 || rows < 0 || cols < 0 || batches > 65535) return cudaErrorInvalidValue;
+  if (batches < 0 || rows < 0 || cols < 0 || batches > 65535 || cols % kWeightVec != 0 ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(data) % 8 != 0)
+    return cudaErrorInvalidValue;
   const int64_t block_rows = (rows + kWeightBlock - 1) / kWeightBlock;
   const int64_t block_cols = (cols + kWeightBlock - 1) / kWeightBlock;
   if (batches == 0 || block_rows == 0 || block_cols == 0) return cudaSuccess;

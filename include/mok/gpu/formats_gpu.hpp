@@ -31,7 +31,8 @@ cudaError_t quantize_fp8_block_rows(const float* x, int64_t rows, int64_t cols, 
 // E4M3; scales [batches, ceil(rows / 128), ceil(cols / 128)] FP32 (edge blocks may be partial).
 // With `transposed` the codes go out as each matrix's transpose, data [batches, cols, rows], and
 // scales [batches, ceil(cols / 128), ceil(rows / 128)]: the blocks are square, so these are the
-// quantized transpose (the backward's K-major copy of a weight).
+// quantized transpose (the backward's K-major copy of a weight). cols % 8 == 0, x 16-byte and
+// data 8-byte aligned (cudaErrorInvalidValue otherwise).
 cudaError_t quantize_fp8_block_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
                                        int64_t cols, bool ue8m0, bool transposed, uint8_t* data,
                                        float* scales, cudaStream_t stream);

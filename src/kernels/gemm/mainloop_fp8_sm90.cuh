@@ -17,8 +17,10 @@ static_assert(TileShape<256, Fp8BlockKMajor>::kStageBytes == TileShape<256>::kSt
               "fp8_block tiles share the BF16 forward's ring");
 
 // Scales: a(kb) -> float2, the scales of this thread's two rows (Fragment rows row_lo and
-// row_lo + 8) for k-block kb, read only after the stage has landed (A's producers may still be
-// writing them before); b(kb, block) -> the scale of the tile's 128-column B block `block`.
+// row_lo + 8) for k-block kb, valid once the tile's first stage has landed (its producer waited
+// for the rows, scales included, before loading any); b(kb, block) -> the scale of the tile's
+// 128-column B block `block`. Both are loaded a k-block ahead: an L2 round trip per k-block,
+// waited for before the first promotion, would idle the tensor cores every k-block.
 // kSliceN: the columns one partial covers (64: 32 registers, 128: 64).
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
 template <int kBlockN, int kSliceN, class Scales>
@@ -36,14 +38,20 @@ __device__ __forceinline__ bool mma_tile_fp8_block(
   const bool arrives = threadIdx.x % 32 == 0;
 #pragma unroll
   for (float& x : d) x = 0.0f;
-  for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
-    float sb[kBlocks];
+  float2 sa = make_float2(0.0f, 0.0f);
+  float sb[kBlocks];
 #pragma unroll
-    for (int b = 0; b < kBlocks; ++b) sb[b] = scales.b(kb, b);
+  for (int b = 0; b < kBlocks; ++b) sb[b] = k_blocks > 0 ? scales.b(0, b) : 0.0f;
+  for (int kb = 0; kb < k_blocks; ++kb, c.advance()) {
     const uint64_t before = timed ? *waited_ns : 0;
     if (!wait_stage_full(ring, c, wait_cycles, timed, waited_ns, false)) return false;
     if (timed && kb == 0 && first_waited_ns) *first_waited_ns += *waited_ns - before;
-    const float2 sa = scales.a(kb);
+    if (kb == 0) sa = scales.a(0);
+    const bool more = kb + 1 < k_blocks;
+    const float2 sa_next = more ? scales.a(kb + 1) : sa;
+    float sb_next[kBlocks];
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) sb_next[b] = more ? scales.b(kb + 1, b) : sb[b];
     const uint64_t da = A::desc(ring.a(c.stage) + A::row_offset(wg * 64));
     const uint64_t db = B::desc(ring.b(c.stage));
 #pragma unroll
@@ -65,6 +73,9 @@ __device__ __forceinline__ bool mma_tile_fp8_block(
         d[kPart * s + i] = fmaf(part[i], (i & 2) ? hi : lo, d[kPart * s + i]);
     }
     if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
+    sa = sa_next;
+#pragma unroll
+    for (int b = 0; b < kBlocks; ++b) sb[b] = sb_next[b];
   }
   return true;
 }
