@@ -355,21 +355,6 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   return r;
 }
 
-// The wait-profile columns of the breakdown's and the stage probes' tables, and one row's cells.
-constexpr const char* kProfileColumns =
-    "GEMM producer waits for dispatch / activations / a free stage (per CTA) | consumers starved "
-    "(on first stages) / epilogue (down tiles; gate/up publishing) / waiting for a tile / busy "
-    "(per warpgroup) | dispatch copying / total (per CTA) | combine waits / total (per warp) |";
-void print_profile_cells(const gpu::detail::ForwardProfile& f) {
-  std::printf(
-      "%.3f / %.3f / %.3f | %.3f (%.3f) / %.3f (%.3f; %.3f) / %.3f / %.3f | %.3f / %.3f | %.3f / "
-      "%.3f |\n",
-      f.gate_up_waits_dispatch, f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved,
-      f.consumer_starved_first, f.consumer_epilogue, f.consumer_epilogue_down, f.consumer_publish,
-      f.consumer_waits_tile, f.consumer_total, f.dispatch_copying, f.dispatch_total,
-      f.combine_waits, f.combine_total);
-}
-
 }  // namespace
 
 Ceilings measure_ceilings_now() {

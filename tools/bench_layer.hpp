@@ -12,6 +12,7 @@
 
 #include "bench_command.hpp"
 #include "cuda_util.hpp"
+#include "layer/forward_hooks.hpp"
 #include "mok/config.hpp"
 #include "mok/gpu/device_layer.hpp"
 #include "mok/gpu/moe_forward.hpp"
@@ -119,5 +120,21 @@ inline void print_routing_note(const BenchOptions& o) {
         "Routing: balanced (each rank's slot (t, k) to expert (t K + k) mod E: every expert gets "
         "T K / E rows from each rank), not random.\n\n");
 }
+
+// The wait-profile columns of the breakdown's and the stage probes' tables, and one row's cells.
+inline constexpr const char* kProfileColumns =
+    "GEMM producer waits for dispatch / activations / a free stage (per CTA) | consumers starved "
+    "(on first stages) / epilogue (down tiles; gate/up publishing) / waiting for a tile / busy "
+    "(per warpgroup) | dispatch copying / total (per CTA) | combine waits / total (per warp) |";
+inline void print_profile_cells(const gpu::detail::ForwardProfile& f) {
+  std::printf(
+      "%.3f / %.3f / %.3f | %.3f (%.3f) / %.3f (%.3f; %.3f) / %.3f / %.3f | %.3f / %.3f | %.3f / "
+      "%.3f |\n",
+      f.gate_up_waits_dispatch, f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved,
+      f.consumer_starved_first, f.consumer_epilogue, f.consumer_epilogue_down, f.consumer_publish,
+      f.consumer_waits_tile, f.consumer_total, f.dispatch_copying, f.dispatch_total,
+      f.combine_waits, f.combine_total);
+}
+
 
 }  // namespace mok::tools

@@ -14,9 +14,11 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <utility>
 
 #include "bench_layer.hpp"
 #include "cuda_util.hpp"
+#include "layer/layer_runner.hpp"
 #include "mok/compare.hpp"
 #include "mok/formats/codecs.hpp"
 #include "mok/gpu/fp8_block_experts.hpp"
@@ -65,6 +67,7 @@ int bench_precision_command(const BenchOptions& o) {
   gpu::ForwardOptions fo = bench_forward_options(o);
   gpu::ForwardOptions fq = fo;
   fq.row_path = gpu::RowPath::automatic;  // fp8_block quantizes x in the dispatch copy
+  std::vector<std::pair<std::string, gpu::detail::ForwardProfile>> profiles;
   for (const auto& [name, shape, tokens] : bench_shapes(o)) {
     Config c = shape;
     c.max_tokens_per_rank = int(tokens);
@@ -102,6 +105,26 @@ int bench_precision_command(const BenchOptions& o) {
                 (long long)tokens, ms_bf16, flops / (ms_bf16 * 1e-3) * 1e-12, ms_low,
                 flops / (ms_low * 1e-3) * 1e-12, ms_bf16 / ms_low, quantize_ms, difference);
     std::fflush(stdout);
+    if (o.breakdown) {  // one profiled run of each (same outputs; a few clock reads per tile)
+      gpu::detail::ForwardHooks timed;
+      timed.wait_times = true;
+      gpu::MoeForward timed_bf16(c, fo, timed), timed_low(q, fq, timed);
+      timed_bf16.forward(batch, weights, data.out.ptr, nullptr);
+      timed_low.forward(batch, quantized, out_q.ptr, nullptr);
+      profiles.push_back({name + " T = " + std::to_string(tokens) + " BF16",
+                          timed_bf16.runner().profile(nullptr)});
+      profiles.push_back({name + " T = " + std::to_string(tokens) + " " + o.layer.precision,
+                          timed_low.runner().profile(nullptr)});
+    }
+  }
+  if (!profiles.empty()) {
+    std::printf("\nWaits inside the megakernel (profiled runs; ms per participant):\n| forward | %s\n"
+                "|---|---|---|---|---|\n",
+                kProfileColumns);
+    for (const auto& [what, profile] : profiles) {
+      std::printf("| %s | ", what.c_str());
+      print_profile_cells(profile);
+    }
   }
   return 0;
 }
