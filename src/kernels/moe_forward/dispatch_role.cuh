@@ -135,53 +135,57 @@ __device__ __forceinline__ void copy_block(const ForwardParams& p, int64_t b,
 }
 
 // fp8_block: x rows into the E4M3 token ring, quantized on the way (block_scale.hpp's 1x128 rule;
-// the codes and scales of quantize_fp8_block bit for bit). Half a warp takes one 128-column block
-// of a row, 16 bytes of BF16 per lane; kQuantizeUnroll blocks per half-warp in flight.
-constexpr int kQuantizeUnroll = 8;
+// the codes and scales of quantize_fp8_block bit for bit). Half a warp takes a row, 16 bytes of
+// BF16 per lane of each 128-column block, kQuantizeUnroll blocks in flight (a warp's two halves
+// take neighbouring rows, so both run the same trip counts and the shuffles stay converged).
+constexpr int kQuantizeUnroll = 16;
 
 template <class Rows>
 __device__ __forceinline__ void quantize_block(const ForwardParams& p, int64_t b,
                                                const uint4** row_source, bool* row_copied) {
   resolve_block_rows<Rows>(p, b, row_source, row_copied);  // every row: fp8_block never gathers
-  const int blocks_per_row = p.hidden / 128;
-  const int units = kBlockM * blocks_per_row;  // (row, 128-column block) pairs
-  const int half = int(threadIdx.x / 16), halves = int(blockDim.x / 16),
-            lane = int(threadIdx.x % 16);
+  static_assert(kBlockM % 2 == 0, "row pairs per warp");
+  const int blocks = p.hidden / 128;  // per row
+  const int half = int(threadIdx.x / 16), halves = int(blockDim.x / 16);
+  const int lane = int(threadIdx.x % 16);
+  const uint32_t half_lanes = 0xFFFFu << (threadIdx.x & 16u);
   const int64_t ring_row0 = sched::ring_tile(b, token_ring(p)) * kBlockM;
-  uint8_t* const codes = Rows::ring_codes(p) + ring_row0 * p.hidden;
-  float* const scales = Rows::ring_scales(p) + ring_row0 * blocks_per_row;
-  for (int base = half; base < units; base += halves * kQuantizeUnroll) {
-    uint4 v[kQuantizeUnroll];
+  for (int row = half; row - (half & 1) < kBlockM; row += halves) {
+    const uint4* src = row < kBlockM ? row_source[row] : nullptr;
+    uint8_t* const codes = Rows::ring_codes(p) + (ring_row0 + row) * p.hidden;
+    float* const scales = Rows::ring_scales(p) + (ring_row0 + row) * blocks;
+    for (int first = 0; first < blocks; first += kQuantizeUnroll) {
+      uint4 v[kQuantizeUnroll];
 #pragma unroll
-    for (int u = 0; u < kQuantizeUnroll; ++u) {
-      const int i = base + u * halves;
-      const uint4* src = i < units ? row_source[i / blocks_per_row] : nullptr;
-      v[u] = src ? __ldg(src + (i % blocks_per_row) * 16 + lane) : make_uint4(0, 0, 0, 0);
-    }
+      for (int u = 0; u < kQuantizeUnroll; ++u)
+        v[u] = src && first + u < blocks ? __ldg(src + (first + u) * 16 + lane)
+                                         : make_uint4(0, 0, 0, 0);
 #pragma unroll
-    for (int u = 0; u < kQuantizeUnroll; ++u) {
-      const int i = base + u * halves;  // the same for the 16 lanes: the shuffles stay converged
-      float x[8];
-      const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-      fmt::BlockAmax a;
+      for (int u = 0; u < kQuantizeUnroll; ++u) {
+        if (first + u >= blocks) break;  // the same for both halves of the warp
+        float x[8];
+        const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        fmt::BlockAmax a;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        x[e] = bits_float(e % 2 ? w[e / 2] & 0xFFFF0000u : w[e / 2] << 16);
-        a.add(x[e]);
+        for (int e = 0; e < 8; ++e) {
+          x[e] = bits_float(e % 2 ? w[e / 2] & 0xFFFF0000u : w[e / 2] << 16);
+          a.add(x[e]);
+        }
+        uint32_t bits = float_bits(a.amax);
+#pragma unroll
+        for (int m = 8; m >= 1; m /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, m));
+        a = {bits_float(bits), (__ballot_sync(0xFFFFFFFFu, a.nonfinite) & half_lanes) != 0};
+        if (row >= kBlockM) continue;
+        const fmt::Fp8BlockScale s = fmt::fp8_block_scale(a.amax, false);
+        uint32_t out[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          out[e] = uint32_t(fmt::fp8_block_pair(x[4 * e], x[4 * e + 1], s.encode)) |
+                   uint32_t(fmt::fp8_block_pair(x[4 * e + 2], x[4 * e + 3], s.encode)) << 16;
+        const int block = first + u;
+        *reinterpret_cast<uint2*>(codes + block * 128 + lane * 8) = make_uint2(out[0], out[1]);
+        if (lane == 0) scales[block] = fmt::fp8_block_stored_scale(a, s);
       }
-      a = fmt::reduce_block_amax(a, 15);
-      if (i >= units) continue;
-      const fmt::Fp8BlockScale s = fmt::fp8_block_scale(a.amax, false);
-      const int row = i / blocks_per_row, col_block = i % blocks_per_row;
-      uint32_t out[2];
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        out[e] = uint32_t(fmt::fp8_block_pair(x[4 * e], x[4 * e + 1], s.encode)) |
-                 uint32_t(fmt::fp8_block_pair(x[4 * e + 2], x[4 * e + 3], s.encode)) << 16;
-      *reinterpret_cast<uint2*>(codes + int64_t(row) * p.hidden + col_block * 128 + lane * 8) =
-          make_uint2(out[0], out[1]);
-      if (lane == 0)
-        scales[int64_t(row) * blocks_per_row + col_block] = fmt::fp8_block_stored_scale(a, s);
     }
   }
   __syncthreads();  // every thread's stores precede the release (it is cumulative)
