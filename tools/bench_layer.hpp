@@ -136,5 +136,4 @@ inline void print_profile_cells(const gpu::detail::ForwardProfile& f) {
       f.combine_waits, f.combine_total);
 }
 
-
 }  // namespace mok::tools

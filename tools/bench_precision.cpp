@@ -118,9 +118,10 @@ int bench_precision_command(const BenchOptions& o) {
     }
   }
   if (!profiles.empty()) {
-    std::printf("\nWaits inside the megakernel (profiled runs; ms per participant):\n| forward | %s\n"
-                "|---|---|---|---|---|\n",
-                kProfileColumns);
+    std::printf(
+        "\nWaits inside the megakernel (profiled runs; ms per participant):\n| forward | %s\n"
+        "|---|---|---|---|---|\n",
+        kProfileColumns);
     for (const auto& [what, profile] : profiles) {
       std::printf("| %s | ", what.c_str());
       print_profile_cells(profile);
