@@ -335,11 +335,15 @@ int run_command(const RunOptions& o) {
                           precision_name(c.precision);
   }
   if (gpu.ran) {
-    const bool close = gpu.relative_error <= relative_error_bound(OperandQuant::bf16);
+    // Against the reference of the same recipe: the GPU rounds y and the output to BF16 (and
+    // fp8_block quantizes its own activations): docs/recipes.md's bounds.
+    const double gpu_bound =
+        c.precision == Precision::fp8_block ? 1e-2 : relative_error_bound(OperandQuant::bf16);
+    const bool close = gpu.relative_error <= gpu_bound;
     ok &= close && gpu.bitwise_repeatable;
     line("GPU forward vs reference (relative L2)", close,
-         sci(gpu.relative_error) + " (bound " + sci(relative_error_bound(OperandQuant::bf16)) + ")",
-         gpu.relative_error, relative_error_bound(OperandQuant::bf16));
+         sci(gpu.relative_error) + " (bound " + sci(gpu_bound) + ")", gpu.relative_error,
+         gpu_bound);
     line("GPU forward: 21 runs", gpu.bitwise_repeatable,
          gpu.bitwise_repeatable ? "bitwise identical" : "bits differ");
   } else {

@@ -113,8 +113,8 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   plan.kernel.mma_in_flight = plan.row_path == RowPath::dispatch_copy && !fp8;
   plan.kernel.fp8_block = fp8;
   plan.kernel.probe = h.probe();
-  require(!fp8 || plan.kernel.probe == 0, ErrorCode::invalid_argument,
-          name + ": the stage probes run bf16 forwards only");
+  require(!fp8 || (plan.kernel.probe == 0 && !h.without_dispatch_copy), ErrorCode::invalid_argument,
+          name + ": the stage probes and the dispatch-copy probe run bf16 forwards only");
   plan.kernel.group = plan.ranks_in_launch > 1;
   plan.kernels = h.kernels ? h.kernels : &kern::production_forward_kernels();
   require(plan.kernel.probe == 0 || plan.kernel.block_n == 256, ErrorCode::invalid_argument,
@@ -142,10 +142,11 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
       c.ep_size > 1 || plan.row_path != RowPath::producer_gather || needs_dispatch;
   // fp8_block's dispatch quantizes as it copies, at about half the copy's rate: twice the CTAs
   // (measured: qwen3-30b 8k 2.14 -> 1.44 ms, dsv3 8k 16.2 -> 11.9 ms; lever index).
-  const int automatic = num_dispatch_ctas(share, c.intermediate) * (fp8 ? 2 : 1);
+  const int automatic = fp8 ? std::min(2 * num_dispatch_ctas(share, c.intermediate), share / 3)
+                            : num_dispatch_ctas(share, c.intermediate);
   plan.dispatch_ctas = !with_dispatch        ? 0
                        : o.dispatch_ctas > 0 ? o.dispatch_ctas
-                                             : std::max(1, std::min(automatic, share / 3));
+                                             : std::max(1, automatic);
   require(share >= (with_dispatch ? 2 : 1) && plan.dispatch_ctas < share,
           ErrorCode::invalid_argument,
           name + ": a grid of " + std::to_string(plan.grid) + " CTAs gives each of " +

@@ -9,11 +9,8 @@
 
 namespace mok::gpu {
 
-Fp8BlockExperts::Fp8BlockExperts(const Config& c, bool ue8m0_scales)
-    : experts_(c.experts_per_rank()),
-      hidden_(c.hidden),
-      intermediate_(c.intermediate),
-      ue8m0_(ue8m0_scales) {
+Fp8BlockExperts::Fp8BlockExperts(const Config& c)
+    : experts_(c.experts_per_rank()), hidden_(c.hidden), intermediate_(c.intermediate) {
   detail::require(hidden_ % 128 == 0 && intermediate_ % 128 == 0 && experts_ > 0,
                   ErrorCode::unsupported,
                   "fp8_block quantizes the weights in 128x128 blocks: hidden and intermediate must "
@@ -57,8 +54,8 @@ void Fp8BlockExperts::quantize(const DeviceLayerWeights& w, cudaStream_t stream)
                 {w.up, intermediate_, hidden_, q.up, q.up_scales},
                 {w.down, hidden_, intermediate_, q.down, q.down_scales}};
   for (const auto& m : parts)
-    detail::check_cuda(quantize_fp8_block_weights(m.from, experts_, m.rows, m.cols, ue8m0_, false,
-                                                  const_cast<uint8_t*>(m.codes),
+    detail::check_cuda(quantize_fp8_block_weights(m.from, experts_, m.rows, m.cols, /*ue8m0=*/false,
+                                                  false, const_cast<uint8_t*>(m.codes),
                                                   const_cast<float*>(m.scales), stream),
                        "quantizing the expert weights to fp8_block");
 }

@@ -137,7 +137,7 @@ StagedForward::StagedForward(const Config& c) : config_(c), ws_(nullptr) {
                                             std::to_string(c.ep_size));
   if (c.precision != Precision::bf16)
     throw Error(ErrorCode::unsupported, std::string("precision ") + precision_name(c.precision) +
-                                            ": the GPU forward is BF16 only for now");
+                                            ": the staged forward is BF16 only");
   const int64_t K = c.top_k, H = c.hidden, I = c.intermediate, S = c.shared_width();
   auto* w = new Workspace{};
   ws_ = w;

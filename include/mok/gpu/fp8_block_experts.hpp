@@ -16,7 +16,7 @@ class Fp8BlockExperts {
  public:
   // For the rank's local experts of c; throws mok::Error unless H and I are multiples of 128,
   // and for allocation failures.
-  explicit Fp8BlockExperts(const Config& c, bool ue8m0_scales = false);
+  explicit Fp8BlockExperts(const Config& c);
   ~Fp8BlockExperts();
   Fp8BlockExperts(const Fp8BlockExperts&) = delete;
   Fp8BlockExperts& operator=(const Fp8BlockExperts&) = delete;
@@ -31,7 +31,6 @@ class Fp8BlockExperts {
 
  private:
   int64_t experts_, hidden_, intermediate_;
-  bool ue8m0_;
   uint8_t* codes_ = nullptr;  // gate | up | down
   float* scales_ = nullptr;   // gate | up | down
 };

@@ -2,8 +2,8 @@
 // rows, 128x128 for B). Hopper's FP8 wgmma keeps fewer accumulator bits than FP32, so each
 // k-block of 128 (one ring stage, one scale block) goes into fresh partial accumulators that are
 // then promoted into the FP32 tile: d += partial * (scale of the A row * scale of the B block).
-// A tile of kBlockN columns is multiplied in slices of kSliceN columns through one partial, so a
-// consumer holds kBlockN / 2 + kSliceN / 2 accumulators.
+// A tile of kBlockN columns is multiplied in 64-column slices through one partial, so a consumer
+// holds kBlockN / 2 + 32 accumulators.
 #pragma once
 #include <cstdint>
 
@@ -19,11 +19,9 @@ static_assert(TileShape<256, Fp8BlockKMajor>::kStageBytes == TileShape<256>::kSt
 // Scales: a(kb) -> float2, the scales of this thread's two rows (Fragment rows row_lo and
 // row_lo + 8) for k-block kb, valid once the tile's first stage has landed (its producer waited
 // for the rows, scales included, before loading any); b(kb, block) -> the scale of the tile's
-// 128-column B block `block`. Both are loaded a k-block ahead: an L2 round trip per k-block,
-// waited for before the first promotion, would idle the tensor cores every k-block.
-// kSliceN: the columns one partial covers (64: 32 registers, 128: 64).
+// 128-column B block `block`. Both are loaded a k-block ahead, off the path to the promotions.
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
-template <int kBlockN, int kSliceN, class Scales>
+template <int kBlockN, class Scales>
 __device__ __forceinline__ bool mma_tile_fp8_block(
     float (&d)[kBlockN / 2], const SmemRing<kBlockN, Fp8BlockKMajor>& ring,
     dev::RingCursor<TileShape<kBlockN, Fp8BlockKMajor>::kStages>& c, int k_blocks, int wg,
@@ -32,6 +30,9 @@ __device__ __forceinline__ bool mma_tile_fp8_block(
   using T = Fp8BlockKMajor;
   using A = T::A;
   using B = T::B;
+  // 64-column slices: a 32-register partial beside the tile's kBlockN / 2 accumulators (128-column
+  // ones, a 64-register partial and half the waits, measured no faster: benchmarks.md).
+  constexpr int kSliceN = 64;
   constexpr int kBlocks = kBlockN / 128, kSlices = kBlockN / kSliceN;
   constexpr int kSteps = T::kBlockK / T::kInstrK, kPart = kSliceN / 2;
   static_assert(kBlockN % 128 == 0 && 128 % kSliceN == 0, "slices inside 128-column B blocks");

@@ -80,8 +80,6 @@ __device__ __forceinline__ bool may_gather(const ForwardParams& p,
       p, [&] { return sched::ring_may_fill(dev::load_acquire_gpu(released), readers); });
 }
 
-// One block's rows of one Rows policy into its ring tile (padding rows as zeros), by the whole
-// CTA. row_source / row_copied: the CTA's shared arrays.
 // Where each row of block b comes from (row_source; nullptr: padding, written as zeros) and
 // whether it is moved at all (row_copied: not when the producers gather it). True when any row
 // is. One load per row from the row-destination table (the lookup through the schedules is a
@@ -102,6 +100,8 @@ __device__ __forceinline__ bool resolve_block_rows(const ForwardParams& p, int64
   return __syncthreads_or(copies);
 }
 
+// One block's rows of one Rows policy into its ring tile (padding rows as zeros), by the whole
+// CTA. row_source / row_copied: the CTA's shared arrays.
 template <class Rows>
 __device__ __forceinline__ void copy_block(const ForwardParams& p, int64_t b,
                                            const uint4** row_source, bool* row_copied) {
@@ -144,14 +144,15 @@ template <class Rows>
 __device__ __forceinline__ void quantize_block(const ForwardParams& p, int64_t b,
                                                const uint4** row_source, bool* row_copied) {
   resolve_block_rows<Rows>(p, b, row_source, row_copied);  // every row: fp8_block never gathers
-  static_assert(kBlockM % 2 == 0, "row pairs per warp");
+  static_assert(kBlockM % 2 == 0 && kThreads % 32 == 0,
+                "a warp's two halves take rows 2i and 2i + 1: both below kBlockM or neither");
   const int blocks = p.hidden / 128;  // per row
   const int half = int(threadIdx.x / 16), halves = int(blockDim.x / 16);
   const int lane = int(threadIdx.x % 16);
   const uint32_t half_lanes = 0xFFFFu << (threadIdx.x & 16u);
   const int64_t ring_row0 = sched::ring_tile(b, token_ring(p)) * kBlockM;
-  for (int row = half; row - (half & 1) < kBlockM; row += halves) {
-    const uint4* src = row < kBlockM ? row_source[row] : nullptr;
+  for (int row = half; row < kBlockM; row += halves) {  // a warp's halves: rows 2i, 2i + 1
+    const uint4* src = row_source[row];
     uint8_t* const codes = Rows::ring_codes(p) + (ring_row0 + row) * p.hidden;
     float* const scales = Rows::ring_scales(p) + (ring_row0 + row) * blocks;
     for (int first = 0; first < blocks; first += kQuantizeUnroll) {
@@ -175,7 +176,6 @@ __device__ __forceinline__ void quantize_block(const ForwardParams& p, int64_t b
 #pragma unroll
         for (int m = 8; m >= 1; m /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, m));
         a = {bits_float(bits), (__ballot_sync(0xFFFFFFFFu, a.nonfinite) & half_lanes) != 0};
-        if (row >= kBlockM) continue;
         const fmt::Fp8BlockScale s = fmt::fp8_block_scale(a.amax, false);
         uint32_t out[2];
 #pragma unroll

@@ -151,9 +151,6 @@ __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, cons
 // kFp8Block (the routed experts in fp8_block: fp8_block_tiles.cuh).
 template <int kBlockN_, bool kMmaInFlight_, bool kKeepGateUp, int kProbe, bool kFp8Block = false>
 struct ForwardProgram {
-  // fp8_block's partial accumulators cover 64 columns: with 128 (64 registers) the consumers
-  // spill at the forward's 200 registers.
-  static constexpr int kFp8SliceN = 64;
   static_assert(!kFp8Block || (kBlockN_ == 256 && !kMmaInFlight_ && !kKeepGateUp && kProbe == 0),
                 "fp8_block: 256-wide tiles (one 1x128 block per gate/up row), promotion after "
                 "every k-block, inference only");
@@ -277,9 +274,9 @@ struct ForwardProgram {
       if (is_routed(w)) {
         const SmemRing<kBlockN, Fp8BlockKMajor> fp8{ring.tiles_a, ring.tiles_b, ring.full,
                                                     ring.empty};
-        return mma_tile_fp8_block<kBlockN, kFp8SliceN>(
-            d, fp8, cursor, w.k_blocks, wg, p.wait_cycles, routed_tile_scales(p, w, wg),
-            times.timer.on, &times.starved, &times.starved_first);
+        return mma_tile_fp8_block<kBlockN>(d, fp8, cursor, w.k_blocks, wg, p.wait_cycles,
+                                           routed_tile_scales(p, w, wg), times.timer.on,
+                                           &times.starved, &times.starved_first);
       }
     }
     return mma_tile<kBlockN, kMmaInFlight, kMultiply>(d, ring, cursor, w.k_blocks, wg,
