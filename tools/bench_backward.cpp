@@ -58,7 +58,7 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
                T = double(tokens);
   size_t free_before = 0, total_bytes = 0;  // the step's memory: what it allocates from here
   cuda_ok(cudaMemGetInfo(&free_before, &total_bytes), "cudaMemGetInfo");
-  const BenchLayer data(c, int(E), tokens, 0, o.balanced_routing);
+  const BenchLayer data(c, int(E), tokens, 0, o.layer.routing_choice());
   DeviceArray<__nv_bfloat16> d_out(size_t(tokens * c.hidden)), d_x(d_out.n);
   cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, tokens * c.hidden, 21, 1.0f, nullptr), "fill");
   DeviceArray<float> d_w(size_t(tokens * c.top_k));

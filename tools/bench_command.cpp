@@ -47,8 +47,7 @@ const char* const kBenchHelp =
     "  --ep N                     expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"
     "                             when fewer are visible), beside EP = 1 and the roofline\n"
     "  --graph 1                  EP = 1: time mok's forward as a CUDA graph replay\n"
-    "  --routing R                random (default) or balanced: slot (t, k) to expert\n"
-    "                             (t K + k) mod E, every expert T K / E rows\n"
+
     "  --row-path P               auto (default), copy (dispatch CTAs copy rows into the ring)\n"
     "                             or gather (the GEMM producers gather the rank's rows)\n"
     "  --dispatch-ctas N          CTAs of the megakernel that gather rows (default: automatic)\n"
@@ -82,9 +81,6 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.overlap_rows = count(0, int64_t(1) << 30);
     else if (a == "--ring-rows")
       o.ring_rows = count(0, int64_t(1) << 30);
-    else if (a == "--routing")
-      o.balanced_routing =
-          parse_choice(a, option_value(args, i), {"random", "balanced"}) == "balanced";
     else if (a == "--sustain")
       o.sustain_seconds = parse_number(a, option_value(args, i), 0, 3600);
     else if (a == "--graph")
@@ -108,6 +104,7 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   if (o.all_shapes && o.layer.tokens > 0)
     throw UsageError("--tokens needs a layer (--preset NAME or its numbers), not every shape");
   if (!o.all_shapes) o.layer.config();  // its errors now, before any GPU work
+  o.layer.routing_choice();
   if (o.direction == "backward" && (o.ep > 1 || o.stage_probes))
     throw UsageError("--direction backward times the EP = 1 layer without stage probes");
   if (o.ep > 1 && o.stage_probes)
@@ -238,7 +235,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   c.validate();
   const int64_t H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
                 K = c.top_k;
-  const BenchLayer data(c, int(E), tokens, 0, o.balanced_routing);
+  const BenchLayer data(c, int(E), tokens, 0, o.layer.routing_choice());
   const gpu::ForwardOptions fo = bench_forward_options(o);
   gpu::MoeForward f(c, fo);
   gpu::StagedForward staged(c);

@@ -20,7 +20,6 @@ struct BenchOptions {
   int dispatch_ctas = 0;          // 0: the megakernel's default
   int64_t overlap_rows = 0;       // routed rows per tile group; 0: the megakernel's default
   int64_t ring_rows = 0;          // token ring rows (Config::ring_rows); 0: the capacity
-  bool balanced_routing = false;  // every expert T K / E rows (BenchLayer), not random
   bool graph = false;  // time mok's forward as a CUDA graph replay (no host work inside the span)
   // forward (default), or backward: the training forward, the backward (BF16 and FP32 weight
   // gradients) and the whole step, as CUDA graph replays (bench_backward.cpp).

@@ -199,7 +199,7 @@ int bench_ep_command(const BenchOptions& o) {
       Config c1 = c;
       c1.ep_size = 1;
       c1.ring_rows = 0;
-      BenchLayer one(c1, c1.num_experts, tokens, 1000, o.balanced_routing);
+      BenchLayer one(c1, c1.num_experts, tokens, 1000, o.layer.routing_choice());
       gpu::MoeForward f(c1);
       auto run1 = [&] { f.forward(one.batch(), one.weights(), one.out.ptr, nullptr); };
       median_ms(run1, 3);
@@ -211,8 +211,8 @@ int bench_ep_command(const BenchOptions& o) {
     std::vector<std::vector<int32_t>> ids_host;
     for (int r = 0; r < n; ++r) {
       cuda_ok(cudaSetDevice(use_nccl ? r : 0), "cudaSetDevice");
-      ranks.push_back(
-          std::make_unique<BenchLayer>(c, El, tokens, 100 * uint64_t(r + 1), o.balanced_routing));
+      ranks.push_back(std::make_unique<BenchLayer>(c, El, tokens, 100 * uint64_t(r + 1),
+                                                   o.layer.routing_choice()));
       ids_host.push_back(ranks.back()->ids.to_host());
     }
     cuda_ok(cudaSetDevice(0), "cudaSetDevice");

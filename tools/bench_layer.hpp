@@ -6,12 +6,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bench_command.hpp"
 #include "cuda_util.hpp"
+#include "layer_data.hpp"
 #include "layer/forward_hooks.hpp"
 #include "mok/config.hpp"
 #include "mok/gpu/device_layer.hpp"
@@ -34,14 +36,16 @@ inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
 // A layer share and a batch on the current device, random as every benchmark draws them: the
 // shared experts, `experts` routed experts, `t` tokens routed over all c.num_experts. `seed`
 // offsets the routed weights and the batch (ranks of an EP group differ; 0 for EP = 1).
-// balanced: slot (token, k) goes to expert (token K + k) mod E instead (distinct per token), so
-// every expert gets t K / E rows: with a multiple of 128, no padding and no imbalance.
+// routing (layer_data.hpp): random draws on the device; balanced sends slot (token, k) to expert
+// (token K + k) mod E instead (distinct per token), so every expert gets t K / E rows (with a
+// multiple of 128, no padding and no imbalance); skewed is drawn on the host.
 struct BenchLayer {
   int64_t tokens;
   DeviceArray<__nv_bfloat16> sg, su, sd, g, u, d, x, out;
   DeviceArray<int32_t> ids;
   DeviceArray<float> w;
-  BenchLayer(const Config& c, int experts, int64_t t, uint64_t seed, bool balanced = false)
+  BenchLayer(const Config& c, int experts, int64_t t, uint64_t seed,
+             const RoutingChoice& routing = {})
       : tokens(t),
         sg(size_t(c.shared_width() * c.hidden)),
         su(sg.n),
@@ -66,12 +70,21 @@ struct BenchLayer {
     cuda_ok(gpu::fill_uniform_bf16(x.ptr, t * H, seed + 17, 1.0f, nullptr), "fill");
     cuda_ok(gpu::random_topk(ids.ptr, w.ptr, t, c.num_experts, c.top_k, seed + 18, nullptr),
             "random_topk");
-    if (balanced) {
+    if (routing.kind == RoutingKind::balanced) {
       std::vector<int32_t> host(ids.n);
       for (size_t i = 0; i < host.size(); ++i) host[i] = int32_t(i % size_t(c.num_experts));
       cuda_ok(
           cudaMemcpy(ids.ptr, host.data(), host.size() * sizeof(int32_t), cudaMemcpyHostToDevice),
           "cudaMemcpy");
+    } else if (routing.kind == RoutingKind::skewed) {
+      std::mt19937_64 rng(seed + 19);
+      const Routing r = random_routing(c, t, rng, routing);
+      cuda_ok(cudaMemcpy(ids.ptr, r.topk_ids.data(), r.topk_ids.size() * sizeof(int32_t),
+                         cudaMemcpyHostToDevice),
+              "cudaMemcpy");
+      cuda_ok(cudaMemcpy(w.ptr, r.topk_weights.data(), r.topk_weights.size() * sizeof(float),
+                         cudaMemcpyHostToDevice),
+              "cudaMemcpy");
     }
   }
   gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
@@ -115,10 +128,17 @@ inline double middle(std::vector<double> v) {
 
 // What a benchmark prints above its tables when its batches are not random (BenchLayer).
 inline void print_routing_note(const BenchOptions& o) {
-  if (o.balanced_routing)
+  const RoutingChoice r = o.layer.routing_choice();
+  if (r.kind == RoutingKind::balanced)
     std::printf(
         "Routing: balanced (each rank's slot (t, k) to expert (t K + k) mod E: every expert gets "
         "T K / E rows from each rank), not random.\n\n");
+  if (r.kind == RoutingKind::skewed)
+    std::printf(
+        "Routing: skewed (Zipf-like, exponent %.2f: the expert of popularity rank r drawn with "
+        "probability ~ (r + 1)^-%.2f, K distinct per token; the same ranking on every rank), not "
+        "random.\n\n",
+        r.zipf, r.zipf);
 }
 
 // The wait-profile columns of the breakdown's and the stage probes' tables, and one row's cells.

@@ -76,7 +76,7 @@ int bench_precision_command(const BenchOptions& o) {
     c.validate();
     Config q = c;
     q.precision = precision;
-    const BenchLayer data(c, c.num_experts, tokens, 0, o.balanced_routing);
+    const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice());
     DeviceArray<__nv_bfloat16> out_q(size_t(tokens * c.hidden));
     gpu::MoeForward bf16(c, fo), low(q, fq);
     gpu::Fp8BlockExperts experts(q);

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 
 #include "mok/error.hpp"
@@ -87,6 +88,10 @@ bool LayerOptions::take(const std::vector<std::string>& args, size_t& i) {
     tokens = parse_int(a, option_value(args, i), 1, int64_t(1) << 24);
   else if (a == "--precision")
     precision = parse_choice(a, option_value(args, i), {"bf16", "fp8_block", "mxfp8", "nvfp4"});
+  else if (a == "--routing")
+    routing = parse_choice(a, option_value(args, i), {"random", "balanced", "skewed"});
+  else if (a == "--zipf")
+    zipf = parse_number(a, option_value(args, i), 0.0, 8.0);
   else
     return false;
   return true;
@@ -138,6 +143,25 @@ std::string LayerOptions::name() const {
   return s;
 }
 
+RoutingChoice LayerOptions::routing_choice() const {
+  if (zipf >= 0 && routing != "skewed")
+    throw UsageError(join({"--zipf applies to --routing skewed (the routing is ", routing, ")"}));
+  RoutingChoice r;
+  r.kind = routing == "balanced" ? RoutingKind::balanced
+           : routing == "skewed" ? RoutingKind::skewed
+                                 : RoutingKind::random;
+  if (zipf >= 0) r.zipf = zipf;
+  return r;
+}
+
+std::string LayerOptions::routing_name() const {
+  const RoutingChoice r = routing_choice();
+  if (r.kind != RoutingKind::skewed) return routing;
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "skewed (zipf %.2f)", r.zipf);
+  return buf;
+}
+
 const char* LayerOptions::help() {
   return "  the layer, by preset or by its numbers (they override the preset's):\n"
          "    --preset NAME            tiny, dsv3, mok-default, qwen3-30b, fine\n"
@@ -148,7 +172,13 @@ const char* LayerOptions::help() {
          "    --shared-experts N       shared experts (default 0 without a preset)\n"
          "    --shared-width S         each shared expert's width (default: I)\n"
          "    --tokens T               tokens per rank (default: the preset's, else 4096)\n"
-         "    --precision P            bf16 (default), fp8_block, mxfp8, nvfp4\n";
+         "    --precision P            bf16 (default), fp8_block, mxfp8, nvfp4\n"
+         "  the tokens' routing:\n"
+         "    --routing R              random (default: softmax top-k of random logits), balanced\n"
+         "                             (slot (t, k) to expert (t K + k) mod E) or skewed (Zipf-\n"
+         "                             like: the expert of popularity rank r drawn with\n"
+         "                             probability ~ (r + 1)^-zipf, K distinct per token)\n"
+         "    --zipf S                 skewed's exponent, 0 (uniform) to 8 (default 1)\n";
 }
 
 }  // namespace mok::tools

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "layer_data.hpp"
 #include "mok/config.hpp"
 
 namespace mok::tools {
@@ -35,13 +36,18 @@ struct LayerOptions {
   int shared_experts = -1, shared_width = -1;
   int64_t tokens = -1;  // tokens per rank; -1: the preset's
   std::string precision = "bf16";
+  std::string routing = "random";  // random, balanced or skewed (RoutingChoice)
+  double zipf = -1;                // skewed's exponent; -1: not given (1.0)
 
   // Takes args[i] (and its value, args[i + 1]) when it is a layer option; false otherwise.
   bool take(const std::vector<std::string>& args, size_t& i);
   bool has_numbers() const;
   // The validated configuration (UsageError naming the field otherwise) and its name for tables.
   Config config() const;
-  std::string name() const;   // the preset's, or "HxIxE/K" for numbers
+  std::string name() const;  // the preset's, or "HxIxE/K" for numbers
+  // The tokens' routing (UsageError for --zipf without --routing skewed), and its name.
+  RoutingChoice routing_choice() const;
+  std::string routing_name() const;
   static const char* help();  // the lines of these options for a command's --help
 };
 

@@ -47,6 +47,7 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
   }
   if (o.layer.preset.empty() && !o.layer.has_numbers()) o.layer.preset = "tiny";
   const Config c = o.layer.config();  // its errors now, before any work
+  o.layer.routing_choice();
   if (c.num_experts % o.ep != 0)
     throw UsageError("--ep " + std::to_string(o.ep) + ": expected a divisor of the " +
                      std::to_string(c.num_experts) + " experts");
@@ -227,7 +228,8 @@ void write_json(const std::string& path, const RunOptions& o, const Config& c, i
        ", \"shared_width\": " + std::to_string(c.shared_width()) +
        ", \"tokens\": " + std::to_string(T) +
        ", \"precision\": " + json_string(precision_name(c.precision)) +
-       ", \"ep_checked\": " + std::to_string(o.ep) + ", \"seed\": " + std::to_string(o.seed) + "}";
+       ", \"ep_checked\": " + std::to_string(o.ep) + ", \"seed\": " + std::to_string(o.seed) +
+       ", \"routing\": " + json_string(o.layer.routing_name()) + "}";
   j += ",\n  \"checks\": [";
   for (size_t i = 0; i < g_checks.size(); ++i) {
     const Check& k = g_checks[i];
@@ -260,10 +262,11 @@ int run_command(const RunOptions& o) {
   const int64_t T = c.max_tokens_per_rank;
   Config shown = c;  // the header names the simulated group's size
   shown.ep_size = o.ep;
-  std::printf("mok run: %s %s, T=%lld tokens, %s%s\n",
+  std::printf("mok run: %s %s, T=%lld tokens, %s%s, routing %s\n",
               o.layer.preset.empty() || o.layer.has_numbers() ? "layer" : "preset",
               o.layer.name().c_str(), (long long)T, shown.describe().c_str(),
-              o.ep > 1 ? " (a simulated group, checked against EP=1)" : "");
+              o.ep > 1 ? " (a simulated group, checked against EP=1)" : "",
+              o.layer.routing_name().c_str());
   const BuildInfo info = build_info();
   const std::string device = info.gpus.empty() ? info.gpu_status : info.gpus[0].name;
   std::printf("  device: %s\n", device.c_str());
@@ -284,7 +287,7 @@ int run_command(const RunOptions& o) {
   }
 
   const LayerParams p = random_params(c, o.seed);
-  const Batch b = random_batch(c, T, o.seed + 1);
+  const Batch b = random_batch(c, T, o.seed + 1, o.layer.routing_choice());
   const std::vector<double> d_out = random_vector(size_t(T * c.hidden), o.seed + 2, 0.01);
   ReferenceOptions ro;
   ro.quant = operand_quant_for(c.precision);

@@ -35,6 +35,11 @@ expect 2 "^mok run: a layer is --preset NAME, or --hidden" run --hidden 256
 expect 2 "^mok run: unknown option '--frob' for run" run --frob 1
 expect 2 "^mok run: --seed needs a value$" run --seed
 expect 2 "^mok bench: --graph maybe: expected 1 or 0" bench --graph maybe
+expect 2 "^mok run: --routing zipf: expected one of random, balanced, skewed$" run --routing zipf
+expect 2 "^mok run: --zipf applies to --routing skewed \(the routing is random\)$" run --zipf 1.2
+expect 2 "^mok bench: --zipf 9: expected a number in" bench --routing skewed --zipf 9
+expect 0 "^mok run: preset tiny, .*routing skewed \(zipf 1\.20\)$" \
+  run --preset tiny --ep 1 --routing skewed --zipf 1.2
 expect 2 "^mok bench: --tokens needs a layer" bench --tokens 64
 expect 2 "^mok: unknown command 'frob'" frob
 expect 2 "^mok info: info takes no options" info --verbose
