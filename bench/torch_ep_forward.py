@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from torch_shapes import SHAPES, forward_flops, make_layer, time_ms
+from torch_shapes import add_shape_arguments, selected_shapes, forward_flops, make_layer, time_ms
 
 
 def forward(p, x, ids, w, k, world):
@@ -54,21 +54,20 @@ def forward(p, x, ids, w, k, world):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="all")
+    add_shape_arguments(ap)
     ap.add_argument("--iterations", type=int, default=20)
     args = ap.parse_args()
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     dist.init_process_group("nccl")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())
-    names = list(SHAPES) if args.shape == "all" else [args.shape]
+    shapes = selected_shapes(ap, args)
     gen = torch.Generator(device="cuda").manual_seed(rank)
     if rank == 0:
         print(f"PyTorch {torch.__version__}, EP = {world} ({torch.cuda.get_device_name()}): "
               "all_to_all + torch._grouped_mm, per GPU")
         print("| shape | T per rank | forward ms | TFLOP/s per GPU |\n|---|---|---|---|")
-    for name in names:
-        h, i, e, k, s, t = SHAPES[name]
+    for name, (h, i, e, k, s, t) in shapes:
         p, x, ids, w = make_layer(h, i, e, k, s, t, gen, e // world)
         run = lambda: forward(p, x, ids, w, k, world)  # noqa: E731
         for _ in range(5):

@@ -11,7 +11,7 @@ import torch
 
 import mok.torch as mt
 from torch_moe_forward import bench_backward, forward
-from torch_shapes import SHAPES, forward_flops, make_layer
+from torch_shapes import add_shape_arguments, selected_shapes, forward_flops, make_layer
 
 
 def mok_operands(p, h, i, e, k, s, t):
@@ -33,18 +33,17 @@ def mok_operands(p, h, i, e, k, s, t):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="all")
+    add_shape_arguments(ap)
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
-    names = list(SHAPES) if args.shape == "all" else [args.shape]
+    shapes = selected_shapes(ap, args)
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: a training step of the "
           f"MoE layer under autograd")
     print("| shape | T | layer | round | forward ms | backward ms | backward TFLOP/s | step ms "
           "| step TFLOP/s |\n|---|---|---|---|---|---|---|---|---|")
-    for name in names:
-        h, i, e, k, s, t = SHAPES[name]
+    for name, (h, i, e, k, s, t) in shapes:
         p, x, ids, w = make_layer(h, i, e, k, s, t, gen)
         ids = ids.to(torch.int32)
         q, mok_forward = mok_operands(p, h, i, e, k, s, t)

@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from torch_shapes import SHAPES, forward_flops, make_layer, time_ms
+from torch_shapes import add_shape_arguments, selected_shapes, forward_flops, make_layer, time_ms
 
 
 def forward(p, x, ids, w, k):
@@ -100,12 +100,12 @@ def bench_backward(p, x, ids, w, k, iterations, fn=forward):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--shape", default="all")
+    add_shape_arguments(ap)
     ap.add_argument("--iterations", type=int, default=20)
     ap.add_argument("--sustain", type=float, default=0.0)
     ap.add_argument("--direction", choices=["forward", "backward"], default="forward")
     args = ap.parse_args()
-    names = list(SHAPES) if args.shape == "all" else [args.shape]
+    shapes = selected_shapes(ap, args)
     gen = torch.Generator(device="cuda").manual_seed(0)
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: the unfused MoE forward")
     if args.sustain > 0:
@@ -118,8 +118,7 @@ def main():
               "| step peak GB |\n|---|---|---|---|---|---|---|---|")
     else:
         print("| shape | T | forward ms | TFLOP/s |\n|---|---|---|---|")
-    for name in names:
-        h, i, e, k, s, t = SHAPES[name]
+    for name, (h, i, e, k, s, t) in shapes:
         p, x, ids, w = make_layer(h, i, e, k, s, t, gen)
         ids = ids.to(torch.int32)
         if args.direction == "backward":

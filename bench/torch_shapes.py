@@ -10,6 +10,46 @@ SHAPES = {  # name: (H, I, E, K, shared width, tokens [per rank])
 }
 
 
+def add_shape_arguments(ap):
+    """--shape NAME|all, or a layer by its numbers (as `mok bench` takes them)."""
+    ap.add_argument("--shape", default="all", help="all (default) or one of " + ", ".join(SHAPES))
+    ap.add_argument("--hidden", type=int, help="a layer by its numbers: H (with --intermediate, "
+                    "--experts, --top-k; --shared-width and --tokens optional)")
+    ap.add_argument("--intermediate", type=int)
+    ap.add_argument("--experts", type=int)
+    ap.add_argument("--top-k", type=int)
+    ap.add_argument("--shared-width", type=int, default=0, help="shared experts' total width")
+    ap.add_argument("--tokens", type=int, help="tokens per rank (default: the shape's, or 4096)")
+
+
+def selected_shapes(ap, args):
+    """[(name, (H, I, E, K, S, T))] the arguments ask for; ap.error (exit 2) for bad ones."""
+    numbers = [args.hidden, args.intermediate, args.experts, args.top_k]
+    if any(v is not None for v in numbers):
+        if any(v is None for v in numbers):
+            ap.error("a layer by its numbers needs --hidden, --intermediate, --experts and --top-k")
+        h, i, e, k = numbers
+        if min(h, i, e, k) < 1 or k > e or args.shared_width < 0:
+            ap.error(f"the layer {h}x{i}x{e}/{k} (shared {args.shared_width}) is not valid: every "
+                     "number >= 1, top-k <= experts, shared width >= 0")
+        t = args.tokens if args.tokens is not None else 4096
+        if t < 1:
+            ap.error(f"--tokens {t}: expected a positive count")
+        return [(f"{h}x{i}x{e}/{k}", (h, i, e, k, args.shared_width, t))]
+    if args.shape != "all" and args.shape not in SHAPES:
+        ap.error(f"--shape {args.shape}: expected all or one of {', '.join(SHAPES)}")
+    names = list(SHAPES) if args.shape == "all" else [args.shape]
+    shapes = []
+    for name in names:
+        h, i, e, k, s, t = SHAPES[name]
+        if args.tokens is not None:
+            if args.tokens < 1:
+                ap.error(f"--tokens {args.tokens}: expected a positive count")
+            t = args.tokens
+        shapes.append((name, (h, i, e, k, s, t)))
+    return shapes
+
+
 def forward_flops(h, i, k, s, t):
     """design.md's formula: real tokens only."""
     return 6 * h * i * t * k + 6 * h * s * t
