@@ -326,6 +326,8 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
   p.delay_seed = hooks.delay_seed + uint32_t(ep_rank);
   p.never_publish_block =
       hooks.stuck_rank < 0 || hooks.stuck_rank == ep_rank ? hooks.never_publish_block : -1;
+  p.never_count_tokens =
+      hooks.never_count_tokens && (hooks.stuck_rank < 0 || hooks.stuck_rank == ep_rank) ? 1 : 0;
   p.profile_flags = (hooks.without_wgrad ? kern::kProfileNoWgrad : 0) |
                     (hooks.without_wgrad_tiles ? kern::kProfileNoWgradTiles : 0);
   p.timings = w.timings;

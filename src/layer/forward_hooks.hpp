@@ -18,6 +18,9 @@ struct ForwardHooks {
   // of an emulated group (-1: on every rank).
   uint32_t dispatch_delay_ns = 0, delay_seed = 0;
   int64_t never_publish_block = -1;
+  // ... or that rank's down tiles never count their rows on the tokens' source ranks (a rank that
+  // stopped before the combine: the combine waiting for its rows must end in an error).
+  bool never_count_tokens = false;
   int stuck_rank = -1;
   // Benchmarks: drop a stage to measure what it costs (the output is then wrong).
   bool without_dispatch_copy = false, without_combine = false;

@@ -356,6 +356,8 @@ kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, con
   p.delay_seed = hooks.delay_seed + uint32_t(ep_rank);
   p.never_publish_block =
       hooks.stuck_rank < 0 || hooks.stuck_rank == ep_rank ? hooks.never_publish_block : -1;
+  p.never_count_tokens =
+      hooks.never_count_tokens && (hooks.stuck_rank < 0 || hooks.stuck_rank == ep_rank) ? 1 : 0;
   p.timings = w.timings;
   p.profile_flags = (hooks.without_dispatch_copy ? kern::kProfileNoDispatchCopy : 0) |
                     (hooks.without_combine ? kern::kProfileNoCombine : 0);

@@ -198,6 +198,18 @@ TEST(EmulatedEpBackwardGpu, AStoppedRankIsAnErrorNamingItAndBadCallsAreRefused) 
       EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
     }
   };
+  // The routed gradients and d_x / d_w of a backward of a group built now, poisoned first.
+  auto backward_bits = [&]() -> std::vector<std::vector<uint8_t>> {
+    for (DeviceBuffer<float>* b : {&global.d_w, &global.g, &global.u, &global.d})
+      EXPECT_EQ(cudaMemset(b->ptr, 0xFF, b->n * sizeof(float)), cudaSuccess);
+    EXPECT_EQ(cudaMemset(global.d_x.ptr, 0xFF, global.d_x.n * sizeof(uint16_t)), cudaSuccess);
+    mok::gpu::EmulatedEpBackward fresh(c, o);
+    fresh.backward(group.s, group.ctx, group.batches, group.weights, group.d_outs, grads, nullptr);
+    fresh.check(nullptr);
+    return {bytes_of(global.d_x), bytes_of(global.d_w), bytes_of(global.g), bytes_of(global.u),
+            bytes_of(global.d)};
+  };
+  const std::vector<std::vector<uint8_t>> healthy = backward_bits();
   {
     mok::gpu::detail::ForwardHooks stuck;
     stuck.never_publish_block = 0;  // rank 2 never publishes its first routed row block
@@ -209,6 +221,9 @@ TEST(EmulatedEpBackwardGpu, AStoppedRankIsAnErrorNamingItAndBadCallsAreRefused) 
                  "waiting for the dispatched d_out and x rows (recomputing: for g | u; shared "
                  "experts: of token block) of row block 0");
   }
+  // Torn down after the fault and rebuilt in the same process, from the same forward contexts:
+  // the healthy bits.
+  EXPECT_TRUE(backward_bits() == healthy) << "the rebuilt group's gradients differ";
   mok::gpu::EmulatedEpBackward bw(c, o);
   expect_error(
       [&] {

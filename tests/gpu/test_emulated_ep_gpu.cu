@@ -1,8 +1,9 @@
 // Expert parallelism emulated on one GPU (ep_size logical ranks in one megakernel launch): every
 // rank's output equals the EP = 1 megakernel's rows for its tokens on the same global batch, bit
 // for bit, for random, skewed and empty routings, rings smaller than the batch and random dispatch
-// delays; capacity overflow on one owner fails every rank; a rank whose dispatch stops ends in an
-// error naming it, not a hang.
+// delays; capacity overflow on one owner fails every rank; a rank that stops in dispatch or
+// before the combine ends in an error naming it, not a hang, and a group rebuilt after it
+// computes the healthy bits.
 #include "ep_test_util.hpp"
 #include "mok/gpu/emulated_ep_forward.hpp"
 #include "mok/gpu/moe_forward.hpp"
@@ -145,22 +146,46 @@ TEST(EmulatedEpGpu, CapacityOverflowAndAStoppedRankAreErrorsOnEveryRank) {
     mok::gpu::ForwardOptions o;
     o.row_path = path;
     o.wait_seconds = 0.25;
-    mok::gpu::detail::ForwardHooks stuck;
-    stuck.never_publish_block = 0;  // rank 1 never publishes its first routed row block
-    stuck.stuck_rank = 1;
-    mok::gpu::EmulatedEpForward ep(c, o, stuck);
-    EXPECT_EQ(ep.row_path(), path);
-    run(ep);
-    try {
+    std::vector<uint16_t> healthy;
+    {
+      mok::gpu::EmulatedEpForward ep(c, o);
+      run(ep);
       ep.check(nullptr);
-      FAIL() << "no error";
-    } catch (const mok::Error& e) {
-      EXPECT_EQ(e.code(), mok::ErrorCode::peer_timeout);
-      EXPECT_NE(std::string(e.what()).find("rank 1: the forward stopped: a gate/up producer "
-                                           "waiting for dispatched row block 0"),
-                std::string::npos)
-          << e.what();
+      healthy = out.to_host();
     }
+    // Rank 1 stops mid-dispatch (never publishes its first routed row block), then mid-combine
+    // (its down tiles never count their rows on the tokens' source ranks).
+    for (const bool in_combine : {false, true}) {
+      mok::gpu::detail::ForwardHooks stuck;
+      stuck.stuck_rank = 1;
+      if (in_combine)
+        stuck.never_count_tokens = true;
+      else
+        stuck.never_publish_block = 0;
+      mok::gpu::EmulatedEpForward ep(c, o, stuck);
+      EXPECT_EQ(ep.row_path(), path);
+      run(ep);
+      try {
+        ep.check(nullptr);
+        ADD_FAILURE() << "no error";
+      } catch (const mok::Error& e) {
+        EXPECT_EQ(e.code(), mok::ErrorCode::peer_timeout);
+        EXPECT_NE(std::string(e.what()).find(
+                      in_combine ? "the forward stopped: the combine waiting for the "
+                                   "expert outputs of token"
+                                 : "rank 1: the forward stopped: a gate/up producer "
+                                   "waiting for dispatched row block 0"),
+                  std::string::npos)
+            << e.what();
+      }
+    }
+    // The group torn down after the fault and rebuilt in the same process: the next forward is
+    // the healthy one's, bit for bit (the output poisoned first).
+    MOK_CUDA_OK(cudaMemset(out.ptr, 0xFF, out.n * sizeof(uint16_t)));
+    mok::gpu::EmulatedEpForward rebuilt(c, o);
+    run(rebuilt);
+    rebuilt.check(nullptr);
+    EXPECT_EQ(out.to_host(), healthy);
   }
   // Under EP the automatic row path is the producer gather, whatever dispatch options are set
   // (the dispatch CTAs run either way), unless detail::copy_rows_pays_off: two or more full row

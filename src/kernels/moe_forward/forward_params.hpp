@@ -115,9 +115,11 @@ struct ForwardParams {
   int group_blocks;  // routed row blocks per tile group (ForwardOptions::overlap_rows)
   uint64_t wait_cycles;
   // Tests only: every dispatched block is published after a pseudo-random delay below delay_ns,
-  // and block never_publish_block (>= 0) is never published (a dispatch that stopped).
+  // and block never_publish_block (>= 0) is never published (a dispatch that stopped);
+  // never_count_tokens: no down row is counted on its token (a rank stopped before the combine).
   uint32_t delay_ns, delay_seed;
   long long never_publish_block;
+  int never_count_tokens;
   int profile_flags;  // benchmarks only (kProfile*): drop a stage to measure what it costs
   unsigned long long* timings;  // benchmarks only: [kForwardTimings] ns, or nullptr
 };

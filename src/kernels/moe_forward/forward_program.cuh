@@ -97,7 +97,7 @@ __device__ __forceinline__ DownRows down_rows(const ForwardParams& p, const Tile
 __device__ __forceinline__ void count_down_row(const ForwardParams& p, bool routed,
                                                int64_t destination) {
   const int src = sched::RowDestination::rank(destination);
-  if (src < 0) return;
+  if (src < 0 || p.never_count_tokens) return;
   const int64_t slot = sched::RowDestination::slot(destination);
   uint32_t* done = p.peer_token_done[src] + (routed ? slot / p.top_k : slot);
   if (p.ep_size > 1)
