@@ -93,9 +93,10 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   share = grid / ranks;  // CTAs per rank (the last rank also takes the remainder)
   // Two rows move per routed row (d_out and x) against twice the forward's FLOPs: the forward's
-  // share of dispatch CTAs.
-  dispatch_ctas =
-      o.dispatch_ctas > 0 ? o.dispatch_ctas : std::max(1, num_dispatch_ctas(share, int(I)));
+  // share of dispatch CTAs (automatic: at least one GEMM CTA beside them on a small grid).
+  dispatch_ctas = o.dispatch_ctas > 0
+                      ? o.dispatch_ctas
+                      : std::max(1, std::min(num_dispatch_ctas(share, int(I)), share - 1));
   require(dispatch_ctas < share, ErrorCode::invalid_argument,
           who + ": a share of " + std::to_string(share) + " CTAs per rank is too few for " +
               std::to_string(dispatch_ctas) + " dispatch CTAs and the GEMMs");

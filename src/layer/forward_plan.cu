@@ -144,9 +144,10 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   // (measured: qwen3-30b 8k 2.14 -> 1.44 ms, dsv3 8k 16.2 -> 11.9 ms; lever index).
   const int automatic = fp8 ? std::min(2 * num_dispatch_ctas(share, c.intermediate), share / 3)
                             : num_dispatch_ctas(share, c.intermediate);
+  // Automatic: at least one GEMM CTA beside them on a small grid (max_ctas).
   plan.dispatch_ctas = !with_dispatch        ? 0
                        : o.dispatch_ctas > 0 ? o.dispatch_ctas
-                                             : std::max(1, automatic);
+                                             : std::max(1, std::min(automatic, share - 1));
   require(share >= (with_dispatch ? 2 : 1) && plan.dispatch_ctas < share,
           ErrorCode::invalid_argument,
           name + ": a grid of " + std::to_string(plan.grid) + " CTAs gives each of " +

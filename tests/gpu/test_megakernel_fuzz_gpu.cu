@@ -74,7 +74,9 @@ FuzzCase make_case(uint64_t seed) {
   k.fo.row_path = pick(rng, {RowPath::automatic, RowPath::dispatch_copy, RowPath::producer_gather});
   k.fo.block_n = pick(rng, {0, 128});
   k.fo.max_ctas = pick(rng, {0, 0, 2, 5, 17});
-  k.fo.dispatch_ctas = k.fo.max_ctas == 2 ? 0 : pick(rng, {0, 1, 3});
+  // The producers gather rows themselves on that path: no dispatch CTAs to size or delay.
+  const bool gather = k.fo.row_path == RowPath::producer_gather;
+  k.fo.dispatch_ctas = gather || k.fo.max_ctas == 2 ? 0 : pick(rng, {0, 1, 3});
   k.fo.overlap_rows = 128 * pick(rng, {0, 1, 2, 8});
   k.bo.block_n = wide_ok ? pick(rng, {0, 128, 256}) : 128;
   k.bo.max_ctas = pick(rng, {0, 0, 3, 9});
@@ -82,7 +84,8 @@ FuzzCase make_case(uint64_t seed) {
   k.bo.weight_grads = pick(rng, {WeightGrads::write_fp32, WeightGrads::write_bf16});
   k.bo.gate_up = pick(rng, {GateUpMode::keep, GateUpMode::keep, GateUpMode::recompute});
   for (ForwardHooks* h : {&k.forward_hooks, &k.backward_hooks})
-    if (uniform(rng, 0, 3) == 0) h->dispatch_delay_ns = 20'000, h->delay_seed = uint32_t(seed);
+    if (uniform(rng, 0, 3) == 0 && !(gather && h == &k.forward_hooks))
+      h->dispatch_delay_ns = 20'000, h->delay_seed = uint32_t(seed);
   k.text = "H " + std::to_string(c.hidden) + " I " + std::to_string(c.intermediate) + " E " +
            std::to_string(c.num_experts) + " K " + std::to_string(c.top_k) + " shared " +
            std::to_string(c.num_shared_experts * c.shared_intermediate) + " T " +
