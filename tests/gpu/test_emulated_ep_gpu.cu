@@ -94,7 +94,9 @@ TEST(EmulatedEpGpu, CapacityOverflowAndAStoppedRankAreErrorsOnEveryRank) {
   mok::Config c = mok::preset("tiny");
   c.ep_size = 4;
   c.max_tokens_per_rank = 100;
-  const mok::LayerParams p = mok::tools::random_params(c, 61);
+  mok::Config whole = c;  // every rank's experts (random_params draws one rank's)
+  whole.ep_size = 1;
+  const mok::LayerParams p = mok::tools::random_params(whole, 61);
   const GpuLayer layer(p);
   const int El = c.num_experts / c.ep_size;
   const int64_t H = c.hidden, I = c.intermediate;

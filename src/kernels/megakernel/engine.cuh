@@ -130,7 +130,8 @@ __device__ __forceinline__ bool next_consumer_tile(const P& p, const TileQueue& 
 // each warp instruction reads 4 whole lines (one lane per row would fetch a 32-byte sector per 16
 // bytes). Without gathering only warp 0 runs and only its lane 0 arrives.
 constexpr int kGatherWarps = 4;
-constexpr uint32_t kGatherFullArrivals = kGatherWarps * 32;
+// Every producer thread arrives once per stage, the leader once more with the TMA bytes.
+constexpr uint32_t kGatherFullArrivals = kGatherWarps * 32 + 1;
 constexpr int kGatherRowsPerThread = kBlockM / (kGatherWarps * 4);
 static_assert(kBlockK * 2 == 8 * 16, "a k-block of a row: eight 16-byte chunks, one per lane");
 
@@ -153,9 +154,10 @@ struct GatherRows {
 
 // Warp 0's lane 0 (the leader) claims tiles, hands them on, waits for their inputs and issues the
 // TMA loads. Gathering threads copy their A rows and arrive on every stage (kGatherFullArrivals):
-// on the stages of other tiles they simply arrive. A gathering thread's arrival is counted by
-// cp.async (noinc) when its copies land; the leader's copies get an extra (uncounted) arrival
-// before its arrive_expect_tx for B, so the phase cannot complete before they land either.
+// on the stages of other tiles they simply arrive. A gathering thread's arrival is made by
+// cp.async (noinc) when its copies land, the leader's too (one uniform arrival per thread: an
+// uncounted extra one in the leader's lane alone overflowed the barrier for compute-sanitizer's
+// synccheck); the leader's arrive_expect_tx for B is the stage's one more arrival.
 // gathering_warpgroup: the CTA's producer runs as a whole warpgroup (some tiles gather).
 template <class Program>
 __device__ __forceinline__ void producer_role(const typename Program::Maps& maps,
@@ -222,11 +224,8 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
       uint64_t* bar = &ring.full[cursor.stage];
       if (in.gather) {
         if constexpr (Program::kLoads) rows.copy(ring.a(cursor.stage), kb);
-        if (leader)
-          dev::cp_async_arrive_extra(bar);
-        else
-          dev::cp_async_arrive_counted(bar);
-      } else if (!leader) {
+        dev::cp_async_arrive_counted(bar);
+      } else if (gathering_warpgroup) {
         dev::mbar_arrive(bar);
       }
       if (!leader) continue;
