@@ -101,7 +101,7 @@ TEST(EpNcclGpu, GroupsOfTwoFourEightGpusEqualTheSingleGpuForward) {
   }
 }
 
-TEST(EpNcclGpu, CapacityOverflowAndAMissingRankAreErrorsOnEveryRank) {
+TEST(EpNcclGpu, CapacityOverflowAndAMissingRankAreErrorsOnEveryRankThenTheGroupIsRebuilt) {
   MOK_REQUIRE_GPU();
   if (gpu_count() < 2) GTEST_SKIP() << "needs 2 GPUs, this machine has " << gpu_count();
   const int ranks = 2;
@@ -138,6 +138,20 @@ TEST(EpNcclGpu, CapacityOverflowAndAMissingRankAreErrorsOnEveryRank) {
     group[0]->forward(in[0]->batch, in[0]->weights, in[0]->out_ptr(), nullptr);  // rank 1 never
     expect_check_error(*group[0], mok::ErrorCode::peer_timeout,
                        "rank 0: rank 1 did not publish its routing counts for forward 1");
+  }
+  {  // The group rebuilt on the same communicators: every rank's rows of the single GPU's output.
+    const std::vector<double> want = ep1_output(g);
+    mok::Config ok = c;
+    ok.routed_capacity_rows = 0;
+    auto group = mok::gpu::EpForward::create_group(ok, comms.comms);
+    for (int r = 0; r < ranks; ++r)
+      group[size_t(r)]->forward(in[size_t(r)]->batch, in[size_t(r)]->weights,
+                                in[size_t(r)]->out_ptr(), nullptr);
+    for (int r = 0; r < ranks; ++r) {
+      group[size_t(r)]->check(nullptr);
+      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+      EXPECT_TRUE(same_bits(in[size_t(r)]->output(), rank_rows(want, g, r, 100))) << "rank " << r;
+    }
   }
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }
