@@ -11,8 +11,10 @@
 #include <memory>
 
 #include "mok/config.hpp"
+#include "json_report.hpp"
 #include "mok/error.hpp"
 #include "run_command.hpp"
+#include "stdout_tee.hpp"
 
 #if defined(MOK_WITH_CUDA_KERNELS)
 #include <cublas_v2.h>
@@ -59,7 +61,10 @@ const char* const kBenchHelp =
     "  --stage-probes 1           EP = 1: also time the megakernel without its GEMM loads,\n"
     "                             without its MMAs, and without both (wrong outputs)\n"
     "  --sustain S                EP = 1: also run the dense GEMM, each forward and its cuBLAS\n"
-    "                             pipeline back to back for S seconds each (for nvidia-smi)\n";
+    "                             pipeline back to back for S seconds each (for nvidia-smi)\n"
+    "  --json FILE                also write every printed table (columns, rows, numbers as\n"
+    "                             printed), the notes, the command, the machine, the commit\n"
+    "                             and the date to FILE (bench/plot_bench.py draws it)\n";
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   BenchOptions o;
@@ -97,9 +102,12 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.direction = parse_choice(a, option_value(args, i), {"forward", "backward"});
     else if (a == "--stage-probes")
       o.stage_probes = parse_switch(a, option_value(args, i));
+    else if (a == "--json")
+      o.json = option_value(args, i);
     else
       throw UsageError("unknown option '" + a + "' for bench (mok bench --help lists them)");
   }
+  for (const std::string& a : args) o.command_line += (o.command_line.empty() ? "mok " : " ") + a;
   o.all_shapes = o.layer.preset.empty() && !o.layer.has_numbers();
   if (o.all_shapes && o.layer.tokens > 0)
     throw UsageError("--tokens needs a layer (--preset NAME or its numbers), not every shape");
@@ -110,6 +118,22 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   if (o.ep > 1 && o.stage_probes)
     throw UsageError("--stage-probes times the EP = 1 megakernel; drop it or use --ep 1");
   return o;
+}
+
+int bench_command_with_json(const BenchOptions& o) {
+  if (o.json.empty()) return bench_command(o);
+  require_writable(o.json, "--json");  // before any GPU work
+  StdoutTee tee;
+  const int rc = bench_command(o);
+  const std::string text = tee.finish();
+  std::string notes;
+  const std::string tables = markdown_tables_json(text, &notes);
+  write_text_file(o.json,
+                  "{\n  \"command\": " + json_string(o.command_line) + json_machine_fields() +
+                      ",\n  \"exit_code\": " + std::to_string(rc) + ",\n  \"notes\": " + notes +
+                      ",\n  \"tables\": " + tables + "\n}\n",
+                  "--json");
+  return rc;
 }
 
 #if defined(MOK_WITH_CUDA_KERNELS)

@@ -27,7 +27,12 @@ struct BenchOptions {
   int block_n = 0;             // --direction backward: its tile width (0: automatic)
   double sustain_seconds = 0;  // > 0: each shape's forward, its cuBLAS pipeline and the dense
                                // GEMM also run back to back this long (EP = 1; for nvidia-smi)
+  std::string json;            // --json FILE: every printed table as JSON too, with the machine
+  std::string command_line;    // as typed, for the JSON
 };
+
+// mok bench with --json: runs bench_command, keeps what it prints, writes the JSON.
+int bench_command_with_json(const BenchOptions& o);
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args);  // UsageError if wrong
 extern const char* const kBenchHelp;

@@ -82,7 +82,7 @@ int main(int argc, char** argv) {
         std::printf(mok::tools::kBenchHelp, mok::tools::LayerOptions::help());
         return 0;
       }
-      return mok::tools::bench_command(mok::tools::parse_bench_options(args));
+      return mok::tools::bench_command_with_json(mok::tools::parse_bench_options(args));
     }
     std::fprintf(stderr, "mok: unknown command '%s' (commands: info, run, bench; mok --help)\n",
                  command.c_str());

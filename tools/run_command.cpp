@@ -9,6 +9,7 @@
 #include <ctime>
 
 #include "gpu_forward_check.hpp"
+#include "json_report.hpp"
 #include "layer_data.hpp"
 #include "mok/build_info.hpp"
 #include "mok/ep_sim.hpp"
@@ -17,6 +18,22 @@
 #include "mok/compare.hpp"
 
 namespace mok::tools {
+
+std::string json_machine_fields(const std::string& device) {
+  const BuildInfo info = build_info();
+  const std::time_t now = std::time(nullptr);
+  char date[32];
+  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  std::string j = ",\n  \"date\": " + json_string(date);
+  j += ",\n  \"mok\": " + json_string(info.version + " (" + info.build_type + ")");
+  j += ",\n  \"commit_at_configure\": " + json_string(MOK_GIT_COMMIT);
+  j += ",\n  \"cuda\": " + json_string(info.cuda_runtime + ", driver " + info.cuda_driver);
+  j += ",\n  \"device\": " + json_string(!device.empty()     ? device
+                                         : info.gpus.empty() ? info.gpu_status
+                                                             : info.gpus[0].name);
+  const int sm_khz = info.gpus.empty() ? 0 : gpu_sm_clock_khz();
+  return j + ",\n  \"sm_clock_peak_mhz\": " + json_number(sm_khz > 0 ? sm_khz / 1000.0 : NAN);
+}
 
 const char* const kRunHelp =
     "usage: mok run [options]\n"
@@ -181,45 +198,10 @@ void line(const std::string& label, bool ok, const std::string& detail, double v
   g_checks.push_back({label, ok, value, bound, detail});
 }
 
-std::string json_string(const std::string& v) {
-  std::string out = "\"";
-  for (const char ch : v) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(ch)));
-      out += buf;
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
-
-std::string json_number(double v) {
-  if (!std::isfinite(v)) return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
-}
-
 // Every number the report printed, with the layer, the machine and the date.
 void write_json(const std::string& path, const RunOptions& o, const Config& c, int64_t T,
                 const std::string& device, bool ok) {
-  const BuildInfo info = build_info();
-  const std::time_t now = std::time(nullptr);
-  char date[32];
-  std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  std::string j = "{\n  \"command\": \"mok run\",\n  \"date\": " + json_string(date);
-  j += ",\n  \"mok\": " + json_string(info.version + " (" + info.build_type + ")");
-  j += ",\n  \"commit_at_configure\": " + json_string(MOK_GIT_COMMIT);
-  j += ",\n  \"cuda\": " + json_string(info.cuda_runtime + ", driver " + info.cuda_driver);
-  j += ",\n  \"device\": " + json_string(device);
-  int sm_khz = 0;
-  if (!info.gpus.empty()) sm_khz = gpu_sm_clock_khz();
-  j += ",\n  \"sm_clock_peak_mhz\": " + json_number(sm_khz > 0 ? sm_khz / 1000.0 : NAN);
+  std::string j = "{\n  \"command\": \"mok run\"" + json_machine_fields(device);
   j += ",\n  \"layer\": {\"name\": " + json_string(o.layer.name()) +
        ", \"hidden\": " + std::to_string(c.hidden) +
        ", \"intermediate\": " + std::to_string(c.intermediate) +
@@ -244,9 +226,7 @@ void write_json(const std::string& path, const RunOptions& o, const Config& c, i
          ", \"value\": " + json_number(m.value) + ", \"unit\": " + json_string(m.unit) + "}";
   }
   j += std::string("\n  ],\n  \"passed\": ") + (ok ? "true" : "false") + "\n}\n";
-  std::FILE* f = std::fopen(path.c_str(), "w");
-  if (!f || std::fputs(j.c_str(), f) < 0 || std::fclose(f) != 0)
-    throw Error(ErrorCode::unsupported, "--json " + path + ": cannot write the file");
+  write_text_file(path, j, "--json");
 }
 
 std::string sci(double v) {

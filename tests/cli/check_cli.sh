@@ -78,5 +78,31 @@ PY
   failures=$((failures + 1))
 fi
 rm -f "$json"
+# mok bench --json: the path is checked before any GPU work; without a GPU the bench's own error
+# and no file left behind; with one, every printed table in the JSON, numbers as numbers.
+expect 2 "^mok bench: --json needs a value$" bench --json
+expect 1 "^mok bench: unsupported: --json /nonexistent-dir/b.json: cannot write the file$" \
+  bench --preset tiny --json /nonexistent-dir/b.json
+json="$(mktemp -u)"
+if "$mok" info | grep -q "GPUs    no GPU"; then
+  expect 1 "needs a GPU" bench --preset tiny --iterations 2 --json "$json"
+  if [ -e "$json" ]; then
+    echo "FAIL: mok bench --json left $json without a GPU"
+    failures=$((failures + 1))
+  fi
+elif ! "$mok" bench --preset tiny --iterations 2 --json "$json" >/dev/null 2>&1 ||
+  ! python3 - "$json" <<'PY'; then
+import json, sys
+r = json.load(open(sys.argv[1]))
+assert r["exit_code"] == 0 and r["command"].startswith("mok bench --preset tiny"), r["command"]
+main = r["tables"][0]
+assert main["columns"][:4] == ["shape", "T", "rows/expert", "forward ms"], main["columns"]
+row = main["rows"][0]
+assert row[0] == "tiny" and row[1] == 512 and row[3] > 0, row
+PY
+  echo "FAIL: mok bench --json on the GPU"
+  failures=$((failures + 1))
+fi
+rm -f "$json"
 [ "$failures" = 0 ] && echo "all CLI checks passed"
 exit $((failures > 0))
