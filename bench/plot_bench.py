@@ -62,15 +62,14 @@ def plot(rows, title, path):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(1.9 * len(rows) + 2, 3.6))
-    width = 0.8 / len(SERIES)
-    for s, (name, colour) in enumerate(SERIES):
-        xs = [i + (s - 1.5) * width for i in range(len(rows))]
-        values = [r[2].get(name) for r in rows]
-        keep = [(x, v) for x, v in zip(xs, values) if v is not None]
-        if keep:
-            ax.bar([x for x, _ in keep], [v for _, v in keep], width, label=name, color=colour)
-    for i, (_, _, v) in enumerate(rows):
-        ax.annotate(f"{v['% of roofline']:.0f}%", (i - 1.5 * width, v["mok"]),
+    shown = [(n, c) for n, c in SERIES if any(n in r[2] for r in rows)]
+    width = 0.8 / len(shown)
+    offset = [(s - (len(shown) - 1) / 2) * width for s in range(len(shown))]
+    for s, (name, colour) in enumerate(shown):
+        keep = [(i + offset[s], r[2][name]) for i, r in enumerate(rows) if name in r[2]]
+        ax.bar([x for x, _ in keep], [v for _, v in keep], width, label=name, color=colour)
+    for i, (_, _, v) in enumerate(rows):  # mok is the first series
+        ax.annotate(f"{v['% of roofline']:.0f}%", (i + offset[0], v["mok"]),
                     ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(rows)))
     ax.set_xticklabels([f"{shape}\nT = {t}" for shape, t, _ in rows], fontsize=8)

@@ -55,3 +55,14 @@ def test_a_report_without_the_forward_table_is_refused(tmp_path):
     pb = load()
     with pytest.raises(ValueError, match="no table with the columns"):
         pb.read_bench({"tables": [{"title": "", "columns": ["shape", "T"], "rows": []}]})
+
+
+def test_reads_a_real_report():
+    """docs/data/session28/bench_qwen3-30b.json, written by `mok bench --json` on an H200
+    (s28e), whose printed row was '| qwen3-30b | 8192 | 512 | 1.323 | 467 | 59% | 0.780
+    (compute) | 59% | 192 | 2.43 | 401 | ...'."""
+    pb = load()
+    with open(ROOT / "docs" / "data" / "session28" / "bench_qwen3-30b.json") as f:
+        got = pb.read_bench(json.load(f))
+    assert got == [("qwen3-30b", 8192, {"mok": 467, "mok staged": 401, "cuBLAS unfused": 192,
+                                        "% of roofline": 59})]
