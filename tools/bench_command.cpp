@@ -24,6 +24,7 @@
 #include "bench_ceilings.hpp"
 #include "bench_ep.hpp"
 #include "bench_layer.hpp"
+#include "bench_sampled_check.hpp"
 #include "cuda_util.hpp"
 #include "kernels/moe_forward/forward_probes.hpp"
 #include "layer/layer_runner.hpp"
@@ -62,12 +63,17 @@ const char* const kBenchHelp =
     "                             without its MMAs, and without both (wrong outputs)\n"
     "  --sustain S                EP = 1: also run the dense GEMM, each forward and its cuBLAS\n"
     "                             pipeline back to back for S seconds each (for nvidia-smi)\n"
+    "  --sweep N                  N random valid shapes instead of the presets (H and I\n"
+    "                             multiples of 64 in [256, 8192], E in [8, 512], K up to 16, T\n"
+    "                             in [1, 16384], shared experts on and off), each checked on\n"
+    "                             sampled rows against the CPU reference; --seed S picks them\n"
     "  --json FILE                also write every printed table (columns, rows, numbers as\n"
     "                             printed), the notes, the command, the machine, the commit\n"
     "                             and the date to FILE (bench/plot_bench.py draws it)\n";
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   BenchOptions o;
+  bool seed_given = false;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--preset" && i + 1 < args.size() && args[i + 1] == "all") {
@@ -104,11 +110,23 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.stage_probes = parse_switch(a, option_value(args, i));
     else if (a == "--json")
       o.json = option_value(args, i);
+    else if (a == "--sweep")
+      o.sweep = int(count(1, 1000));
+    else if (a == "--seed")
+      o.seed = uint64_t(count(0, int64_t(1) << 62)), seed_given = true;
     else
       throw UsageError("unknown option '" + a + "' for bench (mok bench --help lists them)");
   }
   for (const std::string& a : args) o.command_line += (o.command_line.empty() ? "mok " : " ") + a;
   o.all_shapes = o.layer.preset.empty() && !o.layer.has_numbers();
+  if (seed_given && o.sweep == 0)
+    throw UsageError("--seed chooses --sweep's shapes; add --sweep N");
+  if (o.sweep > 0 && (!o.all_shapes || o.layer.tokens > 0))
+    throw UsageError(
+        "--sweep N draws its own shapes: drop --preset, the layer's numbers and --tokens");
+  if (o.sweep > 0 && (o.ep > 1 || o.direction != "forward" || o.layer.precision != "bf16"))
+    throw UsageError(
+        "--sweep times the BF16 forward at EP = 1: drop --ep, --direction, --precision");
   if (o.all_shapes && o.layer.tokens > 0)
     throw UsageError("--tokens needs a layer (--preset NAME or its numbers), not every shape");
   if (!o.all_shapes) o.layer.config();  // its errors now, before any GPU work
@@ -174,7 +192,8 @@ struct Row {
   int64_t tokens;
   double rows_per_expert, ms, tflops, pct_peak, bound_ms, pct_bound;
   double baseline_ms, baseline_tflops, baseline_difference;
-  double staged_tflops;  // the same GEMMs as separate launches (no dispatch/combine overlap)
+  double staged_tflops;        // the same GEMMs as separate launches (no dispatch/combine overlap)
+  double reference_error = 0;  // sampled rows against the CPU reference (bench_sampled_check)
   double staged_ms = 0, other_path_ms = 0, no_copy_ms = 0, no_combine_ms = 0,  // --breakdown
       schedule_ms = 0;
   int dispatch_ctas = 0, grid = 0;
@@ -326,6 +345,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
     return v;
   };
   r.baseline_difference = relative_l2_error(host(data.out), host(baseline_out));
+  r.reference_error = sampled_reference_error(c, data);
   const double flops = forward_flops(c, tokens);
   const double bytes =
       2.0 * (3.0 * double(E * I * H) + 3.0 * double(S * H)) + 2.0 * 2.0 * double(tokens * H);
@@ -376,6 +396,46 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   return r;
 }
 
+// Every shape's sampled rows against the reference (an error over the bound fails the bench),
+// and with --sweep issue 32's verdicts: shapes where the megakernel is slower than its staged
+// launches or the cuBLAS pipeline, the lowest % of the BF16 peak among compute-bound shapes with
+// at least 256 rows per expert, the lowest % of the roofline among weight-bound shapes. Returns
+// the number of shapes over the bound.
+int print_sweep_summary(const std::vector<Row>& rows, const BenchOptions& o) {
+  constexpr double kBound = 1e-2;  // BF16 a, y and out against FP64: a few 2^-9 steps
+  std::string over, slower_staged, slower_cublas, at_compute = "none", at_weights = "none";
+  int failures = 0;
+  double worst_compute = 1e9, worst_weights = 1e9, worst_error = 0;
+  for (const Row& r : rows) {
+    worst_error = std::max(worst_error, r.reference_error);
+    if (!(r.reference_error <= kBound)) ++failures, over += " " + r.name;
+    if (r.tflops < r.staged_tflops) slower_staged += (slower_staged.empty() ? "" : ", ") + r.name;
+    if (r.tflops < r.baseline_tflops) slower_cublas += (slower_cublas.empty() ? "" : ", ") + r.name;
+    const bool compute = std::strcmp(r.bound_by, "compute") == 0;
+    if (compute && r.rows_per_expert >= 256 && r.pct_peak < worst_compute) {
+      worst_compute = r.pct_peak;
+      at_compute = std::to_string(int(r.pct_peak + 0.5)) + "% of the BF16 peak (" + r.name + ")";
+    }
+    if (!compute && r.pct_bound < worst_weights) {
+      worst_weights = r.pct_bound;
+      at_weights = std::to_string(int(r.pct_bound + 0.5)) + "% of the roofline (" + r.name + ")";
+    }
+  }
+  if (failures > 0)
+    std::printf("\nFAIL: sampled rows differ from the reference by more than %.0e on:%s\n", kBound,
+                over.c_str());
+  if (o.sweep == 0) return failures;
+  std::printf(
+      "\nSweep of %d shapes (seed %llu): sampled rows within %.0e of the reference on %d (largest "
+      "error %.1e); the megakernel slower than its staged launches on: %s; slower than cuBLAS on: "
+      "%s; compute-bound with >= 256 rows per expert, lowest: %s; weight-bound, lowest: %s\n",
+      o.sweep, static_cast<unsigned long long>(o.seed), kBound, int(rows.size()) - failures,
+      worst_error, slower_staged.empty() ? "none" : slower_staged.c_str(),
+      slower_cublas.empty() ? "none" : slower_cublas.c_str(), at_compute.c_str(),
+      at_weights.c_str());
+  return failures;
+}
+
 }  // namespace
 
 Ceilings measure_ceilings_now() {
@@ -415,9 +475,8 @@ int bench_command(const BenchOptions& o) {
   std::printf(
       "| shape | T | rows/expert | forward ms | TFLOP/s | %% of BF16 peak | roofline ms (bound) | "
       "%% of roofline | cuBLAS unfused TFLOP/s | mok / cuBLAS | mok staged TFLOP/s | outputs "
-      "differ "
-      "by | peak TFLOP/s, HBM TB/s measured | row path "
-      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "differ by | sampled rows vs reference | peak TFLOP/s, HBM TB/s measured | row path "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<Row> rows;
   for (const auto& [name, config, tokens] : shapes) {
     const Ceilings ceil = measure_ceilings(h, o.sustain_seconds);
@@ -425,13 +484,14 @@ int bench_command(const BenchOptions& o) {
     rows.push_back(r);
     std::printf(
         "| %s | %lld | %.0f | %.3f | %.0f | %.0f%% | %.3f (%s) | %.0f%% | %.0f | %.2f | %.0f | "
-        "%.1e | %.0f, %.2f | %s |\n",
+        "%.1e | %.1e | %.0f, %.2f | %s |\n",
         r.name.c_str(), (long long)r.tokens, r.rows_per_expert, r.ms, r.tflops, r.pct_peak,
         r.bound_ms, r.bound_by, r.pct_bound, r.baseline_tflops, r.tflops / r.baseline_tflops,
-        r.staged_tflops, r.baseline_difference, ceil.bf16_tflops, ceil.hbm_tbps,
+        r.staged_tflops, r.baseline_difference, r.reference_error, ceil.bf16_tflops, ceil.hbm_tbps,
         gpu::row_path_name(r.row_path));
     std::fflush(stdout);
   }
+  const int sampled_failures = print_sweep_summary(rows, o);
   bool print_clocks = false;
   if (o.breakdown) {
     std::printf(
@@ -514,7 +574,7 @@ int bench_command(const BenchOptions& o) {
                   r.profile_other.consumer_sm_mhz, r.profile_no_copy.consumer_sm_mhz);
   }
   cublasDestroy(h);
-  return 0;
+  return sampled_failures > 0 ? 1 : 0;
 }
 
 #else

@@ -27,8 +27,10 @@ struct BenchOptions {
   int block_n = 0;             // --direction backward: its tile width (0: automatic)
   double sustain_seconds = 0;  // > 0: each shape's forward, its cuBLAS pipeline and the dense
                                // GEMM also run back to back this long (EP = 1; for nvidia-smi)
-  std::string json;            // --json FILE: every printed table as JSON too, with the machine
-  std::string command_line;    // as typed, for the JSON
+  int sweep = 0;      // > 0: that many random shapes (sweep_shapes.hpp) instead of the presets
+  uint64_t seed = 1;  // --sweep's shapes
+  std::string json;   // --json FILE: every printed table as JSON too, with the machine
+  std::string command_line;  // as typed, for the JSON
 };
 
 // mok bench with --json: runs bench_command, keeps what it prints, writes the JSON.

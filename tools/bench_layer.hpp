@@ -19,6 +19,7 @@
 #include "mok/gpu/device_layer.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/random_fill.hpp"
+#include "sweep_shapes.hpp"
 
 namespace mok::tools {
 
@@ -93,15 +94,10 @@ struct BenchLayer {
   }
 };
 
-// A shape a benchmark runs: its name in the tables, its configuration, tokens per rank.
-struct BenchShape {
-  std::string name;
-  Config config;
-  int64_t tokens = 0;
-};
-
-// Every standard shape of design.md, or the layer given (a preset or the numbers) at --tokens.
+// --sweep's random shapes, every standard shape of design.md, or the layer given (a preset or
+// the numbers) at --tokens.
 inline std::vector<BenchShape> bench_shapes(const BenchOptions& o) {
+  if (o.sweep > 0) return sweep_shapes(o.sweep, o.seed);
   if (o.all_shapes) {
     std::vector<BenchShape> all;
     for (const auto& [name, tokens] :
