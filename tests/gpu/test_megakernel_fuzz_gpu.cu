@@ -1,8 +1,9 @@
 // Fuzzing the megakernels on the device: random layers, batch sizes, routings (uniform, balanced,
 // skewed, every token to the same experts, zero weights), options and dispatch delays. The
 // forward megakernel must equal the staged forward (one launch per GEMM) and the fused backward
-// the staged backward (one launch per tile kind) bit for bit, with every output written; every
-// eighth case is also checked against the FP64 CPU reference. MOK_GPU_FUZZ_CASES cases (default
+// the staged backward (one launch per tile kind) bit for bit, the forward's output wholly
+// written; every eighth case is also checked against the FP64 CPU reference (the backward where
+// its weight gradients are FP32). MOK_GPU_FUZZ_CASES cases (default
 // 200) from a fixed seed; a failure names its case, so it can be replayed alone with
 // MOK_GPU_FUZZ_FIRST.
 #include <cstdio>
