@@ -33,6 +33,8 @@ def read_bench(report):
         columns = table["columns"]
         if all(c in columns for c in MAIN_COLUMNS):
             at = {c: columns.index(c) for c in MAIN_COLUMNS}
+            if not table["rows"]:
+                raise ValueError("the forward table has no rows")
             out = []
             for row in table["rows"]:
                 out.append((row[at["shape"]], int(row[at["T"]]), {
@@ -61,7 +63,7 @@ def plot(rows, title, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(1.9 * len(rows) + 2, 3.6))
+    fig, ax = plt.subplots(figsize=(min(1.9 * len(rows) + 2, 24), 3.6))
     shown = [(n, c) for n, c in SERIES if any(n in r[2] for r in rows)]
     width = 0.8 / len(shown)
     offset = [(s - (len(shown) - 1) / 2) * width for s in range(len(shown))]

@@ -108,9 +108,10 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
       o.direction = parse_choice(a, option_value(args, i), {"forward", "backward"});
     else if (a == "--stage-probes")
       o.stage_probes = parse_switch(a, option_value(args, i));
-    else if (a == "--json")
+    else if (a == "--json") {
       o.json = option_value(args, i);
-    else if (a == "--sweep")
+      if (o.json.empty()) throw UsageError("--json needs a file name, got ''");
+    } else if (a == "--sweep")
       o.sweep = int(count(1, 1000));
     else if (a == "--seed")
       o.seed = uint64_t(count(0, int64_t(1) << 62)), seed_given = true;
@@ -401,7 +402,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
 // launches or the cuBLAS pipeline, the lowest % of the BF16 peak among compute-bound shapes with
 // at least 256 rows per expert, the lowest % of the roofline among weight-bound shapes. Returns
 // the number of shapes over the bound.
-int print_sweep_summary(const std::vector<Row>& rows, const BenchOptions& o) {
+int report_sampled_rows_and_sweep(const std::vector<Row>& rows, const BenchOptions& o) {
   constexpr double kBound = 1e-2;  // BF16 a, y and out against FP64: a few 2^-9 steps
   std::string over, slower_staged, slower_cublas, at_compute = "none", at_weights = "none";
   int failures = 0;
@@ -421,9 +422,13 @@ int print_sweep_summary(const std::vector<Row>& rows, const BenchOptions& o) {
       at_weights = std::to_string(int(r.pct_bound + 0.5)) + "% of the roofline (" + r.name + ")";
     }
   }
-  if (failures > 0)
+  if (failures > 0) {
     std::printf("\nFAIL: sampled rows differ from the reference by more than %.0e on:%s\n", kBound,
                 over.c_str());
+    std::fprintf(stderr,
+                 "mok bench: sampled rows differ from the reference by more than %.0e on:%s\n",
+                 kBound, over.c_str());
+  }
   if (o.sweep == 0) return failures;
   std::printf(
       "\nSweep of %d shapes (seed %llu): sampled rows within %.0e of the reference on %d (largest "
@@ -491,7 +496,7 @@ int bench_command(const BenchOptions& o) {
         gpu::row_path_name(r.row_path));
     std::fflush(stdout);
   }
-  const int sampled_failures = print_sweep_summary(rows, o);
+  const int sampled_failures = report_sampled_rows_and_sweep(rows, o);
   bool print_clocks = false;
   if (o.breakdown) {
     std::printf(

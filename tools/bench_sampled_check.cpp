@@ -1,6 +1,9 @@
 #include "bench_sampled_check.hpp"
 
-#include <cstring>
+#if defined(MOK_WITH_CUDA_KERNELS)
+
+#include <algorithm>
+#include <cstddef>
 
 #include "mok/compare.hpp"
 #include "mok/formats/codecs.hpp"
@@ -44,37 +47,50 @@ double sampled_reference_error(const Config& c, const BenchLayer& data) {
   std::vector<int64_t> picks{0};
   if (T / 2 > 0) picks.push_back(T / 2);
   if (T - 1 > T / 2) picks.push_back(T - 1);
+  const size_t P = picks.size();
   ref::Rounding r;
   r.numerics = Numerics::fp32;
   r.quant = OperandQuant::bf16;
   const ref::Rounding shared_r = r.for_shared();
-  ref::PreparedMlp shared;
-  if (S > 0) shared = forward_mlp(data.sg.ptr, data.su.ptr, data.sd.ptr, 0, H, S);
-  std::vector<double> got, want;
-  for (const int64_t t : picks) {
-    const std::vector<double> x = bf16_values(data.x.ptr, t * H, H);
-    std::vector<int32_t> ids(static_cast<size_t>(K));
+  std::vector<std::vector<double>> x(P);
+  std::vector<int32_t> ids(P * size_t(K));
+  std::vector<double> weights(P * size_t(K)), y_shared(P * size_t(H), 0.0),
+      y_slots(P * size_t(K * H));
+  for (size_t p = 0; p < P; ++p) {
+    x[p] = bf16_values(data.x.ptr, picks[p] * H, H);
     std::vector<float> w(static_cast<size_t>(K));
-    cuda_ok(cudaMemcpy(ids.data(), data.ids.ptr + t * K, size_t(K) * 4, cudaMemcpyDeviceToHost),
+    cuda_ok(cudaMemcpy(&ids[p * size_t(K)], data.ids.ptr + picks[p] * K, size_t(K) * 4,
+                       cudaMemcpyDeviceToHost),
             "cudaMemcpy");
-    cuda_ok(cudaMemcpy(w.data(), data.w.ptr + t * K, size_t(K) * 4, cudaMemcpyDeviceToHost),
+    cuda_ok(cudaMemcpy(w.data(), data.w.ptr + picks[p] * K, size_t(K) * 4, cudaMemcpyDeviceToHost),
             "cudaMemcpy");
-    std::vector<double> y_shared(static_cast<size_t>(H), 0.0), y_slots(static_cast<size_t>(K * H)),
-        weights(w.begin(), w.end());
-    ref::RowForward row;
-    if (S > 0) {
-      ref::mlp_row_forward(shared, x.data(), shared_r, row);
-      y_shared = row.y;
+    std::copy(w.begin(), w.end(), weights.begin() + std::ptrdiff_t(p * size_t(K)));
+  }
+  ref::RowForward row;
+  if (S > 0) {
+    const ref::PreparedMlp shared = forward_mlp(data.sg.ptr, data.su.ptr, data.sd.ptr, 0, H, S);
+    for (size_t p = 0; p < P; ++p) {
+      ref::mlp_row_forward(shared, x[p].data(), shared_r, row);
+      std::copy(row.y.begin(), row.y.end(), y_shared.begin() + std::ptrdiff_t(p * size_t(H)));
     }
-    for (int64_t k = 0; k < K; ++k) {  // one expert's weights on the host at a time
-      const int64_t e = ids[size_t(k)];
-      const ref::PreparedMlp m = forward_mlp(data.g.ptr, data.u.ptr, data.d.ptr, e * I * H, H, I);
-      ref::mlp_row_forward(m, x.data(), r, row);
-      std::memcpy(&y_slots[size_t(k * H)], row.y.data(), size_t(H) * sizeof(double));
+  }
+  // Each expert the sampled tokens use, once: its weights on the host, then its rows.
+  std::vector<bool> done(ids.size(), false);
+  for (size_t first = 0; first < ids.size(); ++first) {
+    if (done[first]) continue;
+    const int64_t e = ids[first];
+    const ref::PreparedMlp m = forward_mlp(data.g.ptr, data.u.ptr, data.d.ptr, e * I * H, H, I);
+    for (size_t slot = first; slot < ids.size(); ++slot) {
+      if (done[slot] || ids[slot] != e) continue;
+      ref::mlp_row_forward(m, x[slot / size_t(K)].data(), r, row);
+      std::copy(row.y.begin(), row.y.end(), y_slots.begin() + std::ptrdiff_t(slot * size_t(H)));
+      done[slot] = true;
     }
-    std::vector<double> out(static_cast<size_t>(H));
-    ref::combine_rows(r, 1, H, K, y_shared.data(), y_slots.data(), weights.data(), out.data());
-    want.insert(want.end(), out.begin(), out.end());
+  }
+  std::vector<double> want(P * size_t(H)), got;
+  ref::combine_rows(r, int64_t(P), H, K, y_shared.data(), y_slots.data(), weights.data(),
+                    want.data());
+  for (const int64_t t : picks) {
     const std::vector<double> mine = bf16_values(data.out.ptr, t * H, H);
     got.insert(got.end(), mine.begin(), mine.end());
   }
@@ -82,3 +98,5 @@ double sampled_reference_error(const Config& c, const BenchLayer& data) {
 }
 
 }  // namespace mok::tools
+
+#endif  // MOK_WITH_CUDA_KERNELS

@@ -1,8 +1,10 @@
 // `mok bench`'s check of the megakernel's output against the CPU reference on sampled tokens (the
 // first, the middle and the last), feasible at any shape: only the experts those tokens use are
-// copied back and run, row by row, through the reference's own MLP row (reference/mlp_math.hpp)
-// and combine, in FP64 on the same BF16 operands.
+// copied back (each once) and run, row by row, through the reference's own MLP row
+// (reference/mlp_math.hpp) and combine on the same BF16 operands: FP64 arithmetic, FP32 storage
+// as in the reference's default.
 #pragma once
+#if defined(MOK_WITH_CUDA_KERNELS)
 #include "bench_layer.hpp"
 
 namespace mok::tools {
@@ -12,3 +14,4 @@ namespace mok::tools {
 double sampled_reference_error(const Config& c, const BenchLayer& data);
 
 }  // namespace mok::tools
+#endif  // MOK_WITH_CUDA_KERNELS

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -12,28 +13,55 @@
 
 namespace mok::tools {
 
+namespace {
+
+// The length of the valid UTF-8 sequence at s[i] (0: not one).
+size_t utf8_length(const std::string& s, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(s[k]); };
+  const unsigned char b = byte(i);
+  const size_t n = b < 0x80           ? 1
+                   : (b >> 5) == 0x6  ? 2
+                   : (b >> 4) == 0xE  ? 3
+                   : (b >> 3) == 0x1E ? 4
+                                      : 0;
+  if (n == 0 || i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k)
+    if ((byte(i + k) & 0xC0) != 0x80) return 0;
+  return n;
+}
+
+}  // namespace
+
+// Control characters and bytes that are not UTF-8 (a path in another encoding) as \u00XX, so the
+// file is always valid JSON.
 std::string json_string(const std::string& v) {
   std::string out = "\"";
-  for (const char ch : v) {
+  for (size_t i = 0; i < v.size();) {
+    const unsigned char ch = static_cast<unsigned char>(v[i]);
+    const size_t n = utf8_length(v, i);
     if (ch == '"' || ch == '\\') {
       out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      out += char(ch);
+    } else if (ch < 0x20 || n == 0) {
       char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(static_cast<unsigned char>(ch)));
+      std::snprintf(buf, sizeof buf, "\\u%04x", unsigned(ch));
       out += buf;
     } else {
-      out += ch;
+      out.append(v, i, n);
+      i += n;
+      continue;
     }
+    ++i;
   }
   return out + "\"";
 }
 
+// The shortest form that reads back as v: a printed 8.442 stays 8.442.
 std::string json_number(double v) {
   if (!std::isfinite(v)) return "null";
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
+  const std::to_chars_result r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
 }
 
 namespace {

@@ -1,6 +1,7 @@
 // What a command prints, kept as well as printed: while a StdoutTee lives, file descriptor 1 goes
 // through a pipe that a thread copies to the original stdout (so progress still shows) and into a
-// string. `mok bench --json` turns the kept text's tables into JSON.
+// string. `mok bench --json` turns the kept text's tables into JSON. SIGPIPE is ignored meanwhile
+// (a closed terminal ends the echo, not the command).
 #pragma once
 #include <string>
 #include <thread>
@@ -17,6 +18,7 @@ class StdoutTee {
 
  private:
   int saved_ = -1, read_end_ = -1;
+  void (*previous_sigpipe_)(int) = nullptr;
   std::thread reader_;
   std::string text_;
 };

@@ -1,10 +1,12 @@
 // The layers of `mok bench --sweep N`: N random valid shapes from a seed, as users bring them
 // (issue 32): H and I multiples of 64 in [256, 8192], E in [8, 512], K in [1, min(16, E)], T in
-// [1, 16384], half of them with one shared expert of a random width. The routed weights are kept
-// within a memory budget (E lowered where 3 E H I BF16 values would not fit), so every shape runs
-// beside its baselines on one GPU. The same seed gives the same shapes everywhere.
+// [1, 16384] (log-uniform, so small batches come up as often as large ones), half of them with
+// one shared expert of a random width. The routed weights are kept within a memory budget (E
+// lowered where 3 E H I BF16 values would not fit, never below 8), so every shape runs beside its
+// baselines on one GPU. The same seed gives the same shapes everywhere.
 #pragma once
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <random>
@@ -42,7 +44,8 @@ inline std::vector<BenchShape> sweep_shapes(int n, uint64_t seed,
       c.num_shared_experts = 1;
       c.shared_intermediate = int(64 * uniform(4, 128));
     }
-    const int64_t tokens = uniform(1, 16384);
+    const double log_tokens = std::uniform_real_distribution<double>(0.0, std::log(16384.0))(rng);
+    const int64_t tokens = std::clamp<int64_t>(std::llround(std::exp(log_tokens)), 1, 16384);
     c.max_tokens_per_rank = int(tokens);
     c.validate();
     char name[80];  // snprintf: GCC 12 warns falsely (-Wrestrict) on chained string additions

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -33,7 +34,7 @@ TEST(JsonReport, MarkdownTablesBecomeTablesWithTheirTitlesAndNumbers) {
       "[\n"
       "    {\"title\": \"Where the time goes (ms):\", \"columns\": [\"shape\", \"T\", \"ms\", "
       "\"share\", \"note\"], \"rows\": [\n"
-      "      [\"dsv3\", 4096, 8.4420000000000002, \"45%\", 0.0011999999999999999],\n"
+      "      [\"dsv3\", 4096, 8.442, \"45%\", 0.0012],\n"
       "      [\"fine\", 0, -0.5, \"n/a\", \"0x10\"]\n"
       "    ]},\n"
       "    {\"title\": \"after the table\", \"columns\": [\"empty\", \"table\"], \"rows\": []}\n"
@@ -42,6 +43,17 @@ TEST(JsonReport, MarkdownTablesBecomeTablesWithTheirTitlesAndNumbers) {
             "[\n    \"mok bench: on a GPU\",\n    \"Where the time goes (ms):\",\n"
             "    \"after the table\"\n  ]");
   EXPECT_EQ(markdown_tables_json("no tables\n| a row without a separator |\n", nullptr), "[]");
+}
+
+TEST(JsonReport, StringsAreAlwaysValidJson) {
+  using mok::tools::json_string;
+  EXPECT_EQ(json_string("a\"b\\c"), "\"a\\\"b\\\\c\"");
+  EXPECT_EQ(json_string("tab\there\n"), "\"tab\\u0009here\\u000a\"");
+  EXPECT_EQ(json_string("caf\xc3\xa9 \xe2\x82\xac"), "\"caf\xc3\xa9 \xe2\x82\xac\"");  // UTF-8 kept
+  EXPECT_EQ(json_string("latin\xe9 \xff"), "\"latin\\u00e9 \\u00ff\"");  // not UTF-8: escaped
+  EXPECT_EQ(json_string("cut \xe2\x82"), "\"cut \\u00e2\\u0082\"");      // a truncated sequence
+  EXPECT_EQ(mok::tools::json_number(1e-05), "1e-05");
+  EXPECT_EQ(mok::tools::json_number(NAN), "null");
 }
 
 // A bench output of an earlier session: as many tables as separator lines, every row kept.
@@ -81,7 +93,7 @@ TEST(StdoutTee, KeepsWhatIsPrintedAndStillPrintsIt) {
     mok::tools::StdoutTee tee;
     std::printf("| a | b |\n");
     std::fflush(stdout);
-    ASSERT_EQ(write(STDOUT_FILENO, "raw\n", 4), 4);
+    EXPECT_EQ(write(STDOUT_FILENO, "raw\n", 4), 4);  // no ASSERT: stdout is redirected here
     std::printf("%d rows\n", 3);
     kept = tee.finish();
   }

@@ -2,6 +2,7 @@
 // same for a seed everywhere, and both with and without shared experts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <set>
 
 #include "sweep_shapes.hpp"
@@ -39,6 +40,12 @@ TEST(SweepShapes, ValidInsideTheRangesAndTheBudget) {
     names.insert(s.name);
   }
   EXPECT_EQ(names.size(), shapes.size());
+  // The ranges' far ends come up too.
+  auto any = [&](auto pred) { return std::any_of(shapes.begin(), shapes.end(), pred); };
+  EXPECT_TRUE(any([](const auto& s) { return s.config.top_k == 16; }));
+  EXPECT_TRUE(any([](const auto& s) { return s.config.num_experts > 256; }));
+  EXPECT_TRUE(any([](const auto& s) { return s.tokens < 16; }));
+  EXPECT_TRUE(any([](const auto& s) { return s.tokens > 8192; }));
   EXPECT_GT(shared, 100);
   EXPECT_LT(shared, 300);
 }

@@ -7,6 +7,8 @@
 // partials). A rank whose dispatch stops ends in an error naming it; bad calls are refused.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -210,6 +212,14 @@ TEST(EmulatedEpBackwardGpu, AStoppedRankIsAnErrorNamingItAndBadCallsAreRefused) 
             bytes_of(global.d)};
   };
   const std::vector<std::vector<uint8_t>> healthy = backward_bits();
+  for (size_t b = 0; b < healthy.size(); ++b) {  // every element written: no all-0xFF poison
+    const size_t width = b == 0 ? 2 : 4;         // d_x is BF16, the rest FP32
+    for (size_t i = 0; i + width <= healthy[b].size(); i += width)
+      ASSERT_FALSE(std::all_of(healthy[b].begin() + std::ptrdiff_t(i),
+                               healthy[b].begin() + std::ptrdiff_t(i + width),
+                               [](uint8_t v) { return v == 0xFF; }))
+          << "buffer " << b << " unwritten at byte " << i;
+  }
   {
     mok::gpu::detail::ForwardHooks stuck;
     stuck.never_publish_block = 0;  // rank 2 never publishes its first routed row block

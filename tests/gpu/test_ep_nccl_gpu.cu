@@ -144,6 +144,10 @@ TEST(EpNcclGpu, CapacityOverflowAndAMissingRankAreErrorsOnEveryRankThenTheGroupI
     mok::Config ok = c;
     ok.routed_capacity_rows = 0;
     auto group = mok::gpu::EpForward::create_group(ok, comms.comms);
+    for (int r = 0; r < ranks; ++r) {
+      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+      ASSERT_EQ(cudaMemset(in[size_t(r)]->out.ptr, 0xFF, in[size_t(r)]->out.n * 2), cudaSuccess);
+    }
     for (int r = 0; r < ranks; ++r)
       group[size_t(r)]->forward(in[size_t(r)]->batch, in[size_t(r)]->weights,
                                 in[size_t(r)]->out_ptr(), nullptr);

@@ -254,8 +254,6 @@ TEST(MoeBackwardGpu, GraphReplayEqualsDirectRuns) {
   }
 }
 
-// NaN in one token's d_out reaches that token's d_x and router-weight gradients only (and the
-// weight gradients of the experts it was routed to).
 // A forward and backward's outputs: out as doubles and every gradient.
 struct StepOutputs {
   std::vector<double> out;
