@@ -73,11 +73,12 @@ const char* const kBenchHelp =
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   BenchOptions o;
-  bool seed_given = false;
+  bool seed_given = false, preset_all = false;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--preset" && i + 1 < args.size() && args[i + 1] == "all") {
       ++i;
+      preset_all = true;
       continue;
     }
     if (o.layer.take(args, i)) continue;
@@ -118,11 +119,12 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     else
       throw UsageError("unknown option '" + a + "' for bench (mok bench --help lists them)");
   }
+  // The arguments joined by spaces (not quoted for a shell).
   for (const std::string& a : args) o.command_line += (o.command_line.empty() ? "mok " : " ") + a;
   o.all_shapes = o.layer.preset.empty() && !o.layer.has_numbers();
   if (seed_given && o.sweep == 0)
     throw UsageError("--seed chooses --sweep's shapes; add --sweep N");
-  if (o.sweep > 0 && (!o.all_shapes || o.layer.tokens > 0))
+  if (o.sweep > 0 && (preset_all || !o.all_shapes || o.layer.tokens > 0))
     throw UsageError(
         "--sweep N draws its own shapes: drop --preset, the layer's numbers and --tokens");
   if (o.sweep > 0 && (o.ep > 1 || o.direction != "forward" || o.layer.precision != "bf16"))

@@ -82,6 +82,7 @@ rm -f "$json"
 expect 2 "^mok bench: --sweep 0: expected an integer in \[1, 1000\]$" bench --sweep 0
 expect 2 "^mok bench: --seed chooses --sweep's shapes; add --sweep N$" bench --seed 3
 expect 2 "^mok bench: --sweep N draws its own shapes" bench --sweep 3 --preset fine
+expect 2 "^mok bench: --sweep N draws its own shapes" bench --preset all --sweep 3
 expect 2 "^mok bench: --sweep times the BF16 forward at EP = 1" bench --sweep 3 --ep 2
 if "$mok" info | grep -q "GPUs    no GPU"; then
   expect 1 "needs a .*GPU" bench --sweep 2 --seed 5
