@@ -1,4 +1,4 @@
-// The `mok` command line: info, run, bench. Usage errors are one line and exit 2, runtime
+// The `mok` command line: info, run, bench, trace. Usage errors are one line and exit 2, runtime
 // failures exit 1.
 #include <cstdio>
 #include <cstring>
@@ -10,6 +10,7 @@
 #include "mok/error.hpp"
 #include "bench_command.hpp"
 #include "run_command.hpp"
+#include "trace_command.hpp"
 
 namespace {
 
@@ -20,6 +21,7 @@ const char* kUsage =
     "  info      build type, CUDA and NCCL versions, GPUs seen\n"
     "  run       a verified MoE layer forward and backward, timed (mok run --help)\n"
     "  bench     the GPU forward or backward timed beside its baselines (mok bench --help)\n"
+    "  trace     the forward megakernel's in-kernel timeline (mok trace --help)\n"
     "  --version the version\n";
 
 bool asks_for_help(const std::vector<std::string>& args) {
@@ -84,7 +86,15 @@ int main(int argc, char** argv) {
       }
       return mok::tools::bench_command_with_json(mok::tools::parse_bench_options(args));
     }
-    std::fprintf(stderr, "mok: unknown command '%s' (commands: info, run, bench; mok --help)\n",
+    if (command == "trace") {
+      if (asks_for_help(args)) {
+        std::printf(mok::tools::kTraceHelp, mok::tools::LayerOptions::help());
+        return 0;
+      }
+      return mok::tools::trace_command(mok::tools::parse_trace_options(args));
+    }
+    std::fprintf(stderr,
+                 "mok: unknown command '%s' (commands: info, run, bench, trace; mok --help)\n",
                  command.c_str());
     return 2;
   } catch (const mok::tools::UsageError& e) {

@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "kernels/moe_forward/forward_params.hpp"
 
@@ -41,6 +42,9 @@ struct ForwardHooks {
   bool schedule_only = false;
   // Benchmarks: time every role's waits (same output; a few clock reads per tile).
   bool wait_times = false;
+  // mok trace: the timeline of each forward (kern::trace_event), up to this many events (0: off;
+  // the same output). Its kernels are a probe set's (kernels = &kern::probe_forward_kernels()).
+  int64_t trace_events = 0;
   // The instantiations to run; nullptr: kern::production_forward_kernels().
   const kern::ForwardKernels* kernels = nullptr;
 
@@ -50,7 +54,7 @@ struct ForwardHooks {
   }
   int probe() const {
     return (without_gemm_loads ? kern::kProbeNoGemmLoads : 0) |
-           (without_mma ? kern::kProbeNoMma : 0);
+           (without_mma ? kern::kProbeNoMma : 0) | (trace_events > 0 ? kern::kProbeTrace : 0);
   }
 };
 
@@ -74,6 +78,15 @@ struct ForwardProfile {
   double combine_total = 0;           //   ... first token to the empty queue
   int dispatch_ctas_joined = 0;       // dispatch CTAs that ran the GEMM roles after dispatch
 };
+
+// One event of the timeline (kern::TraceRole), times from the GPU's global timer in ns.
+struct TraceEvent {
+  uint64_t start_ns = 0, end_ns = 0;
+  int role = 0, rank = 0, sm = 0;
+  int64_t what = 0;  // the tile, the dispatch CTA, the combine warp's token count
+};
+// The events of `words` (trace[1..] of kern::trace_event's layout), `events` of them.
+std::vector<TraceEvent> decode_trace(const std::vector<unsigned long long>& words, int64_t events);
 
 // The wait profile of the last backward of a MoeBackward built with wait_times (its roles read
 // as the backward's: dgrad-down producers wait for dispatch, dgrad-gate/up and wgrad producers

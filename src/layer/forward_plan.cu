@@ -117,8 +117,9 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
           name + ": the stage probes and the dispatch-copy probe run bf16 forwards only");
   plan.kernel.group = plan.ranks_in_launch > 1;
   plan.kernels = h.kernels ? h.kernels : &kern::production_forward_kernels();
-  require(plan.kernel.probe == 0 || plan.kernel.block_n == 256, ErrorCode::invalid_argument,
-          name + ": the stage probes are built for block_n 256 only");
+  require(plan.kernel.probe == 0 || plan.kernel.probe == kern::kProbeTrace ||
+              plan.kernel.block_n == 256,
+          ErrorCode::invalid_argument, name + ": the stage probes are built for block_n 256 only");
   require(plan.kernel.probe == 0 || h.kernels != nullptr, ErrorCode::invalid_argument,
           name + ": a stage probe needs the probe kernels (ForwardHooks::kernels)");
   plan.group_blocks = o.overlap_rows == 0 ? sched::kTileGroupRows : int(o.overlap_rows / kTileRows);

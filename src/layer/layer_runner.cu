@@ -1,5 +1,6 @@
 #include "layer/layer_runner.hpp"
 
+#include <algorithm>
 #include <type_traits>
 
 #include "mok/error.hpp"
@@ -18,11 +19,18 @@ LayerRunner::LayerRunner(const Config& c, const ForwardOptions& o, const Forward
   for (auto& r : ranks_)
     r.allocate(
         c, {.timings = h.wait_times, .y_slots = y_slots, .random_ring = h.without_dispatch_copy});
+  require(h.trace_events >= 0 && h.trace_events <= (int64_t(1) << 28), ErrorCode::invalid_argument,
+          std::string(who) + ": trace_events " + std::to_string(h.trace_events) +
+              ": allowed 0 (no timeline) to 2^28");
+  if (h.trace_events > 0)
+    trace_ = device_alloc<unsigned long long>(size_t(1 + 3 * h.trace_events),
+                                              "cudaMalloc (the timeline)");
 }
 
 LayerRunner::~LayerRunner() {
   for (auto& r : ranks_) r.release();
   cudaFree(group_shares_);
+  cudaFree(trace_);
 }
 
 int LayerRunner::ep_rank(int r) const {
@@ -75,6 +83,8 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
     l.ranks[i].maps = rank_maps(w, config_, call.batch, call.weights, a, plan_.kernel.block_n);
     l.ranks[i].params = rank_params(w, s, a, config_, call.batch, call.weights, call.out, plan_,
                                     hooks_, ep_rank(r), ranks_[0].aborted);
+    l.ranks[i].params.trace = trace_;  // every rank's events in one buffer
+    l.ranks[i].params.trace_capacity = hooks_.trace_events;
   }
   for (int r = 0; r < n; ++r)  // every rank reaches every other rank's buffers
     for (int q = 0; q < n; ++q) {
@@ -102,6 +112,8 @@ void LayerRunner::launch(const Launch& l, cudaStream_t stream, const char* what)
     check_cuda(kern::launch_group_copies(l.ranks.data(), params, stream),
                "copying the group's launch parameters");
   }
+  if (trace_)
+    check_cuda(cudaMemsetAsync(trace_, 0, sizeof(unsigned long long), stream), "cudaMemsetAsync");
   check_cuda(kern::launch_row_destinations(params, plan_.grid, stream),
              "the row-destination kernel");
   check_cuda(plan_.kernels->launch(params, l.kernel, plan_.grid, stream), what);
@@ -137,6 +149,36 @@ ForwardProfile LayerRunner::profile(cudaStream_t stream) const {
           who_ + ": the profile needs a forward constructed with ForwardHooks::wait_times");
   return read_profile(ranks_[0].timings, plan_.grid / plan_.ranks_in_launch, plan_.dispatch_ctas,
                       stream);
+}
+
+std::vector<TraceEvent> LayerRunner::trace(cudaStream_t stream, int64_t* claimed) const {
+  require(trace_ != nullptr, ErrorCode::invalid_argument,
+          who_ + ": the timeline needs a forward constructed with ForwardHooks::trace_events");
+  unsigned long long count = 0;
+  check_cuda(cudaMemcpyAsync(&count, trace_, sizeof count, cudaMemcpyDeviceToHost, stream),
+             "cudaMemcpyAsync");
+  check_cuda(cudaStreamSynchronize(stream), "the forward");
+  const int64_t kept = std::min<int64_t>(int64_t(count), hooks_.trace_events);
+  std::vector<unsigned long long> words(size_t(3 * kept));
+  check_cuda(cudaMemcpy(words.data(), trace_ + 1, words.size() * sizeof(unsigned long long),
+                        cudaMemcpyDeviceToHost),
+             "cudaMemcpy");
+  if (claimed) *claimed = int64_t(count);
+  return decode_trace(words, kept);
+}
+
+std::vector<TraceEvent> decode_trace(const std::vector<unsigned long long>& words, int64_t events) {
+  std::vector<TraceEvent> out(static_cast<size_t>(events));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const unsigned long long packed = words[3 * i + 2];
+    out[i] = {words[3 * i],
+              words[3 * i + 1],
+              int(packed >> 56),
+              int((packed >> 48) & 0xFF),
+              int((packed >> 32) & 0xFFFF),
+              int64_t(uint32_t(packed))};
+  }
+  return out;
 }
 
 }  // namespace mok::gpu::detail

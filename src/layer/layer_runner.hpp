@@ -60,6 +60,9 @@ class LayerRunner {
              const std::function<void(const Status&)>& on_status = nullptr) const;
   // After the stream has finished; throws unless planned with ForwardHooks::wait_times.
   ForwardProfile profile(cudaStream_t stream) const;
+  // The last forward's timeline (ForwardHooks::trace_events; synchronises `stream`). `claimed`:
+  // the events the kernel tried to record (more than returned when the buffer was too small).
+  std::vector<TraceEvent> trace(cudaStream_t stream, int64_t* claimed = nullptr) const;
 
  private:
   int ep_rank(int r) const;
@@ -70,6 +73,7 @@ class LayerRunner {
   std::vector<RankBuffers> ranks_;            // an emulated group's aborted flag: ranks_[0].aborted
   kern::RankLaunch* group_shares_ = nullptr;  // an emulated group: the shares in device memory
   const RankSchedule* last_schedule_ = nullptr;  // rank 0's, of the last forward
+  unsigned long long* trace_ = nullptr;          // ForwardHooks::trace_events: every rank's
 };
 
 }  // namespace mok::gpu::detail

@@ -113,5 +113,26 @@ PY
   failures=$((failures + 1))
 fi
 rm -f "$json"
+# mok trace: its own options, checked before any GPU work; on a GPU a Chrome trace with every role.
+expect 0 "^usage: mok trace \[options\]$" trace --help
+expect 2 "^mok trace: --events 0: expected an integer in \[1, 268435456\]$" trace --events 0
+expect 2 "^mok trace: --precision fp8_block: mok trace times the BF16 forward$" \
+  trace --precision fp8_block
+expect 2 "^mok trace: unknown option '--ep' for trace" trace --ep 2
+expect 2 "^mok trace: --out needs a file name, got ''$" trace --out ""
+trace="$(mktemp -u).json"
+if "$mok" info | grep -q "GPUs    no GPU"; then
+  expect 1 "needs a .*GPU" trace --preset tiny --out "$trace"
+elif ! "$mok" trace --preset tiny --out "$trace" >/dev/null 2>&1 ||
+  ! python3 - "$trace" <<'PY'; then
+import json, sys
+events = json.load(open(sys.argv[1]))["traceEvents"]
+roles = {e["name"].rsplit(" ", 1)[0] for e in events if e["ph"] == "X"}
+assert {"producer", "consumer 0", "consumer 1", "combine"} <= roles, roles
+PY
+  echo "FAIL: mok trace on the GPU"
+  failures=$((failures + 1))
+fi
+rm -f "$trace"
 [ "$failures" = 0 ] && echo "all CLI checks passed"
 exit $((failures > 0))

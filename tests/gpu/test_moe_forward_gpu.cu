@@ -236,6 +236,62 @@ TEST(MoeForwardGpu, StageProbesKeepEveryHandOff) {
   EXPECT_THROW(MoeForward(c, narrow_tiles, probe), mok::Error);
 }
 
+// The timeline's kernels (ForwardHooks::trace_events, `mok trace`) give the production kernels'
+// bits, and record every role: a producer event per GEMM tile, a consumer event per warpgroup and
+// tile it multiplies, a combine event per warp that reduced tokens (their counts add up to T), a
+// dispatch event per dispatch CTA on the copy path; too small a buffer keeps its capacity's events
+// and counts the rest.
+TEST(MoeForwardGpu, TimelineRecordsEveryRoleAndChangesNoBit) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset("tiny");
+  const mok::LayerParams p = mok::tools::random_params(c, 40);
+  const GpuLayer layer(p);
+  const mok::Batch b = mok::tools::random_batch(c, 500, 41);
+  for (const int block_n : {128, 256})
+    for (RowPath path : {RowPath::dispatch_copy, RowPath::producer_gather}) {
+      SCOPED_TRACE(std::to_string(block_n) + " wide, " + mok::gpu::row_path_name(path));
+      ForwardOptions o;
+      o.row_path = path;
+      o.block_n = block_n;
+      MoeForward plain(c, o);
+      ForwardHooks h;
+      h.trace_events = 1 << 16;
+      h.kernels = &mok::kern::probe_forward_kernels();
+      MoeForward traced(c, o, h);
+      EXPECT_TRUE(same_bits(gpu_forward(traced, c, layer, b), gpu_forward(plain, c, layer, b)));
+      int64_t claimed = 0;
+      const auto events = traced.runner().trace(nullptr, &claimed);
+      ASSERT_EQ(int64_t(events.size()), claimed);
+      int64_t per_role[5] = {}, tokens = 0;
+      for (const auto& e : events) {
+        ASSERT_GE(e.role, 0);
+        ASSERT_LT(e.role, 5);
+        ASSERT_LE(e.start_ns, e.end_ns);
+        ASSERT_EQ(e.rank, 0);
+        ++per_role[e.role];
+        if (e.role == mok::kern::kTraceCombine) tokens += e.what;
+      }
+      EXPECT_GT(per_role[mok::kern::kTraceProducer], 0);
+      // Consumers skip their half of a tile that holds no row there (all padding).
+      EXPECT_GT(per_role[mok::kern::kTraceConsumer0], 0);
+      EXPECT_LE(per_role[mok::kern::kTraceConsumer0], per_role[mok::kern::kTraceProducer]);
+      EXPECT_GT(per_role[mok::kern::kTraceConsumer1], 0);
+      EXPECT_EQ(tokens, b.tokens);
+      EXPECT_EQ(per_role[mok::kern::kTraceDispatch] > 0, path == RowPath::dispatch_copy);
+    }
+  ForwardHooks small;
+  small.trace_events = 5;
+  small.kernels = &mok::kern::probe_forward_kernels();
+  MoeForward f(c, {}, small);
+  gpu_forward(f, c, layer, b);
+  int64_t claimed = 0;
+  EXPECT_EQ(f.runner().trace(nullptr, &claimed).size(), 5u);
+  EXPECT_GT(claimed, 5);
+  ForwardHooks without_kernels;
+  without_kernels.trace_events = 16;  // no probe set given
+  EXPECT_THROW(MoeForward(c, {}, without_kernels), mok::Error);
+}
+
 // automatic: the producers gather, unless an option or hook needs the dispatch role or rows per
 // expert x I reach 128 x 2048 (detail::copy_rows_pays_off).
 TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {

@@ -47,6 +47,13 @@ __device__ __forceinline__ uint64_t global_ns() {
   return t;
 }
 
+// The SM this thread runs on.
+__device__ __forceinline__ uint32_t sm_id() {
+  uint32_t id;
+  asm volatile("mov.u32 %0, %%smid;" : "=r"(id));
+  return id;
+}
+
 // ---- Flags in global memory: counters with release increments and acquire reads ---------------
 __device__ __forceinline__ uint32_t load_acquire_gpu(const uint32_t* p) {
   uint32_t v;

@@ -186,6 +186,7 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
       timer.flush(p);
       return;
     }
+    if (leader) trace_start<Program::kTrace>(kTraceProducer);
     const typename Program::Work w = tiles.at(t, p);
     const typename Program::Inputs in = Program::inputs(maps, p, tiles, w);
     bool ok = true;  // a failed wait ends the warp (lanes stay converged for the shuffles); the
@@ -236,6 +237,7 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
       dev::mbar_arrive_expect_tx(bar, Program::stage_bytes(in, a_top_only, kb));
       Program::load_stage(in, ring.a(cursor.stage), ring.b(cursor.stage), bar, kb, a_top_only);
     }
+    if (leader && ok) trace_event<Program::kTrace>(p, kTraceProducer, t, kTraceProducer);
     if (!__all_sync(0xFFFFFFFFu, ok)) return;
   }
 }
@@ -305,6 +307,7 @@ __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
       times.finish(p);
       return true;
     }
+    if (threadIdx.x % 128 == 0) trace_start<Program::kTrace>(kTraceConsumer0 + wg);
     const typename Program::Work w = tiles.at(t, p);
     int row0 = int(w.m_block * kBlockM + wg * 64);
     if (Program::all_padding(p, w, row0)) {
@@ -329,6 +332,8 @@ __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
     const uint64_t epilogue_since = times.timer.now();
     Program::epilogue(p, w, d, row0, wg, prefetch, owed, times.timer, ring, cursor);
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);
+    if (threadIdx.x % 128 == 0)
+      trace_event<Program::kTrace>(p, kTraceConsumer0 + wg, t, kTraceConsumer0 + wg);
   }
 }
 
@@ -357,7 +362,9 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
     // for the combine. It claims tiles from the same counter, so the tile order's deadlock
     // argument holds; dispatch itself never waits on this CTA. A dispatch whose wait expired has
     // recorded the fault: the CTA stops.
+    if (threadIdx.x == 0) trace_start<Program::kTrace>(kTraceDispatch);
     if (!Program::dispatch(p, cta, p.dispatch_ctas)) return;
+    if (threadIdx.x == 0) trace_event<Program::kTrace>(p, kTraceDispatch, cta, kTraceDispatch);
     if (p.timings && threadIdx.x == 0) atomicAdd(p.timings + Program::kDispatchJoinedSlot, 1ull);
   }
   extern __shared__ uint8_t smem_raw[];

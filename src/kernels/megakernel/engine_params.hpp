@@ -1,6 +1,7 @@
-// What the megakernel engine shares with the host, whatever tile program it runs: fault records
-// and the timing slots its own roles fill.
+// What the megakernel engine shares with the host, whatever tile program it runs: fault records,
+// the timing slots its own roles fill and the timeline's roles.
 #pragma once
+#include <cstdint>
 
 namespace mok::kern {
 
@@ -23,6 +24,19 @@ enum EngineTiming : int {
   kTimeConsumerTotal = 5,         // consumer warpgroups from their first tile to their last
   kTimeConsumerCycles = 6,        // SM clock cycles (clock64), not ns, over kTimeConsumerTotal's
   kEngineTimes = 7,
+};
+
+// A role's piece of work as one event: [start, end] from the global timer, the role, the rank,
+// the SM and what it worked on (a tile, a dispatch CTA, a combine warp). trace[0] counts the
+// events claimed; event i is trace[1 + 3i ..]; those past the capacity are counted, not written.
+// (Host and device: the recorder is waits.cuh's trace_event, the reader LayerRunner::trace.)
+enum TraceRole : uint32_t {
+  kTraceProducer,   // a GEMM tile's loads issued (its claim to its last k-block)
+  kTraceConsumer0,  // a GEMM tile's mainloop and epilogue, consumer warpgroup 0
+  kTraceConsumer1,  //   ... warpgroup 1
+  kTraceDispatch,   // a dispatch CTA's rows (its whole dispatch)
+  kTraceCombine,    // a combine warp's tokens (its first claim to the empty queue)
+  kTraceRoles
 };
 
 }  // namespace mok::kern

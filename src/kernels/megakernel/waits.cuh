@@ -1,6 +1,6 @@
-// The engine's bounded waits, fault records and role timers, which every role uses (the row movers
-// too, without the GEMM pipeline). Params provide aborted, wait_cycles, fault->records and
-// timings.
+// The engine's bounded waits, fault records, role timers and timeline events, which every role
+// uses (the row movers too, without the GEMM pipeline). Params provide aborted, wait_cycles,
+// fault->records, timings and trace.
 #pragma once
 #include <cstdint>
 
@@ -57,5 +57,34 @@ struct RoleTimer {
       if (sums[i]) atomicAdd(p.timings + i, static_cast<unsigned long long>(sums[i]));
   }
 };
+
+// ---- The timeline (Params: trace, trace_capacity; `mok trace`)
+
+// Compiled only into the timeline's own instantiations (kTrace: forward_params.hpp's
+// kProbeTrace), so the production kernels carry none of it. A role's start time waits in shared
+// memory, one slot per participant: kTraceProducer, kTraceConsumer0 + warpgroup, kTraceDispatch,
+// kTraceCombine + consumer warp.
+constexpr int kTraceSlots = kTraceCombine + 8;
+__device__ __forceinline__ uint64_t* trace_slots() {
+  __shared__ uint64_t slots[kTraceSlots];
+  return slots;
+}
+template <bool kTrace>
+__device__ __forceinline__ void trace_start(int slot) {
+  if constexpr (kTrace) trace_slots()[slot] = dev::global_ns();
+}
+template <bool kTrace, class P>
+__device__ __forceinline__ void trace_event(const P& p, uint32_t role, int64_t what, int slot) {
+  if constexpr (kTrace) {
+    const uint64_t end = dev::global_ns();
+    const unsigned long long i = atomicAdd(p.trace, 1ull);
+    if (i >= static_cast<unsigned long long>(p.trace_capacity)) return;
+    unsigned long long* e = p.trace + 1 + 3 * i;
+    e[0] = trace_slots()[slot];
+    e[1] = end;
+    e[2] = uint64_t(role) << 56 | uint64_t(uint32_t(p.ep_rank) & 0xFFu) << 48 |
+           uint64_t(dev::sm_id() & 0xFFFFu) << 32 | uint32_t(what);
+  }
+}
 
 }  // namespace mok::kern

@@ -361,7 +361,7 @@ struct BackwardProgram {
   using Prefetch = DownRows;
   using Owed = BackwardOwed;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr bool kMultiply = true, kLoads = true;
+  static constexpr bool kMultiply = true, kLoads = true, kTrace = false;
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
   static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
   static constexpr bool kClaimAhead = true;  // most tiles are short weight-gradient tiles

@@ -98,7 +98,7 @@ __device__ __forceinline__ void reduce_token(const ForwardParams& p, int64_t t, 
 
 // Run by the consumer warps (200 registers) after their last tile: two column groups per lane per
 // step where K <= 8.
-template <int kBlockN, class Sums = ForwardCombineSums>
+template <int kBlockN, class Sums = ForwardCombineSums, bool kTrace = false>
 __device__ __forceinline__ void combine_role(const ForwardParams& p) {
   if (p.profile_flags & kProfileNoCombine) return;
   const int lane = threadIdx.x % 32;
@@ -108,6 +108,9 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
   RoleTimer<kForwardTimes> timer(p);  // lane 0 reports
   timer.on = timer.on && lane == 0;
   const uint64_t start = timer.now();
+  const int trace_slot = kTraceCombine + int(threadIdx.x / 32) % 8;  // a consumer warp's
+  if (lane == 0) trace_start<kTrace>(trace_slot);
+  int reduced = 0;  // tokens, for the timeline
   int64_t t = 0;
   if (lane == 0) t = atomicAdd(p.combine_next, 1u);
   t = __shfl_sync(0xFFFFFFFFu, t, 0);
@@ -115,6 +118,7 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
     if (t >= p.tokens) {
       timer.add(kTimeCombineTotal, start);
       timer.flush(p);
+      if (lane == 0 && reduced > 0) trace_event<kTrace>(p, kTraceCombine, reduced, trace_slot);
       return;
     }
     // The next token is claimed now and read after this one: the atomic's round trip overlaps
@@ -142,6 +146,7 @@ __device__ __forceinline__ void combine_role(const ForwardParams& p) {
         reinterpret_cast<uint4*>(Sums::out(p) + t * p.hidden)[v] = pack8(nans);
     }
     Sums::finish(p, t, lane, ok);
+    ++reduced;
     t = __shfl_sync(0xFFFFFFFFu, next, 0);
   }
 }

@@ -122,6 +122,8 @@ struct ForwardParams {
   int never_count_tokens;
   int profile_flags;  // benchmarks only (kProfile*): drop a stage to measure what it costs
   unsigned long long* timings;  // benchmarks only: [kForwardTimings] ns, or nullptr
+  unsigned long long* trace;    // mok trace: the timeline (waits.cuh), or nullptr
+  long long trace_capacity;     // events
 };
 
 // Where the forward's own roles' time goes (benchmarks), after the engine's slots.
@@ -146,8 +148,9 @@ constexpr int kProfileNoDispatchCopy = 1, kProfileNoCombine = 2;
 // the production code runs, a run-time branch around the loads or the MMAs made ptxas spill ~900
 // bytes. kProbeNoGemmLoads: the producer arrives on each stage without loading it (the consumers
 // multiply what the ring holds); kProbeNoMma: the consumers pass each stage on and store zeros.
-// Every wait and hand-off stays.
-constexpr int kProbeNoGemmLoads = 1, kProbeNoMma = 2;
+// Every wait and hand-off stays. kProbeTrace: the production code with the timeline recorded
+// (kern::trace_event; `mok trace`), which the production kernels do not carry at all.
+constexpr int kProbeNoGemmLoads = 1, kProbeNoMma = 2, kProbeTrace = 4;
 
 // Which instantiation of the megakernel runs: tile width 128 or 256, whether one wgmma group stays
 // in flight across k-blocks (mma_tile; chosen with the dispatch copy, where the rows come by TMA),

@@ -165,6 +165,7 @@ struct ForwardProgram {
   static constexpr bool kMmaInFlight = kMmaInFlight_;
   static constexpr bool kMultiply = !(kProbe & kProbeNoMma);
   static constexpr bool kLoads = !(kProbe & kProbeNoGemmLoads);
+  static constexpr bool kTrace = (kProbe & kProbeTrace) != 0;
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
   static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
   static constexpr bool kClaimAhead = false, kStoreWarp = false;
@@ -175,7 +176,9 @@ struct ForwardProgram {
                                     ForwardDispatchRows<kBlockN>>;
     return !batch_ok(p) || dispatch_role<kBlockN, Rows>(p, cta, ctas);
   }
-  __device__ static void combine(const Params& p) { combine_role<kBlockN>(p); }
+  __device__ static void combine(const Params& p) {
+    combine_role<kBlockN, ForwardCombineSums, kTrace>(p);
+  }
 
   // The producer warpgroup gathers routed gate/up rows (cp.async into the swizzled stage): this
   // rank's from x, peers' (EP > 1) from the token ring, where the dispatch CTAs copied them.

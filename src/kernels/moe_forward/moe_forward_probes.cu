@@ -1,6 +1,8 @@
 // The benchmarks' stage probes (kProbe*): the megakernel without its GEMM loads, without its MMAs,
-// or without both, for 256-wide tiles with either mainloop. Linked only into the tools that use
-// them (the CLI's bench, the probe test), never into the library.
+// or without both, for 256-wide tiles with either mainloop; and the timeline's kernels
+// (kProbeTrace: the production code recording kern::trace_event, 128- and 256-wide tiles). Linked
+// only into the tools that use them (the CLI's bench and trace, the probe test), never into the
+// library.
 #include "kernels/moe_forward/forward_kernel.cuh"
 #include "kernels/moe_forward/forward_probes.hpp"
 
@@ -16,7 +18,16 @@ void with_probe(bool mma_in_flight, F&& f) {
 struct Probes {
   template <class F>
   static bool with_variant(const ForwardKernel& k, F&& f) {
-    if (k.block_n != 256 || k.keep_gate_up || k.group) return false;
+    if (k.keep_gate_up || k.group || k.fp8_block) return false;
+    if (k.probe == kProbeTrace) {
+      if (k.block_n == 128)
+        k.mma_in_flight ? f(ForwardVariant<128, true, false, kProbeTrace>{})
+                        : f(ForwardVariant<128, false, false, kProbeTrace>{});
+      else
+        with_probe<kProbeTrace>(k.mma_in_flight, f);
+      return true;
+    }
+    if (k.block_n != 256) return false;
     switch (k.probe) {
       case kProbeNoGemmLoads:
         with_probe<kProbeNoGemmLoads>(k.mma_in_flight, f);

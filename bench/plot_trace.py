@@ -1,0 +1,81 @@
+"""The timeline of `mok trace` as a PNG: one row per track (an SM's producer, consumer
+warpgroups, dispatch and combine, per rank), one bar per event, coloured by role:
+
+  python3 bench/plot_trace.py mok_trace.json -o mok_trace.png
+
+Reads the Chrome / Perfetto trace that `mok trace --out FILE` writes (it opens in
+ui.perfetto.dev or chrome://tracing as it is).
+"""
+import argparse
+import json
+import sys
+
+COLOURS = {"producer": "#9467bd", "consumer 0": "#1f77b4", "consumer 1": "#17becf",
+           "dispatch": "#ff7f0e", "combine": "#2ca02c"}
+
+
+def role_of(name):
+    """'consumer 0 1234' -> 'consumer 0' (the event's name is its role and what it worked on)."""
+    for role in COLOURS:
+        if name.startswith(role + " "):
+            return role
+    return name.rsplit(" ", 1)[0]
+
+
+def read_trace(trace):
+    """{(pid, tid): [(start_us, duration_us, role)]} and the tracks' names."""
+    tracks, names = {}, {}
+    for e in trace["traceEvents"]:
+        key = (e["pid"], e["tid"])
+        if e["ph"] == "M" and e["name"] == "thread_name":
+            names[key] = e["args"]["name"]
+        elif e["ph"] == "X":
+            tracks.setdefault(key, []).append((e["ts"], e["dur"], role_of(e["name"])))
+    if not tracks:
+        raise ValueError("no events in the trace")
+    return tracks, names
+
+
+def plot(tracks, names, title, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    keys = sorted(tracks)
+    fig, ax = plt.subplots(figsize=(12, min(0.06 * len(keys) + 1.5, 40)))
+    for row, key in enumerate(keys):
+        for role in COLOURS:
+            bars = [(s, d) for s, d, r in tracks[key] if r == role]
+            if bars:
+                ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=COLOURS[role], linewidth=0)
+    ax.set_ylim(-1, len(keys))
+    ax.invert_yaxis()
+    step = max(1, len(keys) // 40)
+    ax.set_yticks(range(0, len(keys), step))
+    ax.set_yticklabels([f"rank {keys[i][0]} {names.get(keys[i], keys[i][1])}"
+                        for i in range(0, len(keys), step)], fontsize=6)
+    ax.set_xlabel("microseconds from the first event")
+    ax.set_title(title, fontsize=9)
+    handles = [matplotlib.patches.Patch(color=c, label=r) for r, c in COLOURS.items()]
+    ax.legend(handles=handles, fontsize=7, loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("trace", help="`mok trace --out` file")
+    ap.add_argument("-o", "--output", required=True, help="PNG to write")
+    ap.add_argument("--title", default="mok forward: the in-kernel timeline")
+    args = ap.parse_args(argv)
+    with open(args.trace) as f:
+        tracks, names = read_trace(json.load(f))
+    events = sum(len(v) for v in tracks.values())
+    plot(tracks, names, args.title, args.output)
+    print(f"wrote {args.output}: {len(tracks)} tracks, {events} events")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

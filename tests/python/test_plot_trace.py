@@ -1,0 +1,47 @@
+"""bench/plot_trace.py on a trace in the form `mok trace --out` writes: events grouped by track,
+roles read from the event names, metadata names kept, a PNG."""
+import importlib.util
+import json
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def load():
+    spec = importlib.util.spec_from_file_location("plot_trace", ROOT / "bench" / "plot_trace.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+TRACE = {"displayTimeUnit": "ns", "traceEvents": [
+    {"name": "consumer 0 7", "ph": "X", "pid": 0, "tid": 1, "ts": 0.5, "dur": 2.0,
+     "args": {"what": 7}},
+    {"name": "consumer 0 8", "ph": "X", "pid": 0, "tid": 1, "ts": 4.5, "dur": 4.0,
+     "args": {"what": 8}},
+    {"name": "dispatch 0", "ph": "X", "pid": 0, "tid": 19, "ts": 0.0, "dur": 1.0,
+     "args": {"what": 0}},
+    {"name": "thread_name", "ph": "M", "pid": 0, "tid": 1, "args": {"name": "SM 0 consumer 0"}},
+    {"name": "thread_name", "ph": "M", "pid": 0, "tid": 19, "args": {"name": "SM 2 dispatch"}}]}
+
+
+def test_groups_events_by_track_and_role(tmp_path, capsys):
+    pt = load()
+    tracks, names = pt.read_trace(TRACE)
+    assert tracks == {(0, 1): [(0.5, 2.0, "consumer 0"), (4.5, 4.0, "consumer 0")],
+                      (0, 19): [(0.0, 1.0, "dispatch")]}
+    assert names == {(0, 1): "SM 0 consumer 0", (0, 19): "SM 2 dispatch"}
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps(TRACE))
+    png = tmp_path / "t.png"
+    assert pt.main([str(path), "-o", str(png)]) == 0
+    assert "2 tracks, 3 events" in capsys.readouterr().out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_empty_trace_is_refused():
+    with pytest.raises(ValueError, match="no events"):
+        load().read_trace({"traceEvents": []})

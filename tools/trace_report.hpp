@@ -1,0 +1,43 @@
+// `mok trace`'s outputs from a forward's timeline (kern::trace_event, decoded as TraceEvent): a
+// Chrome / Perfetto trace (one process per rank, one track per SM and role) and a summary: each
+// role's busy share over its tracks, its longest idle gap, and how much of the row movement
+// (dispatch and combine) overlaps the GEMMs.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace mok::tools {
+
+// A decoded event: layer/forward_hooks.hpp's TraceEvent, restated here so that the report needs
+// no CUDA headers.
+struct TimelineEvent {
+  uint64_t start_ns = 0, end_ns = 0;
+  int role = 0, rank = 0, sm = 0;
+  int64_t what = 0;
+};
+
+// The role names, by kern::TraceRole.
+extern const char* const kTraceRoleNames[5];
+
+// {"traceEvents": [...]}: an "X" event per TimelineEvent (microseconds from the first start), and
+// thread-name metadata for each track ("SM 12 consumer 0").
+std::string chrome_trace_json(const std::vector<TimelineEvent>& events);
+
+struct RoleSummary {
+  std::string role;
+  int64_t events = 0;
+  int tracks = 0;             // (rank, SM) pairs with this role
+  double busy = 0;            // share of the span its tracks spent in events
+  double longest_gap_us = 0;  // between two events on one track
+};
+struct TimelineSummary {
+  double span_us = 0;              // the first start to the last end
+  std::vector<RoleSummary> roles;  // those with events, in kern::TraceRole order
+  double movement_us = 0;          // the union of dispatch and combine events
+  double movement_overlapped = 0;  // the share of it during which a GEMM consumer also ran
+};
+TimelineSummary summarize_timeline(const std::vector<TimelineEvent>& events);
+std::string timeline_summary_text(const TimelineSummary& s);  // a markdown table and a line
+
+}  // namespace mok::tools
