@@ -64,9 +64,7 @@ int trace_command(const TraceOptions& o) {
   for (int i = 0; i < 3; ++i) f.forward(data.batch(), data.weights(), data.out.ptr, nullptr);
   f.check(nullptr);  // the third forward's timeline: warm caches and clocks
   int64_t claimed = 0;
-  std::vector<TimelineEvent> events;
-  for (const gpu::detail::TraceEvent& e : f.runner().trace(nullptr, &claimed))
-    events.push_back({e.start_ns, e.end_ns, e.role, e.rank, e.sm, e.what});
+  const std::vector<kern::TraceEvent> events = f.runner().trace(nullptr, &claimed);
   write_text_file(o.out, chrome_trace_json(events), "--out");
   std::printf("mok trace: %s, T = %d, the third of three forwards; %zu events (%s)\n\n",
               o.layer.name().c_str(), c.max_tokens_per_rank, events.size(), o.out.c_str());

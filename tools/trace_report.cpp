@@ -9,12 +9,14 @@
 
 namespace mok::tools {
 
-const char* const kTraceRoleNames[5] = {"producer", "consumer 0", "consumer 1", "dispatch",
-                                        "combine"};
+const char* const kTraceRoleNames[kern::kTraceRoles] = {"producer", "consumer 0", "consumer 1",
+                                                        "dispatch", "combine"};
 
 namespace {
 
-const char* role_name(int role) { return role >= 0 && role < 5 ? kTraceRoleNames[role] : "role"; }
+const char* role_name(int role) {
+  return role >= 0 && role < int(kern::kTraceRoles) ? kTraceRoleNames[role] : "role";
+}
 
 std::string number(double v) {
   char buf[32];
@@ -56,13 +58,13 @@ uint64_t overlap(const std::vector<Interval>& a, const std::vector<Interval>& b)
 
 }  // namespace
 
-std::string chrome_trace_json(const std::vector<TimelineEvent>& events) {
+std::string chrome_trace_json(const std::vector<kern::TraceEvent>& events) {
   uint64_t t0 = UINT64_MAX;
-  for (const TimelineEvent& e : events) t0 = std::min(t0, e.start_ns);
+  for (const kern::TraceEvent& e : events) t0 = std::min(t0, e.start_ns);
   std::map<std::pair<int, int>, std::string> tracks;  // (rank, tid) -> name
   std::string j = "{\"displayTimeUnit\": \"ns\", \"traceEvents\": [";
   bool first = true;
-  for (const TimelineEvent& e : events) {
+  for (const kern::TraceEvent& e : events) {
     const int tid = e.sm * 8 + e.role;
     tracks[{e.rank, tid}] = "SM " + std::to_string(e.sm) + " " + role_name(e.role);
     j += first ? "\n  " : ",\n  ";
@@ -85,18 +87,20 @@ std::string chrome_trace_json(const std::vector<TimelineEvent>& events) {
   return j + "\n]}\n";
 }
 
-TimelineSummary summarize_timeline(const std::vector<TimelineEvent>& events) {
+TimelineSummary summarize_timeline(const std::vector<kern::TraceEvent>& events) {
   TimelineSummary s;
   if (events.empty()) return s;
   uint64_t t0 = UINT64_MAX, t1 = 0;
   std::map<int, std::map<std::pair<int, int>, std::vector<Interval>>> by_role;  // role, track
   std::vector<Interval> movement, compute;
-  for (const TimelineEvent& e : events) {
+  for (const kern::TraceEvent& e : events) {
     t0 = std::min(t0, e.start_ns);
     t1 = std::max(t1, e.end_ns);
     by_role[e.role][{e.rank, e.sm}].push_back({e.start_ns, e.end_ns});
-    if (e.role == 3 || e.role == 4) movement.push_back({e.start_ns, e.end_ns});
-    if (e.role == 1 || e.role == 2) compute.push_back({e.start_ns, e.end_ns});
+    if (e.role == kern::kTraceDispatch || e.role == kern::kTraceCombine)
+      movement.push_back({e.start_ns, e.end_ns});
+    if (e.role == kern::kTraceConsumer0 || e.role == kern::kTraceConsumer1)
+      compute.push_back({e.start_ns, e.end_ns});
   }
   const double span = double(t1 - t0);
   s.span_us = span * 1e-3;

@@ -1,4 +1,4 @@
-// `mok trace`'s outputs from a forward's timeline (kern::trace_event, decoded as TraceEvent): a
+// `mok trace`'s outputs from a forward's timeline (kern::TraceEvent, engine_params.hpp): a
 // Chrome / Perfetto trace (one process per rank, one track per SM and role) and a summary: each
 // role's busy share over its tracks, its longest idle gap, and how much of the row movement
 // (dispatch and combine) overlaps the GEMMs.
@@ -7,22 +7,16 @@
 #include <string>
 #include <vector>
 
+#include "kernels/megakernel/engine_params.hpp"
+
 namespace mok::tools {
 
-// A decoded event: layer/forward_hooks.hpp's TraceEvent, restated here so that the report needs
-// no CUDA headers.
-struct TimelineEvent {
-  uint64_t start_ns = 0, end_ns = 0;
-  int role = 0, rank = 0, sm = 0;
-  int64_t what = 0;
-};
-
 // The role names, by kern::TraceRole.
-extern const char* const kTraceRoleNames[5];
+extern const char* const kTraceRoleNames[kern::kTraceRoles];
 
-// {"traceEvents": [...]}: an "X" event per TimelineEvent (microseconds from the first start), and
-// thread-name metadata for each track ("SM 12 consumer 0").
-std::string chrome_trace_json(const std::vector<TimelineEvent>& events);
+// {"traceEvents": [...]}: an "X" event per kern::TraceEvent (microseconds from the first start),
+// and thread-name metadata for each track ("SM 12 consumer 0").
+std::string chrome_trace_json(const std::vector<kern::TraceEvent>& events);
 
 struct RoleSummary {
   std::string role;
@@ -37,7 +31,7 @@ struct TimelineSummary {
   double movement_us = 0;          // the union of dispatch and combine events
   double movement_overlapped = 0;  // the share of it during which a GEMM consumer also ran
 };
-TimelineSummary summarize_timeline(const std::vector<TimelineEvent>& events);
+TimelineSummary summarize_timeline(const std::vector<kern::TraceEvent>& events);
 std::string timeline_summary_text(const TimelineSummary& s);  // a markdown table and a line
 
 }  // namespace mok::tools

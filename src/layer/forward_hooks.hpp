@@ -6,7 +6,6 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
-#include <vector>
 
 #include "kernels/moe_forward/forward_params.hpp"
 
@@ -78,15 +77,6 @@ struct ForwardProfile {
   double combine_total = 0;           //   ... first token to the empty queue
   int dispatch_ctas_joined = 0;       // dispatch CTAs that ran the GEMM roles after dispatch
 };
-
-// One event of the timeline (kern::TraceRole), times from the GPU's global timer in ns.
-struct TraceEvent {
-  uint64_t start_ns = 0, end_ns = 0;
-  int role = 0, rank = 0, sm = 0;
-  int64_t what = 0;  // the tile, the dispatch CTA, the combine warp's token count
-};
-// The events of `words` (trace[1..] of kern::trace_event's layout), `events` of them.
-std::vector<TraceEvent> decode_trace(const std::vector<unsigned long long>& words, int64_t events);
 
 // The wait profile of the last backward of a MoeBackward built with wait_times (its roles read
 // as the backward's: dgrad-down producers wait for dispatch, dgrad-gate/up and wgrad producers

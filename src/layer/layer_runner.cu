@@ -23,7 +23,7 @@ LayerRunner::LayerRunner(const Config& c, const ForwardOptions& o, const Forward
           std::string(who) + ": trace_events " + std::to_string(h.trace_events) +
               ": allowed 0 (no timeline) to 2^28");
   if (h.trace_events > 0)
-    trace_ = device_alloc<unsigned long long>(size_t(1 + 3 * h.trace_events),
+    trace_ = device_alloc<unsigned long long>(size_t(1 + kern::kTraceWords * h.trace_events),
                                               "cudaMalloc (the timeline)");
 }
 
@@ -151,7 +151,7 @@ ForwardProfile LayerRunner::profile(cudaStream_t stream) const {
                       stream);
 }
 
-std::vector<TraceEvent> LayerRunner::trace(cudaStream_t stream, int64_t* claimed) const {
+std::vector<kern::TraceEvent> LayerRunner::trace(cudaStream_t stream, int64_t* claimed) const {
   require(trace_ != nullptr, ErrorCode::invalid_argument,
           who_ + ": the timeline needs a forward constructed with ForwardHooks::trace_events");
   unsigned long long count = 0;
@@ -159,26 +159,15 @@ std::vector<TraceEvent> LayerRunner::trace(cudaStream_t stream, int64_t* claimed
              "cudaMemcpyAsync");
   check_cuda(cudaStreamSynchronize(stream), "the forward");
   const int64_t kept = std::min<int64_t>(int64_t(count), hooks_.trace_events);
-  std::vector<unsigned long long> words(size_t(3 * kept));
+  std::vector<unsigned long long> words(size_t(kern::kTraceWords * kept));
   check_cuda(cudaMemcpy(words.data(), trace_ + 1, words.size() * sizeof(unsigned long long),
                         cudaMemcpyDeviceToHost),
              "cudaMemcpy");
   if (claimed) *claimed = int64_t(count);
-  return decode_trace(words, kept);
-}
-
-std::vector<TraceEvent> decode_trace(const std::vector<unsigned long long>& words, int64_t events) {
-  std::vector<TraceEvent> out(static_cast<size_t>(events));
-  for (size_t i = 0; i < out.size(); ++i) {
-    const unsigned long long packed = words[3 * i + 2];
-    out[i] = {words[3 * i],
-              words[3 * i + 1],
-              int(packed >> 56),
-              int((packed >> 48) & 0xFF),
-              int((packed >> 32) & 0xFFFF),
-              int64_t(uint32_t(packed))};
-  }
-  return out;
+  std::vector<kern::TraceEvent> events;
+  for (size_t i = 0; i < words.size(); i += kern::kTraceWords)
+    events.push_back(kern::trace_event_at(&words[i]));
+  return events;
 }
 
 }  // namespace mok::gpu::detail

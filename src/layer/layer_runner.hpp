@@ -62,7 +62,7 @@ class LayerRunner {
   ForwardProfile profile(cudaStream_t stream) const;
   // The last forward's timeline (ForwardHooks::trace_events; synchronises `stream`). `claimed`:
   // the events the kernel tried to record (more than returned when the buffer was too small).
-  std::vector<TraceEvent> trace(cudaStream_t stream, int64_t* claimed = nullptr) const;
+  std::vector<kern::TraceEvent> trace(cudaStream_t stream, int64_t* claimed = nullptr) const;
 
  private:
   int ep_rank(int r) const;

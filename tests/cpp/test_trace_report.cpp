@@ -4,7 +4,7 @@
 
 #include "trace_report.hpp"
 
-using mok::tools::TimelineEvent;
+using mok::kern::TraceEvent;
 
 namespace {
 
@@ -14,7 +14,7 @@ namespace {
 //   SM 2 dispatch:   [500, 1500] (starts the span)    (busy 1000 of 8500)
 // span: 500 .. 9000 = 8500 ns; consumer 0 busy (6000 + 1000) / (2 * 8500); movement [500, 1500]
 // overlaps the consumers on [1000, 1500]: half of it.
-std::vector<TimelineEvent> sample() {
+std::vector<TraceEvent> sample() {
   return {{1000, 3000, 1, 0, 0, 7},
           {5000, 9000, 1, 0, 0, 8},
           {1000, 2000, 1, 0, 1, 9},
@@ -42,6 +42,19 @@ TEST(TraceReport, SummaryByHand) {
             std::string::npos)
       << text;
   EXPECT_TRUE(mok::tools::summarize_timeline({}).roles.empty());
+}
+
+// The packed tag the kernels write reads back as what they packed.
+TEST(TraceReport, EventLayoutRoundTrips) {
+  const unsigned long long words[3] = {
+      11, 22, mok::kern::trace_tag(mok::kern::kTraceCombine, 7, 131, 4095)};
+  const TraceEvent e = mok::kern::trace_event_at(words);
+  EXPECT_EQ(e.start_ns, 11u);
+  EXPECT_EQ(e.end_ns, 22u);
+  EXPECT_EQ(e.role, int(mok::kern::kTraceCombine));
+  EXPECT_EQ(e.rank, 7);
+  EXPECT_EQ(e.sm, 131);
+  EXPECT_EQ(e.what, 4095);
 }
 
 TEST(TraceReport, ChromeTraceHasAnEventPerEventAndNamedTracks) {

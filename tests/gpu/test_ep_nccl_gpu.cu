@@ -25,6 +25,28 @@ std::vector<double> rank_rows(const std::vector<double>& all, const GlobalBatch&
   return RankInputs::slice(all, g.first[size_t(r)], tokens, g.global.hidden);
 }
 
+// One forward of every rank of `group` on its inputs (outputs poisoned first): each rank's rows of
+// the single GPU's output `want`, bit for bit.
+template <class Group>
+void expect_forward_gives_rows(Group& group, std::vector<std::unique_ptr<RankInputs>>& in,
+                               const GlobalBatch& g, const std::vector<double>& want,
+                               const std::vector<int64_t>& tokens) {
+  const int ranks = int(in.size());
+  for (int r = 0; r < ranks; ++r) {
+    ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+    ASSERT_EQ(cudaMemset(in[size_t(r)]->out.ptr, 0xFF, in[size_t(r)]->out.n * 2), cudaSuccess);
+  }
+  for (int r = 0; r < ranks; ++r)
+    group[size_t(r)]->forward(in[size_t(r)]->batch, in[size_t(r)]->weights,
+                              in[size_t(r)]->out_ptr(), nullptr);
+  for (int r = 0; r < ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    group[size_t(r)]->check(nullptr);
+    ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
+    EXPECT_TRUE(same_bits(in[size_t(r)]->output(), rank_rows(want, g, r, tokens[size_t(r)])));
+  }
+}
+
 // One process drives `ranks` GPUs; `rounds` forwards of the same batch.
 void expect_group_equals_ep1(int ranks, const EpCase& k, int rounds) {
   const GlobalBatch g = make_global_batch(ranks, k);
@@ -41,19 +63,8 @@ void expect_group_equals_ep1(int ranks, const EpCase& k, int rounds) {
   {
     auto group = mok::gpu::EpForward::create_group(c, comms.comms, o, case_hooks(k));
     for (int round = 0; round < rounds; ++round) {
-      for (int r = 0; r < ranks; ++r) {
-        ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
-        ASSERT_EQ(cudaMemset(in[size_t(r)]->out.ptr, 0xFF, in[size_t(r)]->out.n * 2), cudaSuccess);
-      }
-      for (int r = 0; r < ranks; ++r)
-        group[size_t(r)]->forward(in[size_t(r)]->batch, in[size_t(r)]->weights,
-                                  in[size_t(r)]->out_ptr(), nullptr);
-      for (int r = 0; r < ranks; ++r) {
-        SCOPED_TRACE("round " + std::to_string(round) + ", rank " + std::to_string(r));
-        group[size_t(r)]->check(nullptr);
-        ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
-        EXPECT_TRUE(same_bits(in[size_t(r)]->output(), rank_rows(want, g, r, k.tokens[size_t(r)])));
-      }
+      SCOPED_TRACE("round " + std::to_string(round));
+      expect_forward_gives_rows(group, in, g, want, k.tokens);
     }
   }
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
@@ -144,18 +155,7 @@ TEST(EpNcclGpu, CapacityOverflowAndAMissingRankAreErrorsOnEveryRankThenTheGroupI
     mok::Config ok = c;
     ok.routed_capacity_rows = 0;
     auto group = mok::gpu::EpForward::create_group(ok, comms.comms);
-    for (int r = 0; r < ranks; ++r) {
-      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
-      ASSERT_EQ(cudaMemset(in[size_t(r)]->out.ptr, 0xFF, in[size_t(r)]->out.n * 2), cudaSuccess);
-    }
-    for (int r = 0; r < ranks; ++r)
-      group[size_t(r)]->forward(in[size_t(r)]->batch, in[size_t(r)]->weights,
-                                in[size_t(r)]->out_ptr(), nullptr);
-    for (int r = 0; r < ranks; ++r) {
-      group[size_t(r)]->check(nullptr);
-      ASSERT_EQ(cudaSetDevice(r), cudaSuccess);
-      EXPECT_TRUE(same_bits(in[size_t(r)]->output(), rank_rows(want, g, r, 100))) << "rank " << r;
-    }
+    expect_forward_gives_rows(group, in, g, want, k.tokens);
   }
   ASSERT_EQ(cudaSetDevice(0), cudaSuccess);
 }

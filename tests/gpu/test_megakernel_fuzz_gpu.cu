@@ -117,9 +117,11 @@ HostGrads run_step(const FuzzCase& k, const mok::LayerParams& p, const std::vect
   return step.host(bo.weight_grads);
 }
 
-void fuzz_one(uint64_t index) {
+// One case; *rows: its routed rows.
+void fuzz_one(uint64_t index, int64_t* rows) {
   const FuzzCase k = make_case(0x5EED0000u + index);
   SCOPED_TRACE("case " + std::to_string(index) + ": " + k.text);
+  *rows = k.b.tokens * k.c.top_k;
   const mok::LayerParams p = mok::tools::random_params(k.c, 7 * index + 3);
   const GpuLayer layer(p);
 
@@ -152,10 +154,10 @@ TEST(MegakernelFuzzGpu, RandomLayersRoutingsAndOptionsEqualTheStagedPaths) {
   const int64_t cases = env_int("MOK_GPU_FUZZ_CASES", 200);
   int64_t rows = 0;
   for (int64_t i = first; i < first + cases; ++i) {
-    fuzz_one(uint64_t(i));
+    int64_t case_rows = 0;
+    fuzz_one(uint64_t(i), &case_rows);
+    rows += case_rows;
     if (testing::Test::HasFatalFailure() || testing::Test::HasNonfatalFailure()) return;
-    const FuzzCase k = make_case(0x5EED0000u + uint64_t(i));
-    rows += k.b.tokens * k.c.top_k;
   }
   std::printf(
       "MegakernelFuzzGpu: cases %lld..%lld, %lld routed rows, forward and backward equal "

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "mok/common/host_device.hpp"
+
 namespace mok::kern {
 
 // The first bounded wait of a role that gave up: whether any did, on which CTA, waiting for what
@@ -27,9 +29,10 @@ enum EngineTiming : int {
 };
 
 // A role's piece of work as one event: [start, end] from the global timer, the role, the rank,
-// the SM and what it worked on (a tile, a dispatch CTA, a combine warp). trace[0] counts the
-// events claimed; event i is trace[1 + 3i ..]; those past the capacity are counted, not written.
-// (Host and device: the recorder is waits.cuh's trace_event, the reader LayerRunner::trace.)
+// the SM and what it worked on (a tile, a dispatch CTA, a combine warp's token count). trace[0]
+// counts the events claimed; event i is trace[1 + 3i ..] = {start, end, trace_tag(...)}; those
+// past the capacity are counted, not written. The recorder is waits.cuh's trace_event, the reader
+// LayerRunner::trace.
 enum TraceRole : uint32_t {
   kTraceProducer,   // a GEMM tile's loads issued (its claim to its last k-block)
   kTraceConsumer0,  // a GEMM tile's mainloop and epilogue, consumer warpgroup 0
@@ -38,5 +41,24 @@ enum TraceRole : uint32_t {
   kTraceCombine,    // a combine warp's tokens (its first claim to the empty queue)
   kTraceRoles
 };
+constexpr int kTraceWords = 3;  // per event
+struct TraceEvent {
+  uint64_t start_ns = 0, end_ns = 0;
+  int role = 0, rank = 0, sm = 0;
+  int64_t what = 0;
+};
+MOK_HD uint64_t trace_tag(uint32_t role, int rank, uint32_t sm, int64_t what) {
+  return uint64_t(role) << 56 | uint64_t(uint32_t(rank) & 0xFFu) << 48 |
+         uint64_t(sm & 0xFFFFu) << 32 | uint32_t(what);
+}
+MOK_HD TraceEvent trace_event_at(const unsigned long long* event) {
+  const uint64_t tag = event[2];
+  return {event[0],
+          event[1],
+          int(tag >> 56),
+          int((tag >> 48) & 0xFF),
+          int((tag >> 32) & 0xFFFF),
+          int64_t(uint32_t(tag))};
+}
 
 }  // namespace mok::kern

@@ -79,11 +79,10 @@ __device__ __forceinline__ void trace_event(const P& p, uint32_t role, int64_t w
     const uint64_t end = dev::global_ns();
     const unsigned long long i = atomicAdd(p.trace, 1ull);
     if (i >= static_cast<unsigned long long>(p.trace_capacity)) return;
-    unsigned long long* e = p.trace + 1 + 3 * i;
+    unsigned long long* e = p.trace + 1 + kTraceWords * i;
     e[0] = trace_slots()[slot];
     e[1] = end;
-    e[2] = uint64_t(role) << 56 | uint64_t(uint32_t(p.ep_rank) & 0xFFu) << 48 |
-           uint64_t(dev::sm_id() & 0xFFFFu) << 32 | uint32_t(what);
+    e[2] = trace_tag(role, p.ep_rank, dev::sm_id(), what);
   }
 }
 
