@@ -56,7 +56,7 @@ const char* const kBenchHelp =
     "  --dispatch-ctas N          CTAs of the megakernel that gather rows (default: automatic)\n"
     "  --overlap-rows N           routed rows per tile group (a multiple of 128; default 1024)\n"
     "  --ring-rows N              token ring rows (a multiple of 128; default: the capacity)\n"
-    "  --block-n N                the backward's tile width, 128 or 256 (default: automatic)\n"
+    "  --block-n N                the GEMM tile width, 128 or 256 (default: automatic)\n"
     "  --breakdown 1              also time the other row path, the copy path without its copy,\n"
     "                             the megakernel without its combine, a wait profile\n"
     "  --stage-probes 1           EP = 1: also time the megakernel without its GEMM loads,\n"
@@ -274,6 +274,17 @@ void stage_probes(const Config& c, const gpu::ForwardOptions& fo, const BenchLay
   for (cudaGraphExec_t g : graphs) cudaGraphExecDestroy(g);
 }
 
+// How many of the E experts the batch's routing sends at least one row.
+int64_t experts_with_rows(const BenchLayer& data, int64_t E) {
+  std::vector<int32_t> ids(data.ids.n);
+  cuda_ok(cudaMemcpy(ids.data(), data.ids.ptr, ids.size() * sizeof(int32_t),
+                     cudaMemcpyDeviceToHost),
+          "cudaMemcpy");
+  std::vector<bool> used(size_t(E), false);
+  for (const int32_t e : ids) used[size_t(e)] = true;
+  return std::count(used.begin(), used.end(), true);
+}
+
 Row bench_shape(const std::string& name, Config c, int64_t tokens, int iterations,
                 const Ceilings& ceil, const BenchOptions& o) {
   c.max_tokens_per_rank = int(tokens);
@@ -350,8 +361,10 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   r.baseline_difference = relative_l2_error(host(data.out), host(baseline_out));
   r.reference_error = sampled_reference_error(c, data);
   const double flops = forward_flops(c, tokens);
-  const double bytes =
-      2.0 * (3.0 * double(E * I * H) + 3.0 * double(S * H)) + 2.0 * 2.0 * double(tokens * H);
+  // The weights of the experts that receive rows (a small batch reads only those), x and out.
+  const double bytes = 2.0 * (3.0 * double(experts_with_rows(data, E) * I * H) +
+                              3.0 * double(S * H)) +
+                       2.0 * 2.0 * double(tokens * H);
   const double compute_ms = flops / (ceil.bf16_tflops * 1e12) * 1e3,
                memory_ms = bytes / (ceil.hbm_tbps * 1e12) * 1e3;
   r.tflops = flops / (r.ms * 1e-3) * 1e-12;

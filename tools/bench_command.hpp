@@ -24,7 +24,7 @@ struct BenchOptions {
   // forward (default), or backward: the training forward, the backward (BF16 and FP32 weight
   // gradients) and the whole step, as CUDA graph replays (bench_backward.cpp).
   std::string direction = "forward";
-  int block_n = 0;             // --direction backward: its tile width (0: automatic)
+  int block_n = 0;             // the GEMM tile width (0: automatic)
   double sustain_seconds = 0;  // > 0: each shape's forward, its cuBLAS pipeline and the dense
                                // GEMM also run back to back this long (EP = 1; for nvidia-smi)
   int sweep = 0;      // > 0: that many random shapes (sweep_shapes.hpp) instead of the presets

@@ -31,6 +31,7 @@ inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
                                          : gpu::RowPath::automatic;
   fo.dispatch_ctas = o.dispatch_ctas;
   fo.overlap_rows = o.overlap_rows;
+  fo.block_n = o.block_n;
   return fo;
 }
 

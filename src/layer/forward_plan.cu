@@ -15,10 +15,11 @@ namespace {
 // group) the dispatch CTAs always run: they bring the peers' rows and the producers gather the
 // rank's own rows beside them; at EP = 1 an option or hook that needs the dispatch CTAs keeps
 // the copy.
-RowPath resolve_row_path(const Config& c, const ForwardOptions& o, bool expert_parallel,
-                         bool needs_dispatch) {
+RowPath resolve_row_path(const Config& c, const ForwardOptions& o, int block_n,
+                         bool expert_parallel, bool needs_dispatch) {
   if (o.row_path != RowPath::automatic) return o.row_path;
-  if (copy_rows_pays_off(c.max_tokens_per_rank, c.top_k, c.num_experts, c.ep_size, c.intermediate))
+  if (copy_rows_pays_off(c.max_tokens_per_rank, c.top_k, c.num_experts, c.ep_size, c.intermediate,
+                         block_n))
     return RowPath::dispatch_copy;
   return !expert_parallel && needs_dispatch ? RowPath::dispatch_copy : RowPath::producer_gather;
 }
@@ -92,8 +93,14 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   plan.ranks_in_launch = transport == Transport::emulated ? c.ep_size : 1;
   const bool expert_parallel = transport != Transport::local;
   const bool needs_dispatch = o.dispatch_ctas != 0 || h.needs_dispatch_role();
-  plan.row_path =
-      fp8 ? RowPath::dispatch_copy : resolve_row_path(c, o, expert_parallel, needs_dispatch);
+  const bool wide_ok = I % 128 == 0 && S % 128 == 0;
+  plan.kernel.block_n = o.block_n == 0 ? (wide_ok ? 256 : 128) : o.block_n;
+  require(plan.kernel.block_n == 128 || (plan.kernel.block_n == 256 && wide_ok),
+          ErrorCode::invalid_argument,
+          "block_n = " + std::to_string(o.block_n) +
+              ": allowed 0 (automatic), 128, or 256 when I and S are multiples of 128");
+  plan.row_path = fp8 ? RowPath::dispatch_copy
+                      : resolve_row_path(c, o, plan.kernel.block_n, expert_parallel, needs_dispatch);
   require(expert_parallel || plan.row_path != RowPath::producer_gather || !needs_dispatch,
           ErrorCode::invalid_argument,
           name +
@@ -101,12 +108,6 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
               "= dispatch_copy or automatic, not producer_gather (the GEMM producers gather "
               "rows then and there are no dispatch CTAs)");
 
-  const bool wide_ok = I % 128 == 0 && S % 128 == 0;
-  plan.kernel.block_n = o.block_n == 0 ? (wide_ok ? 256 : 128) : o.block_n;
-  require(plan.kernel.block_n == 128 || (plan.kernel.block_n == 256 && wide_ok),
-          ErrorCode::invalid_argument,
-          "block_n = " + std::to_string(o.block_n) +
-              ": allowed 0 (automatic), 128, or 256 when I and S are multiples of 128");
   // One wgmma group in flight with the dispatch copy (measured faster there, slower with the
   // producer gather).
   // fp8_block promotes each k-block's partial accumulators, so no group stays in flight.

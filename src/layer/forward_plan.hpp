@@ -11,31 +11,36 @@
 
 namespace mok::gpu::detail {
 
-// Whether the dispatch copy beats the producer gather for batches of max_tokens_per_rank tokens.
-// TMA-loaded rows starve the consumers less than gathered ones, which pays where an expert has
-// much GEMM work for its rows; below that the copy costs more than it saves. EP = 1: when rows per
-// expert x I reach one full 128-row block at I = 2048. Under EP (dispatch CTAs run anyway; the
-// copy only adds the rank's own rows): two or more full row blocks per local expert and I >= 2048.
+// Whether the dispatch copy beats the producer gather for batches of max_tokens_per_rank tokens,
+// with GEMM tiles block_n wide. TMA-loaded rows starve the consumers less than gathered ones. At
+// EP = 1 that pays where an expert has much GEMM work for its rows (rows per expert x I of one
+// full 128-row block at I = 2048 or more), and always with 128-wide tiles, which gather the same
+// rows for half the weight columns (9 random shapes of 1-78 rows per expert: the copy 6-18%
+// faster); with 256-wide tiles below the threshold the gather wins (fine, qwen3-30b, dsv3 and
+// mok-default at 20-160 rows per expert: 2-10%). Under EP (dispatch CTAs run anyway; the copy
+// only adds the rank's own rows): two or more full row blocks per local expert and I >= 2048.
 // The measurements behind the thresholds: docs/benchmarks.md, lever index ("row path").
 constexpr bool copy_rows_pays_off(int64_t max_tokens_per_rank, int top_k, int experts, int ep_size,
-                                  int intermediate) {
+                                  int intermediate, int block_n) {
   const int64_t rows_per_local_expert = max_tokens_per_rank * ep_size * top_k / experts;
-  if (ep_size == 1) return rows_per_local_expert * intermediate >= int64_t(128) * 2048;
+  if (ep_size == 1)
+    return block_n == 128 || rows_per_local_expert * intermediate >= int64_t(128) * 2048;
   return rows_per_local_expert >= 2 * 128 && intermediate >= 2048;
 }
-static_assert(copy_rows_pays_off(8192, 8, 256, 1, 2048) &&
-              copy_rows_pays_off(4096, 8, 256, 1, 2048) &&
-              copy_rows_pays_off(8192, 8, 128, 1, 768));
-static_assert(!copy_rows_pays_off(3072, 8, 256, 1, 2048) &&
-              !copy_rows_pays_off(4096, 8, 128, 1, 768) &&
-              !copy_rows_pays_off(8192, 10, 512, 1, 512) &&
-              !copy_rows_pays_off(4096, 10, 512, 1, 512) &&
-              !copy_rows_pays_off(2048, 6, 384, 1, 3072));
-static_assert(copy_rows_pays_off(4096, 8, 256, 2, 2048) &&
-              !copy_rows_pays_off(2048, 8, 256, 2, 2048) &&
-              !copy_rows_pays_off(8192, 8, 128, 2, 768) &&
-              !copy_rows_pays_off(2048, 6, 384, 2, 3072) &&
-              !copy_rows_pays_off(4096, 10, 512, 2, 512));
+static_assert(copy_rows_pays_off(8192, 8, 256, 1, 2048, 256) &&
+              copy_rows_pays_off(4096, 8, 256, 1, 2048, 256) &&
+              copy_rows_pays_off(8192, 8, 128, 1, 768, 256) &&
+              copy_rows_pays_off(11, 10, 216, 1, 6336, 128));
+static_assert(!copy_rows_pays_off(3072, 8, 256, 1, 2048, 256) &&
+              !copy_rows_pays_off(4096, 8, 128, 1, 768, 256) &&
+              !copy_rows_pays_off(8192, 10, 512, 1, 512, 256) &&
+              !copy_rows_pays_off(1024, 10, 512, 1, 512, 256) &&
+              !copy_rows_pays_off(2048, 6, 384, 1, 3072, 256));
+static_assert(copy_rows_pays_off(4096, 8, 256, 2, 2048, 256) &&
+              !copy_rows_pays_off(2048, 8, 256, 2, 2048, 256) &&
+              !copy_rows_pays_off(8192, 8, 128, 2, 768, 128) &&
+              !copy_rows_pays_off(2048, 6, 384, 2, 3072, 256) &&
+              !copy_rows_pays_off(4096, 10, 512, 2, 512, 256));
 
 // Dispatch CTAs for a GPU (or a logical rank's share) of `sms` SMs: enough to bring rows faster
 // than the GEMM CTAs consume them; they join the GEMMs afterwards, so a few too many cost little.

@@ -292,8 +292,8 @@ TEST(MoeForwardGpu, TimelineRecordsEveryRoleAndChangesNoBit) {
   EXPECT_THROW(MoeForward(c, {}, without_kernels), mok::Error);
 }
 
-// automatic: the producers gather, unless an option or hook needs the dispatch role or rows per
-// expert x I reach 128 x 2048 (detail::copy_rows_pays_off).
+// automatic: the producers gather, unless an option or hook needs the dispatch role, rows per
+// expert x I reach 128 x 2048, or the tiles are 128 wide (detail::copy_rows_pays_off).
 TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {
   MOK_REQUIRE_GPU();
   const mok::Config c = mok::preset("tiny");
@@ -325,6 +325,15 @@ TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {
   EXPECT_EQ(MoeForward(big, o).row_path(), RowPath::producer_gather);
   big.max_tokens_per_rank -= 1;
   EXPECT_EQ(MoeForward(big).row_path(), RowPath::producer_gather);
+  o = {};
+  o.block_n = 128;  // tiny's rows, 128-wide tiles
+  EXPECT_EQ(MoeForward(c, o).row_path(), RowPath::dispatch_copy);
+  mok::Config narrow = c;  // I not a multiple of 128: 128-wide tiles on their own
+  narrow.intermediate = narrow.shared_intermediate = 192;
+  const MoeForward narrow_forward(narrow);
+  EXPECT_EQ(narrow_forward.block_n(), 128);
+  EXPECT_EQ(narrow_forward.row_path(), RowPath::dispatch_copy);
+  EXPECT_GT(narrow_forward.dispatch_ctas(), 0);
 }
 
 TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {

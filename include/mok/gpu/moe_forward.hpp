@@ -18,8 +18,8 @@ namespace mok::gpu {
 
 // How routed rows reach the gate/up GEMMs.
 enum class RowPath {
-  automatic,        // dispatch_copy where it measured faster (rows per expert x I large), else
-                    // producer_gather
+  automatic,        // dispatch_copy where it measured faster (rows per expert x I large, or
+                    // 128-wide tiles at EP = 1), else producer_gather
   dispatch_copy,    // dispatch CTAs copy every row into the token ring first; the GEMMs TMA-load it
   producer_gather,  // the gate/up producer warpgroup gathers each tile's rows (cp.async into the
                     // swizzled stage): this rank's from x, no copy; under EP the dispatch CTAs
