@@ -1,7 +1,7 @@
 """The timeline of `mok trace` as a PNG: one row per track (an SM's producer, consumer
 warpgroups, dispatch and combine, per rank), one bar per event, coloured by role:
 
-  python3 bench/plot_trace.py mok_trace.json -o mok_trace.png
+  python3 bench/plot_trace.py mok_trace.json -o mok_trace.png [--sms 120-131]
 
 Reads the Chrome / Perfetto trace that `mok trace --out FILE` writes (it opens in
 ui.perfetto.dev or chrome://tracing as it is).
@@ -36,6 +36,30 @@ def read_trace(trace):
     return tracks, names
 
 
+def sm_range(text):
+    """'120-131' (or '7') -> (120, 131), for --sms."""
+    first, _, last = text.partition("-")
+    try:
+        lo, hi = int(first), int(last or first)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sms {text!r}: expected FIRST-LAST, e.g. 120-131")
+    if lo < 0 or hi < lo:
+        raise argparse.ArgumentTypeError(f"--sms {text!r}: expected 0 <= FIRST <= LAST")
+    return lo, hi
+
+
+def only_sms(tracks, names, sms):
+    """The tracks of SMs sms[0]..sms[1] (named 'SM n role' by mok trace)."""
+    def sm_of(key):
+        words = names.get(key, "").split()
+        return int(words[1]) if len(words) > 1 and words[0] == "SM" else None
+    kept = {k: v for k, v in tracks.items()
+            if sm_of(k) is not None and sms[0] <= sm_of(k) <= sms[1]}
+    if not kept:
+        raise ValueError(f"no tracks of SMs {sms[0]}-{sms[1]} in the trace")
+    return kept
+
+
 def plot(tracks, names, title, path):
     import matplotlib
 
@@ -68,9 +92,12 @@ def main(argv=None):
     ap.add_argument("trace", help="`mok trace --out` file")
     ap.add_argument("-o", "--output", required=True, help="PNG to write")
     ap.add_argument("--title", default="mok forward: the in-kernel timeline")
+    ap.add_argument("--sms", type=sm_range, help="only these SMs' tracks, FIRST-LAST")
     args = ap.parse_args(argv)
     with open(args.trace) as f:
         tracks, names = read_trace(json.load(f))
+    if args.sms:
+        tracks = only_sms(tracks, names, args.sms)
     events = sum(len(v) for v in tracks.values())
     plot(tracks, names, args.title, args.output)
     print(f"wrote {args.output}: {len(tracks)} tracks, {events} events")

@@ -45,3 +45,16 @@ def test_groups_events_by_track_and_role(tmp_path, capsys):
 def test_an_empty_trace_is_refused():
     with pytest.raises(ValueError, match="no events"):
         load().read_trace({"traceEvents": []})
+
+
+def test_sms_keeps_only_those_tracks_and_refuses_an_empty_choice(tmp_path, capsys):
+    pt = load()
+    tracks, names = pt.read_trace(TRACE)
+    assert pt.only_sms(tracks, names, pt.sm_range("1-2")) == {(0, 19): [(0.0, 1.0, "dispatch")]}
+    assert pt.only_sms(tracks, names, pt.sm_range("0")) == {
+        (0, 1): [(0.5, 2.0, "consumer 0"), (4.5, 4.0, "consumer 0")]}
+    with pytest.raises(ValueError, match="no tracks of SMs 5-9"):
+        pt.only_sms(tracks, names, (5, 9))
+    for bad in ("x", "3-1", "-2"):
+        with pytest.raises(Exception, match="--sms"):
+            pt.sm_range(bad)
