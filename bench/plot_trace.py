@@ -1,7 +1,10 @@
 """The timeline of `mok trace` as a PNG: one row per track (an SM's producer, consumer
 warpgroups, dispatch and combine, per rank), one bar per event, coloured by role:
 
-  python3 bench/plot_trace.py mok_trace.json -o mok_trace.png [--sms 120-131]
+  python3 bench/plot_trace.py mok_trace.json -o mok_trace.png [--sms 120-131] [--by-kind]
+
+--by-kind colours the GEMM tiles (producer, consumers, the backward's store warp) by their tile
+kind (dgrad down, wgrad gate/up, ...) instead of by role.
 
 Reads the Chrome / Perfetto trace that `mok trace --out FILE` writes (it opens in
 ui.perfetto.dev or chrome://tracing as it is).
@@ -11,7 +14,8 @@ import json
 import sys
 
 COLOURS = {"producer": "#9467bd", "consumer 0": "#1f77b4", "consumer 1": "#17becf",
-           "dispatch": "#ff7f0e", "combine": "#2ca02c"}
+           "dispatch": "#ff7f0e", "combine": "#2ca02c", "store": "#8c564b"}
+KIND_PALETTE = ("#1f77b4", "#d62728", "#9467bd", "#17becf", "#bcbd22", "#e377c2", "#7f7f7f")
 
 
 def role_of(name):
@@ -22,15 +26,17 @@ def role_of(name):
     return name.rsplit(" ", 1)[0]
 
 
-def read_trace(trace):
-    """{(pid, tid): [(start_us, duration_us, role)]} and the tracks' names."""
+def read_trace(trace, by_kind=False):
+    """{(pid, tid): [(start_us, duration_us, label)]} and the tracks' names; the label is the
+    event's role, or with by_kind its tile kind where it has one."""
     tracks, names = {}, {}
     for e in trace["traceEvents"]:
         key = (e["pid"], e["tid"])
         if e["ph"] == "M" and e["name"] == "thread_name":
             names[key] = e["args"]["name"]
         elif e["ph"] == "X":
-            tracks.setdefault(key, []).append((e["ts"], e["dur"], role_of(e["name"])))
+            kind = e.get("args", {}).get("kind") if by_kind else None
+            tracks.setdefault(key, []).append((e["ts"], e["dur"], kind or role_of(e["name"])))
     if not tracks:
         raise ValueError("no events in the trace")
     return tracks, names
@@ -67,12 +73,18 @@ def plot(tracks, names, title, path):
     import matplotlib.pyplot as plt
 
     keys = sorted(tracks)
+    colours = {}  # label -> colour: the roles', then each tile kind's in order of appearance
+    for events in tracks.values():
+        for _, _, label in events:
+            if label not in colours:
+                colours[label] = COLOURS.get(label) or KIND_PALETTE[
+                    sum(1 for k in colours if k not in COLOURS) % len(KIND_PALETTE)]
     fig, ax = plt.subplots(figsize=(12, min(0.06 * len(keys) + 1.5, 40)))
     for row, key in enumerate(keys):
-        for role in COLOURS:
-            bars = [(s, d) for s, d, r in tracks[key] if r == role]
+        for label, colour in colours.items():
+            bars = [(s, d) for s, d, r in tracks[key] if r == label]
             if bars:
-                ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=COLOURS[role], linewidth=0)
+                ax.broken_barh(bars, (row - 0.4, 0.8), facecolors=colour, linewidth=0)
     ax.set_ylim(-1, len(keys))
     ax.invert_yaxis()
     step = max(1, len(keys) // 40)
@@ -81,7 +93,7 @@ def plot(tracks, names, title, path):
                         for i in range(0, len(keys), step)], fontsize=6)
     ax.set_xlabel("microseconds from the first event")
     ax.set_title(title, fontsize=9)
-    handles = [matplotlib.patches.Patch(color=c, label=r) for r, c in COLOURS.items()]
+    handles = [matplotlib.patches.Patch(color=c, label=r) for r, c in colours.items()]
     ax.legend(handles=handles, fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -93,9 +105,10 @@ def main(argv=None):
     ap.add_argument("-o", "--output", required=True, help="PNG to write")
     ap.add_argument("--title", default="mok forward: the in-kernel timeline")
     ap.add_argument("--sms", type=sm_range, help="only these SMs' tracks, FIRST-LAST")
+    ap.add_argument("--by-kind", action="store_true", help="colour GEMM tiles by tile kind")
     args = ap.parse_args(argv)
     with open(args.trace) as f:
-        tracks, names = read_trace(json.load(f))
+        tracks, names = read_trace(json.load(f), by_kind=args.by_kind)
     if args.sms:
         tracks = only_sms(tracks, names, args.sms)
     events = sum(len(v) for v in tracks.values())

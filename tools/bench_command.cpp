@@ -277,9 +277,9 @@ void stage_probes(const Config& c, const gpu::ForwardOptions& fo, const BenchLay
 // How many of the E experts the batch's routing sends at least one row.
 int64_t experts_with_rows(const BenchLayer& data, int64_t E) {
   std::vector<int32_t> ids(data.ids.n);
-  cuda_ok(cudaMemcpy(ids.data(), data.ids.ptr, ids.size() * sizeof(int32_t),
-                     cudaMemcpyDeviceToHost),
-          "cudaMemcpy");
+  cuda_ok(
+      cudaMemcpy(ids.data(), data.ids.ptr, ids.size() * sizeof(int32_t), cudaMemcpyDeviceToHost),
+      "cudaMemcpy");
   std::vector<bool> used(size_t(E), false);
   for (const int32_t e : ids) used[size_t(e)] = true;
   return std::count(used.begin(), used.end(), true);
@@ -362,9 +362,9 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   r.reference_error = sampled_reference_error(c, data);
   const double flops = forward_flops(c, tokens);
   // The weights of the experts that receive rows (a small batch reads only those), x and out.
-  const double bytes = 2.0 * (3.0 * double(experts_with_rows(data, E) * I * H) +
-                              3.0 * double(S * H)) +
-                       2.0 * 2.0 * double(tokens * H);
+  const double bytes =
+      2.0 * (3.0 * double(experts_with_rows(data, E) * I * H) + 3.0 * double(S * H)) +
+      2.0 * 2.0 * double(tokens * H);
   const double compute_ms = flops / (ceil.bf16_tflops * 1e12) * 1e3,
                memory_ms = bytes / (ceil.hbm_tbps * 1e12) * 1e3;
   r.tflops = flops / (r.ms * 1e-3) * 1e-12;
@@ -507,8 +507,8 @@ int bench_command(const BenchOptions& o) {
         "%.2f | %.1e | %.1e | %.0f, %.2f | %s |\n",
         r.name.c_str(), (long long)r.tokens, r.rows_per_expert, r.ms, r.tflops, r.pct_peak,
         r.bound_ms, r.bound_by, r.pct_bound, r.baseline_tflops, r.tflops / r.baseline_tflops,
-        r.staged_tflops, r.staged_ms / r.ms, r.baseline_difference, r.reference_error, ceil.bf16_tflops, ceil.hbm_tbps,
-        gpu::row_path_name(r.row_path));
+        r.staged_tflops, r.staged_ms / r.ms, r.baseline_difference, r.reference_error,
+        ceil.bf16_tflops, ceil.hbm_tbps, gpu::row_path_name(r.row_path));
     std::fflush(stdout);
   }
   const int sampled_failures = report_sampled_rows_and_sweep(rows, o);

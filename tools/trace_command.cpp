@@ -8,21 +8,28 @@
 
 #if defined(MOK_WITH_CUDA_KERNELS)
 #include "bench_layer.hpp"
+#include "kernels/moe_backward/backward_trace.hpp"
 #include "kernels/moe_forward/forward_probes.hpp"
+#include "layer/backward_runner.hpp"
 #include "layer/layer_runner.hpp"
+#include "mok/gpu/moe_backward.hpp"
+#include "mok/gpu/random_fill.hpp"
 #endif
 
 namespace mok::tools {
 
 const char* const kTraceHelp =
     "usage: mok trace [options]\n"
-    "the forward megakernel's timeline (EP = 1, BF16): every GEMM tile's producer and consumer\n"
-    "warpgroups, each dispatch CTA and combine warp, from the GPU's global timer, written as a\n"
-    "Chrome / Perfetto trace (one process per rank, one track per SM and role); prints each\n"
-    "role's busy share and longest idle gap and how much of the row movement overlaps the GEMMs\n"
+    "the forward or backward megakernel's timeline (EP = 1, BF16): every GEMM tile's producer\n"
+    "and consumer warpgroups, each dispatch CTA and combine warp (and the backward's store warp),\n"
+    "from the GPU's global timer, written as a Chrome / Perfetto trace (one process per rank,\n"
+    "one track per SM and role); prints each role's busy share and longest idle gap, the\n"
+    "consumers' time by tile kind and how much of the row movement overlaps the GEMMs\n"
     "\n"
     "  the layer (default: --preset qwen3-30b):\n"
     "%s"
+    "  --direction D              forward (default) or backward (after a training forward;\n"
+    "                             BF16 weight gradients)\n"
     "  --out FILE                 the trace (default mok_trace.json; python3\n"
     "                             bench/plot_trace.py FILE -o FILE.png draws it)\n"
     "  --events N                 the timeline's capacity (default 4194304)\n";
@@ -35,6 +42,8 @@ TraceOptions parse_trace_options(const std::vector<std::string>& args) {
     if (a == "--out") {
       o.out = option_value(args, i);
       if (o.out.empty()) throw UsageError("--out needs a file name, got ''");
+    } else if (a == "--direction") {
+      o.direction = parse_choice(a, option_value(args, i), {"forward", "backward"});
     } else if (a == "--events") {
       o.events = parse_int(a, option_value(args, i), 1, int64_t(1) << 28);
     } else {
@@ -45,7 +54,8 @@ TraceOptions parse_trace_options(const std::vector<std::string>& args) {
   o.layer.config();  // its errors now, before any GPU work
   o.layer.routing_choice();
   if (o.layer.precision != "bf16")
-    throw UsageError("--precision " + o.layer.precision + ": mok trace times the BF16 forward");
+    throw UsageError("--precision " + o.layer.precision +
+                     ": mok trace records the BF16 forward and backward");
   return o;
 }
 
@@ -57,18 +67,51 @@ int trace_command(const TraceOptions& o) {
   require_writable(o.out, "--out");
   const Config c = o.layer.config();
   const BenchLayer data(c, c.num_experts, c.max_tokens_per_rank, 0, o.layer.routing_choice());
-  gpu::detail::ForwardHooks hooks;
-  hooks.trace_events = o.events;
-  hooks.kernels = &kern::probe_forward_kernels();  // the timeline's own instantiations
-  gpu::MoeForward f(c, {}, hooks);
-  for (int i = 0; i < 3; ++i) f.forward(data.batch(), data.weights(), data.out.ptr, nullptr);
-  f.check(nullptr);  // the third forward's timeline: warm caches and clocks
+  const bool backward = o.direction == "backward";
   int64_t claimed = 0;
-  const std::vector<kern::TraceEvent> events = f.runner().trace(nullptr, &claimed);
-  write_text_file(o.out, chrome_trace_json(events), "--out");
-  std::printf("mok trace: %s, T = %d, the third of three forwards; %zu events (%s)\n\n",
-              o.layer.name().c_str(), c.max_tokens_per_rank, events.size(), o.out.c_str());
-  std::fputs(timeline_summary_text(summarize_timeline(events)).c_str(), stdout);
+  std::vector<kern::TraceEvent> events;
+  if (!backward) {
+    gpu::detail::ForwardHooks hooks;
+    hooks.trace_events = o.events;
+    hooks.kernels = &kern::probe_forward_kernels();  // the timeline's own instantiations
+    gpu::MoeForward f(c, {}, hooks);
+    for (int i = 0; i < 3; ++i) f.forward(data.batch(), data.weights(), data.out.ptr, nullptr);
+    f.check(nullptr);  // the third forward's timeline: warm caches and clocks
+    events = f.runner().trace(nullptr, &claimed);
+  } else {
+    const int64_t T = c.max_tokens_per_rank, H = c.hidden;
+    const size_t routed = size_t(c.num_experts) * size_t(c.intermediate) * size_t(H),
+                 shared = size_t(c.shared_width()) * size_t(H);
+    DeviceArray<__nv_bfloat16> d_out(size_t(T * H)), d_x(d_out.n), dsg(shared), dsu(shared),
+        dsd(shared), dg(routed), du(routed), dd(routed);
+    DeviceArray<float> d_w(size_t(T * c.top_k));
+    cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, T * H, 21, 1.0f, nullptr), "fill");
+    const gpu::DeviceGradients grads{d_x.ptr, d_w.ptr, dsg.ptr, dsu.ptr,
+                                     dsd.ptr, dg.ptr,  du.ptr,  dd.ptr};
+    gpu::detail::ForwardHooks hooks;
+    hooks.trace_events = o.events;
+    hooks.backward_kernels = &kern::trace_backward_kernels();  // the timeline's instantiations
+    gpu::BackwardOptions bo;
+    bo.weight_grads = gpu::WeightGrads::write_bf16;
+    gpu::MoeForward f(c);
+    gpu::MoeBackward b(c, bo, hooks);
+    gpu::Schedule s(c);
+    gpu::ForwardContext ctx(c);
+    for (int i = 0; i < 3; ++i) {
+      f.schedule(data.batch(), s, nullptr);
+      f.forward(s, data.batch(), data.weights(), data.out.ptr, &ctx, nullptr);
+      b.backward(s, ctx, data.batch(), data.weights(), d_out.ptr, grads, nullptr);
+    }
+    f.check(nullptr);
+    b.check(nullptr);  // the third backward's timeline
+    events = b.runner().trace(nullptr, &claimed);
+  }
+  const std::vector<std::string>& kinds = backward ? kBackwardTileKinds : kForwardTileKinds;
+  write_text_file(o.out, chrome_trace_json(events, kinds), "--out");
+  std::printf("mok trace: %s, T = %d, the third of three %ss; %zu events (%s)\n\n",
+              o.layer.name().c_str(), c.max_tokens_per_rank, o.direction.c_str(), events.size(),
+              o.out.c_str());
+  std::fputs(timeline_summary_text(summarize_timeline(events, kinds)).c_str(), stdout);
   if (claimed > int64_t(events.size()))
     std::printf("the timeline held %zu of %lld events: raise --events\n", events.size(),
                 static_cast<long long>(claimed));

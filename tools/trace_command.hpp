@@ -1,6 +1,6 @@
-// `mok trace`: the in-kernel timeline of one forward (EP = 1, BF16) as a Chrome / Perfetto trace,
-// with each role's busy share, its longest idle gap and the overlap of row movement with the
-// GEMMs; bench/plot_trace.py draws the trace as a PNG.
+// `mok trace`: the in-kernel timeline of one forward or backward (EP = 1, BF16) as a Chrome /
+// Perfetto trace, with each role's busy share, its longest idle gap, the consumers' time by tile
+// kind and the overlap of row movement with the GEMMs; bench/plot_trace.py draws it as a PNG.
 #pragma once
 #include <cstdint>
 #include <string>
@@ -12,6 +12,7 @@ namespace mok::tools {
 
 struct TraceOptions {
   LayerOptions layer;                  // default: qwen3-30b
+  std::string direction = "forward";   // or backward (after a training forward)
   std::string out = "mok_trace.json";  // the Chrome trace
   int64_t events = int64_t(1) << 22;   // the timeline's capacity
 };

@@ -10,12 +10,26 @@
 namespace mok::tools {
 
 const char* const kTraceRoleNames[kern::kTraceRoles] = {"producer", "consumer 0", "consumer 1",
-                                                        "dispatch", "combine"};
+                                                        "dispatch", "combine",    "store"};
+const std::vector<std::string> kForwardTileKinds = {"shared gate/up", "routed gate/up",
+                                                    "shared down", "routed down"};
+const std::vector<std::string> kBackwardTileKinds = {"dgrad down", "dgrad gate/up", "wgrad down",
+                                                     "wgrad gate/up", "recompute"};
 
 namespace {
 
 const char* role_name(int role) {
   return role >= 0 && role < int(kern::kTraceRoles) ? kTraceRoleNames[role] : "role";
+}
+
+bool gemm_role(int role) {
+  return role == kern::kTraceProducer || role == kern::kTraceConsumer0 ||
+         role == kern::kTraceConsumer1;
+}
+
+std::string kind_name(const std::vector<std::string>& kinds, int kind) {
+  return kind >= 0 && kind < int(kinds.size()) ? kinds[size_t(kind)]
+                                               : "kind " + std::to_string(kind);
 }
 
 std::string number(double v) {
@@ -58,7 +72,8 @@ uint64_t overlap(const std::vector<Interval>& a, const std::vector<Interval>& b)
 
 }  // namespace
 
-std::string chrome_trace_json(const std::vector<kern::TraceEvent>& events) {
+std::string chrome_trace_json(const std::vector<kern::TraceEvent>& events,
+                              const std::vector<std::string>& kinds) {
   uint64_t t0 = UINT64_MAX;
   for (const kern::TraceEvent& e : events) t0 = std::min(t0, e.start_ns);
   std::map<std::pair<int, int>, std::string> tracks;  // (rank, tid) -> name
@@ -69,13 +84,17 @@ std::string chrome_trace_json(const std::vector<kern::TraceEvent>& events) {
     tracks[{e.rank, tid}] = "SM " + std::to_string(e.sm) + " " + role_name(e.role);
     j += first ? "\n  " : ",\n  ";
     first = false;
-    j +=
-        "{\"name\": " + json_string(std::string(role_name(e.role)) + " " + std::to_string(e.what)) +
-        ", \"ph\": \"X\", \"pid\": " + std::to_string(e.rank) +
-        ", \"tid\": " + std::to_string(tid) +
-        ", \"ts\": " + number(double(e.start_ns - t0) * 1e-3) +
-        ", \"dur\": " + number(double(e.end_ns - e.start_ns) * 1e-3) +
-        ", \"args\": {\"what\": " + std::to_string(e.what) + "}}";
+    const bool kinded = !kinds.empty() && gemm_role(e.role);
+    const std::string kind = kinded ? kind_name(kinds, e.kind) : "";
+    j += "{\"name\": " +
+         json_string(std::string(role_name(e.role)) + (kinded ? " " + kind : "") + " " +
+                     std::to_string(e.what)) +
+         ", \"ph\": \"X\", \"pid\": " + std::to_string(e.rank) +
+         ", \"tid\": " + std::to_string(tid) +
+         ", \"ts\": " + number(double(e.start_ns - t0) * 1e-3) +
+         ", \"dur\": " + number(double(e.end_ns - e.start_ns) * 1e-3) +
+         ", \"args\": {\"what\": " + std::to_string(e.what) +
+         (kinded ? ", \"kind\": " + json_string(kind) : "") + "}}";
   }
   for (const auto& [key, name] : tracks) {
     j += first ? "\n  " : ",\n  ";
@@ -87,7 +106,8 @@ std::string chrome_trace_json(const std::vector<kern::TraceEvent>& events) {
   return j + "\n]}\n";
 }
 
-TimelineSummary summarize_timeline(const std::vector<kern::TraceEvent>& events) {
+TimelineSummary summarize_timeline(const std::vector<kern::TraceEvent>& events,
+                                   const std::vector<std::string>& kinds) {
   TimelineSummary s;
   if (events.empty()) return s;
   uint64_t t0 = UINT64_MAX, t1 = 0;
@@ -119,6 +139,22 @@ TimelineSummary summarize_timeline(const std::vector<kern::TraceEvent>& events) 
     r.longest_gap_us = double(gap) * 1e-3;
     s.roles.push_back(r);
   }
+  if (!kinds.empty()) {
+    std::map<int, KindSummary> by_kind;
+    uint64_t consumers = 0;
+    for (const kern::TraceEvent& e : events) {
+      if (e.role != kern::kTraceConsumer0 && e.role != kern::kTraceConsumer1) continue;
+      KindSummary& k = by_kind[e.kind];
+      k.kind = kind_name(kinds, e.kind);
+      ++k.events;
+      k.consumer_ms += double(e.end_ns - e.start_ns) * 1e-6;
+      consumers += e.end_ns - e.start_ns;
+    }
+    for (auto& [kind, k] : by_kind) {
+      k.share = consumers > 0 ? k.consumer_ms * 1e6 / double(consumers) : 0;
+      s.kinds.push_back(k);
+    }
+  }
   const std::vector<Interval> moving = merged(movement), computing = merged(compute);
   s.movement_us = double(length(moving)) * 1e-3;
   s.movement_overlapped =
@@ -134,6 +170,17 @@ std::string timeline_summary_text(const TimelineSummary& s) {
     std::snprintf(line, sizeof line, "| %s | %lld | %d | %.0f%% | %.1f |\n", r.role.c_str(),
                   static_cast<long long>(r.events), r.tracks, 100.0 * r.busy, r.longest_gap_us);
     t += line;
+  }
+  if (!s.kinds.empty()) {
+    t += "\n| tile kind | consumer tiles | consumer time ms (summed over warpgroups) | share |\n"
+         "|---|---|---|---|\n";
+    for (const KindSummary& k : s.kinds) {
+      char line[160];
+      std::snprintf(line, sizeof line, "| %s | %lld | %.3f | %.0f%% |\n", k.kind.c_str(),
+                    static_cast<long long>(k.events), k.consumer_ms, 100.0 * k.share);
+      t += line;
+    }
+    t += "\n";
   }
   char tail[200];
   std::snprintf(tail, sizeof tail,

@@ -76,6 +76,13 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
           who + ": dispatch_ctas and max_ctas must be >= 0 (0: automatic), got " +
               std::to_string(o.dispatch_ctas) + " and " + std::to_string(o.max_ctas));
   wait_seconds = resolve_wait_seconds(o.wait_seconds);
+  kernels = h.backward_kernels ? h.backward_kernels : &kern::production_backward_kernels();
+  require(h.trace_events == 0 || (h.backward_kernels && ranks == 1 && !h.staged_backward),
+          ErrorCode::invalid_argument,
+          who +
+              ": the timeline (trace_events) runs one rank's fused backward on its own "
+              "instantiations (ForwardHooks::backward_kernels = &kern::trace_backward_kernels())");
+  trace_ = TraceBuffer(h.trace_events, who);
 
   const auto [sms, clock_khz] = current_device_sms_and_clock();
   int per_sm = 0;
@@ -88,7 +95,7 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
           who + ": block_n = " + std::to_string(o.block_n) +
               ": allowed 0 (automatic), 128, or 256 when H, I and S are multiples of 256");
   block_n = o.block_n != 0 ? o.block_n : wide_ok && I >= 768 ? 256 : 128;
-  check_cuda(kern::prepare_backward_kernel(block_n, &per_sm), "preparing the backward kernel");
+  check_cuda(kernels->prepare(block_n, &per_sm), "preparing the backward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the backward kernel does not fit on an SM");
   grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
   share = grid / ranks;  // CTAs per rank (the last rank also takes the remainder)
@@ -323,6 +330,8 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
   p.gather_rows = 0;
   p.group_blocks = sched::kTileGroupRows;
   p.wait_cycles = wait_cycles;
+  p.trace = trace_.words();
+  p.trace_capacity = trace_.capacity();
   p.delay_ns = hooks.dispatch_delay_ns;
   p.delay_seed = hooks.delay_seed + uint32_t(ep_rank);
   p.never_publish_block =
@@ -397,8 +406,9 @@ void BackwardRunner::backward(const std::vector<RankCall>& calls, cudaStream_t s
   for (const RankBackward& w : ranks_)
     check_cuda(cudaMemsetAsync(w.counters, 0, w.zeroed_bytes, stream), "cudaMemsetAsync");
   if (transport_step) transport_step(shares[0].params, stream);
+  trace_.reset(stream);
   if (!hooks.staged_backward) {
-    check_cuda(kern::launch_backward(shares.data(), ranks, group, grid, stream),
+    check_cuda(kernels->launch(shares.data(), ranks, group, grid, stream),
                "the backward megakernel");
   } else {
     // Later launches find the earlier ones' counters filled: they restart only the claims (the
@@ -415,8 +425,7 @@ void BackwardRunner::backward(const std::vector<RankCall>& calls, cudaStream_t s
           check_cuda(cudaMemsetAsync(sh.params.combine_next, 0, 2 * sizeof(uint32_t), stream),
                      "cudaMemsetAsync");
       }
-      check_cuda(kern::launch_backward(shares.data(), ranks, group, grid, stream),
-                 "the staged backward");
+      check_cuda(kernels->launch(shares.data(), ranks, group, grid, stream), "the staged backward");
     }
   }
   last_schedule = calls[0].schedule;

@@ -15,6 +15,7 @@
 #include "layer/forward_hooks.hpp"
 #include "layer/forward_plan.hpp"
 #include "layer/rank_forward.hpp"
+#include "layer/trace_buffer.hpp"
 #include "mok/gpu/moe_backward.hpp"
 
 namespace mok::gpu::detail {
@@ -68,6 +69,10 @@ class BackwardRunner {
   void check(cudaStream_t stream) const;
   // After the stream has finished; one rank, built with ForwardHooks::wait_times.
   ForwardProfile profile(cudaStream_t stream) const;
+  // The last backward's timeline (ForwardHooks::trace_events; synchronises `stream`).
+  std::vector<kern::TraceEvent> trace(cudaStream_t stream, int64_t* claimed = nullptr) const {
+    return trace_.read(stream, claimed);
+  }
 
   Config config;
   BackwardOptions options;
@@ -94,6 +99,8 @@ class BackwardRunner {
   std::vector<RankBackward> ranks_;
   kern::BackwardShare* group = nullptr;         // an emulated group's shares in device memory
   const RankSchedule* last_schedule = nullptr;  // rank 0's, of the last backward
+  const kern::BackwardKernels* kernels = nullptr;
+  TraceBuffer trace_;  // ForwardHooks::trace_events
 };
 
 }  // namespace mok::gpu::detail

@@ -9,6 +9,10 @@
 
 #include "kernels/moe_forward/forward_params.hpp"
 
+namespace mok::kern {
+struct BackwardKernels;  // backward_params.hpp
+}  // namespace mok::kern
+
 namespace mok::gpu::detail {
 
 struct ForwardHooks {
@@ -46,6 +50,9 @@ struct ForwardHooks {
   int64_t trace_events = 0;
   // The instantiations to run; nullptr: kern::production_forward_kernels().
   const kern::ForwardKernels* kernels = nullptr;
+  // The backward's (BackwardRunner; with trace_events: kern::trace_backward_kernels(), one rank);
+  // nullptr: kern::production_backward_kernels().
+  const kern::BackwardKernels* backward_kernels = nullptr;
 
   // Hooks that only the dispatch role takes (the EP = 1 forward then keeps the dispatch copy).
   bool needs_dispatch_role() const {

@@ -99,8 +99,9 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
           ErrorCode::invalid_argument,
           "block_n = " + std::to_string(o.block_n) +
               ": allowed 0 (automatic), 128, or 256 when I and S are multiples of 128");
-  plan.row_path = fp8 ? RowPath::dispatch_copy
-                      : resolve_row_path(c, o, plan.kernel.block_n, expert_parallel, needs_dispatch);
+  plan.row_path =
+      fp8 ? RowPath::dispatch_copy
+          : resolve_row_path(c, o, plan.kernel.block_n, expert_parallel, needs_dispatch);
   require(expert_parallel || plan.row_path != RowPath::producer_gather || !needs_dispatch,
           ErrorCode::invalid_argument,
           name +

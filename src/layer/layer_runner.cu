@@ -19,18 +19,12 @@ LayerRunner::LayerRunner(const Config& c, const ForwardOptions& o, const Forward
   for (auto& r : ranks_)
     r.allocate(
         c, {.timings = h.wait_times, .y_slots = y_slots, .random_ring = h.without_dispatch_copy});
-  require(h.trace_events >= 0 && h.trace_events <= (int64_t(1) << 28), ErrorCode::invalid_argument,
-          std::string(who) + ": trace_events " + std::to_string(h.trace_events) +
-              ": allowed 0 (no timeline) to 2^28");
-  if (h.trace_events > 0)
-    trace_ = device_alloc<unsigned long long>(size_t(1 + kern::kTraceWords * h.trace_events),
-                                              "cudaMalloc (the timeline)");
+  trace_ = TraceBuffer(h.trace_events, who);
 }
 
 LayerRunner::~LayerRunner() {
   for (auto& r : ranks_) r.release();
   cudaFree(group_shares_);
-  cudaFree(trace_);
 }
 
 int LayerRunner::ep_rank(int r) const {
@@ -83,8 +77,8 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
     l.ranks[i].maps = rank_maps(w, config_, call.batch, call.weights, a, plan_.kernel.block_n);
     l.ranks[i].params = rank_params(w, s, a, config_, call.batch, call.weights, call.out, plan_,
                                     hooks_, ep_rank(r), ranks_[0].aborted);
-    l.ranks[i].params.trace = trace_;  // every rank's events in one buffer
-    l.ranks[i].params.trace_capacity = hooks_.trace_events;
+    l.ranks[i].params.trace = trace_.words();  // every rank's events in one buffer
+    l.ranks[i].params.trace_capacity = trace_.capacity();
   }
   for (int r = 0; r < n; ++r)  // every rank reaches every other rank's buffers
     for (int q = 0; q < n; ++q) {
@@ -112,8 +106,7 @@ void LayerRunner::launch(const Launch& l, cudaStream_t stream, const char* what)
     check_cuda(kern::launch_group_copies(l.ranks.data(), params, stream),
                "copying the group's launch parameters");
   }
-  if (trace_)
-    check_cuda(cudaMemsetAsync(trace_, 0, sizeof(unsigned long long), stream), "cudaMemsetAsync");
+  trace_.reset(stream);
   check_cuda(kern::launch_row_destinations(params, plan_.grid, stream),
              "the row-destination kernel");
   check_cuda(plan_.kernels->launch(params, l.kernel, plan_.grid, stream), what);
@@ -152,22 +145,7 @@ ForwardProfile LayerRunner::profile(cudaStream_t stream) const {
 }
 
 std::vector<kern::TraceEvent> LayerRunner::trace(cudaStream_t stream, int64_t* claimed) const {
-  require(trace_ != nullptr, ErrorCode::invalid_argument,
-          who_ + ": the timeline needs a forward constructed with ForwardHooks::trace_events");
-  unsigned long long count = 0;
-  check_cuda(cudaMemcpyAsync(&count, trace_, sizeof count, cudaMemcpyDeviceToHost, stream),
-             "cudaMemcpyAsync");
-  check_cuda(cudaStreamSynchronize(stream), "the forward");
-  const int64_t kept = std::min<int64_t>(int64_t(count), hooks_.trace_events);
-  std::vector<unsigned long long> words(size_t(kern::kTraceWords * kept));
-  check_cuda(cudaMemcpy(words.data(), trace_ + 1, words.size() * sizeof(unsigned long long),
-                        cudaMemcpyDeviceToHost),
-             "cudaMemcpy");
-  if (claimed) *claimed = int64_t(count);
-  std::vector<kern::TraceEvent> events;
-  for (size_t i = 0; i < words.size(); i += kern::kTraceWords)
-    events.push_back(kern::trace_event_at(&words[i]));
-  return events;
+  return trace_.read(stream, claimed);
 }
 
 }  // namespace mok::gpu::detail

@@ -13,6 +13,7 @@
 #include "layer/forward_hooks.hpp"
 #include "layer/forward_plan.hpp"
 #include "layer/rank_forward.hpp"
+#include "layer/trace_buffer.hpp"
 #include "mok/gpu/schedule.hpp"
 
 namespace mok::gpu::detail {
@@ -73,7 +74,7 @@ class LayerRunner {
   std::vector<RankBuffers> ranks_;            // an emulated group's aborted flag: ranks_[0].aborted
   kern::RankLaunch* group_shares_ = nullptr;  // an emulated group: the shares in device memory
   const RankSchedule* last_schedule_ = nullptr;  // rank 0's, of the last forward
-  unsigned long long* trace_ = nullptr;          // ForwardHooks::trace_events: every rank's
+  TraceBuffer trace_;                            // ForwardHooks::trace_events: every rank's
 };
 
 }  // namespace mok::gpu::detail

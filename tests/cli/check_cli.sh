@@ -116,22 +116,37 @@ rm -f "$json"
 # mok trace: its own options, checked before any GPU work; on a GPU a Chrome trace with every role.
 expect 0 "^usage: mok trace \[options\]$" trace --help
 expect 2 "^mok trace: --events 0: expected an integer in \[1, 268435456\]$" trace --events 0
-expect 2 "^mok trace: --precision fp8_block: mok trace times the BF16 forward$" \
+expect 2 "^mok trace: --precision fp8_block: mok trace records the BF16 forward and backward$" \
   trace --precision fp8_block
 expect 2 "^mok trace: unknown option '--ep' for trace" trace --ep 2
 expect 2 "^mok trace: --out needs a file name, got ''$" trace --out ""
+expect 2 "^mok trace: --direction sideways: expected one of forward, backward$" \
+  trace --direction sideways
 trace="$(mktemp -u).json"
 if "$mok" info | grep -q "GPUs    no GPU"; then
   expect 1 "needs a .*GPU" trace --preset tiny --out "$trace"
-elif ! "$mok" trace --preset tiny --out "$trace" >/dev/null 2>&1 ||
-  ! python3 - "$trace" <<'PY'; then
+  expect 1 "needs a .*GPU" trace --preset tiny --direction backward --out "$trace"
+else
+  for direction in forward backward; do
+    if ! "$mok" trace --preset tiny --direction $direction --out "$trace" >/dev/null 2>&1 ||
+      ! python3 - "$trace" $direction <<'PY'; then
 import json, sys
-events = json.load(open(sys.argv[1]))["traceEvents"]
-roles = {e["name"].rsplit(" ", 1)[0] for e in events if e["ph"] == "X"}
-assert {"producer", "consumer 0", "consumer 1", "combine"} <= roles, roles
+events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+names = ("producer", "consumer 0", "consumer 1", "dispatch", "combine", "store")
+roles = {r for e in events for r in names if e["name"].startswith(r + " ")}
+want = {"producer", "consumer 0", "consumer 1", "combine"}
+kinds = {e["args"]["kind"] for e in events if "kind" in e["args"]}
+if sys.argv[2] == "backward":
+    want |= {"dispatch", "store"}
+    assert {"dgrad down", "dgrad gate/up", "wgrad down", "wgrad gate/up"} <= kinds, kinds
+else:
+    assert {"routed gate/up", "routed down"} <= kinds, kinds
+assert want <= roles, roles
 PY
-  echo "FAIL: mok trace on the GPU"
-  failures=$((failures + 1))
+      echo "FAIL: mok trace --direction $direction on the GPU"
+      failures=$((failures + 1))
+    fi
+  done
 fi
 rm -f "$trace"
 [ "$failures" = 0 ] && echo "all CLI checks passed"

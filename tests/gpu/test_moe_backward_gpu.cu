@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "bench_layer.hpp"
+#include "kernels/moe_backward/backward_trace.hpp"
+#include "layer/backward_runner.hpp"
 #include "mok/gpu/random_fill.hpp"
 #include "one_gpu_backward.hpp"
 
@@ -200,6 +202,84 @@ TEST(MoeBackwardGpu, BitwiseAcrossRunsDelaysAndWeightGradientModes) {
       SCOPED_TRACE("H = " + std::to_string(c.hidden) + ", T = " + std::to_string(tokens));
       expect_bitwise_across_runs_and_modes(c, tokens);
     }
+}
+
+// The backward's timeline (`mok trace --direction backward`): its own instantiations give the
+// library kernel's bits, and record every role: each kind of GEMM tile (dgrad down and gate/up,
+// wgrad down and gate/up), the store warp's staged weight-gradient tiles, the dispatch CTAs
+// (d_out and x rows) and the combine warps, which reduce each token's d_x once. A timeline too
+// small for the run keeps what fits and counts the rest; the fused backward on one rank only.
+TEST(MoeBackwardGpu, TimelineRecordsEveryRoleAndKindAndChangesNoBit) {
+  MOK_REQUIRE_GPU();
+  for (const mok::Config& c : {small_config(1), wide_config()}) {
+    SCOPED_TRACE("H = " + std::to_string(c.hidden));
+    const mok::LayerParams p = mok::tools::random_params(c, 61);
+    const mok::Batch b = mok::tools::random_batch(c, 500, 62);
+    const std::vector<double> d_out = mok::tools::random_vector(size_t(b.tokens * c.hidden), 63);
+    const HostGrads plain = run_backward(c, p, b, d_out, WeightGrads::write_bf16);
+    Step step(c, p, b, d_out, WeightGrads::write_bf16);
+    mok::gpu::BackwardOptions o;
+    o.block_n = widest_tiles(c);
+    o.weight_grads = WeightGrads::write_bf16;
+    mok::gpu::detail::ForwardHooks h;
+    h.trace_events = 1 << 16;
+    h.backward_kernels = &mok::kern::trace_backward_kernels();
+    mok::gpu::MoeForward f(c);
+    mok::gpu::MoeBackward traced(c, o, h);
+    mok::gpu::Schedule s(c);
+    mok::gpu::ForwardContext ctx(c);
+    step.run(f, traced, s, ctx);
+    traced.check(nullptr);
+    const HostGrads again = step.host(WeightGrads::write_bf16);
+    for (int i = 0; i < 7; ++i) ASSERT_EQ(again.bits[i], plain.bits[i]) << "output " << i;
+    int64_t claimed = 0;
+    const auto events = traced.runner().trace(nullptr, &claimed);
+    ASSERT_EQ(int64_t(events.size()), claimed);
+    int64_t per_role[mok::kern::kTraceRoles] = {}, consumer_kinds[5] = {}, tokens = 0;
+    for (const auto& e : events) {
+      ASSERT_GE(e.role, 0);
+      ASSERT_LT(e.role, int(mok::kern::kTraceRoles));
+      ASSERT_LE(e.start_ns, e.end_ns);
+      ASSERT_EQ(e.rank, 0);
+      ++per_role[e.role];
+      if (e.role == mok::kern::kTraceConsumer0 || e.role == mok::kern::kTraceConsumer1) {
+        ASSERT_GE(e.kind, 0);
+        ASSERT_LT(e.kind, 4);  // no recompute tiles when the context keeps g | u
+        ++consumer_kinds[e.kind];
+      }
+      if (e.role == mok::kern::kTraceStore) {
+        ASSERT_TRUE(e.kind == int(mok::kern::BackwardKind::wgrad_down) ||
+                    e.kind == int(mok::kern::BackwardKind::wgrad_gate_up));
+      }
+      if (e.role == mok::kern::kTraceCombine) tokens += e.what;
+    }
+    for (int role = 0; role < int(mok::kern::kTraceRoles); ++role)
+      EXPECT_GT(per_role[role], 0) << "role " << role;
+    for (int kind = 0; kind < 4; ++kind) EXPECT_GT(consumer_kinds[kind], 0) << "kind " << kind;
+    EXPECT_EQ(tokens, b.tokens);
+  }
+  const mok::Config c = small_config(1);
+  const mok::LayerParams p = mok::tools::random_params(c, 64);
+  const mok::Batch b = mok::tools::random_batch(c, 300, 65);
+  Step step(c, p, b, mok::tools::random_vector(size_t(b.tokens * c.hidden), 66),
+            WeightGrads::write_bf16);
+  mok::gpu::detail::ForwardHooks small;
+  small.trace_events = 5;
+  small.backward_kernels = &mok::kern::trace_backward_kernels();
+  mok::gpu::MoeForward f(c);
+  mok::gpu::MoeBackward traced(c, {}, small);
+  mok::gpu::Schedule s(c);
+  mok::gpu::ForwardContext ctx(c);
+  step.run(f, traced, s, ctx);
+  traced.check(nullptr);
+  int64_t claimed = 0;
+  EXPECT_EQ(traced.runner().trace(nullptr, &claimed).size(), 5u);
+  EXPECT_GT(claimed, 5);
+  mok::gpu::detail::ForwardHooks without_kernels;
+  without_kernels.trace_events = 16;
+  EXPECT_THROW(mok::gpu::MoeBackward(c, {}, without_kernels), mok::Error);
+  mok::gpu::MoeBackward untraced(c);
+  EXPECT_THROW(untraced.runner().trace(nullptr), mok::Error);
 }
 
 // A forward and backward captured in one CUDA graph replay to the direct run's bits, and again

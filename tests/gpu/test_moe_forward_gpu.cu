@@ -262,10 +262,11 @@ TEST(MoeForwardGpu, TimelineRecordsEveryRoleAndChangesNoBit) {
       int64_t claimed = 0;
       const auto events = traced.runner().trace(nullptr, &claimed);
       ASSERT_EQ(int64_t(events.size()), claimed);
-      int64_t per_role[5] = {}, tokens = 0;
+      int64_t per_role[mok::kern::kTraceRoles] = {}, tokens = 0;
       for (const auto& e : events) {
         ASSERT_GE(e.role, 0);
-        ASSERT_LT(e.role, 5);
+        ASSERT_LT(e.role, int(mok::kern::kTraceStore));  // the forward has no store warp
+        ASSERT_LT(e.kind, 4);                            // TileKind
         ASSERT_LE(e.start_ns, e.end_ns);
         ASSERT_EQ(e.rank, 0);
         ++per_role[e.role];

@@ -58,3 +58,18 @@ def test_sms_keeps_only_those_tracks_and_refuses_an_empty_choice(tmp_path, capsy
     for bad in ("x", "3-1", "-2"):
         with pytest.raises(Exception, match="--sms"):
             pt.sm_range(bad)
+
+
+def test_by_kind_labels_gemm_events_by_their_tile_kind(tmp_path):
+    pt = load()
+    trace = {"traceEvents": TRACE["traceEvents"] + [
+        {"name": "consumer 1 wgrad down 3", "ph": "X", "pid": 0, "tid": 2, "ts": 1.0, "dur": 1.5,
+         "args": {"what": 3, "kind": "wgrad down"}}]}
+    tracks, _ = pt.read_trace(trace, by_kind=True)
+    assert tracks[(0, 2)] == [(1.0, 1.5, "wgrad down")]
+    assert tracks[(0, 19)] == [(0.0, 1.0, "dispatch")]  # no kind: its role
+    assert pt.read_trace(trace)[0][(0, 2)] == [(1.0, 1.5, "consumer 1")]
+    pytest.importorskip("matplotlib")
+    path = tmp_path / "k.json"
+    path.write_text(json.dumps(trace))
+    assert pt.main([str(path), "-o", str(tmp_path / "k.png"), "--by-kind"]) == 0

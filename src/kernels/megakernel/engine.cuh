@@ -237,7 +237,8 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
       dev::mbar_arrive_expect_tx(bar, Program::stage_bytes(in, a_top_only, kb));
       Program::load_stage(in, ring.a(cursor.stage), ring.b(cursor.stage), bar, kb, a_top_only);
     }
-    if (leader && ok) trace_event<Program::kTrace>(p, kTraceProducer, t, kTraceProducer);
+    if (leader && ok)
+      trace_event<Program::kTrace>(p, kTraceProducer, t, kTraceProducer, int(w.kind));
     if (!__all_sync(0xFFFFFFFFu, ok)) return;
   }
 }
@@ -333,7 +334,7 @@ __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
     Program::epilogue(p, w, d, row0, wg, prefetch, owed, times.timer, ring, cursor);
     times.timer.add(kTimeConsumerEpilogue, epilogue_since);
     if (threadIdx.x % 128 == 0)
-      trace_event<Program::kTrace>(p, kTraceConsumer0 + wg, t, kTraceConsumer0 + wg);
+      trace_event<Program::kTrace>(p, kTraceConsumer0 + wg, t, kTraceConsumer0 + wg, int(w.kind));
   }
 }
 

@@ -29,27 +29,30 @@ enum EngineTiming : int {
 };
 
 // A role's piece of work as one event: [start, end] from the global timer, the role, the rank,
-// the SM and what it worked on (a tile, a dispatch CTA, a combine warp's token count). trace[0]
-// counts the events claimed; event i is trace[1 + 3i ..] = {start, end, trace_tag(...)}; those
-// past the capacity are counted, not written. The recorder is waits.cuh's trace_event, the reader
-// LayerRunner::trace.
+// the SM, what it worked on (a tile, a dispatch CTA, a combine warp's token count) and, for GEMM
+// tiles, the program's kind of tile (the forward's TileKind, the backward's BackwardKind).
+// trace[0] counts the events claimed; event i is trace[1 + 3i ..] = {start, end,
+// trace_tag(...)}; those past the capacity are counted, not written. The recorder is waits.cuh's
+// trace_event, the reader TraceBuffer::read (src/layer/trace_buffer.hpp).
 enum TraceRole : uint32_t {
   kTraceProducer,   // a GEMM tile's loads issued (its claim to its last k-block)
   kTraceConsumer0,  // a GEMM tile's mainloop and epilogue, consumer warpgroup 0
   kTraceConsumer1,  //   ... warpgroup 1
   kTraceDispatch,   // a dispatch CTA's rows (its whole dispatch)
   kTraceCombine,    // a combine warp's tokens (its first claim to the empty queue)
+  kTraceStore,      // the backward's store warp: one staged weight-gradient tile's TMA stores
   kTraceRoles
 };
 constexpr int kTraceWords = 3;  // per event
 struct TraceEvent {
   uint64_t start_ns = 0, end_ns = 0;
-  int role = 0, rank = 0, sm = 0;
+  int role = 0, rank = 0, sm = 0, kind = 0;
   int64_t what = 0;
 };
-MOK_HD uint64_t trace_tag(uint32_t role, int rank, uint32_t sm, int64_t what) {
+// role 8 bits | rank 8 | kind 8 | SM 8 (Hopper has 132) | what 32
+MOK_HD uint64_t trace_tag(uint32_t role, int rank, uint32_t sm, int64_t what, int kind = 0) {
   return uint64_t(role) << 56 | uint64_t(uint32_t(rank) & 0xFFu) << 48 |
-         uint64_t(sm & 0xFFFFu) << 32 | uint32_t(what);
+         uint64_t(uint32_t(kind) & 0xFFu) << 40 | uint64_t(sm & 0xFFu) << 32 | uint32_t(what);
 }
 MOK_HD TraceEvent trace_event_at(const unsigned long long* event) {
   const uint64_t tag = event[2];
@@ -57,7 +60,8 @@ MOK_HD TraceEvent trace_event_at(const unsigned long long* event) {
           event[1],
           int(tag >> 56),
           int((tag >> 48) & 0xFF),
-          int((tag >> 32) & 0xFFFF),
+          int((tag >> 32) & 0xFF),
+          int((tag >> 40) & 0xFF),
           int64_t(uint32_t(tag))};
 }
 

@@ -63,8 +63,8 @@ struct RoleTimer {
 // Compiled only into the timeline's own instantiations (kTrace: forward_params.hpp's
 // kProbeTrace), so the production kernels carry none of it. A role's start time waits in shared
 // memory, one slot per participant: kTraceProducer, kTraceConsumer0 + warpgroup, kTraceDispatch,
-// kTraceCombine + consumer warp.
-constexpr int kTraceSlots = kTraceCombine + 8;
+// kTraceCombine + consumer warp, kTraceStoreSlot.
+constexpr int kTraceStoreSlot = kTraceCombine + 8, kTraceSlots = kTraceStoreSlot + 1;
 __device__ __forceinline__ uint64_t* trace_slots() {
   __shared__ uint64_t slots[kTraceSlots];
   return slots;
@@ -74,7 +74,8 @@ __device__ __forceinline__ void trace_start(int slot) {
   if constexpr (kTrace) trace_slots()[slot] = dev::global_ns();
 }
 template <bool kTrace, class P>
-__device__ __forceinline__ void trace_event(const P& p, uint32_t role, int64_t what, int slot) {
+__device__ __forceinline__ void trace_event(const P& p, uint32_t role, int64_t what, int slot,
+                                            int kind = 0) {
   if constexpr (kTrace) {
     const uint64_t end = dev::global_ns();
     const unsigned long long i = atomicAdd(p.trace, 1ull);
@@ -82,7 +83,7 @@ __device__ __forceinline__ void trace_event(const P& p, uint32_t role, int64_t w
     unsigned long long* e = p.trace + 1 + kTraceWords * i;
     e[0] = trace_slots()[slot];
     e[1] = end;
-    e[2] = trace_tag(role, p.ep_rank, dev::sm_id(), what);
+    e[2] = trace_tag(role, p.ep_rank, dev::sm_id(), what, kind);
   }
 }
 

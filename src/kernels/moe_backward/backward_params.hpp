@@ -101,6 +101,15 @@ struct BackwardParams : ForwardParams {
   int64_t* step_begin;  // [1 + E + 3 lag + 1]: first tile of each step (backward_tiles.cuh)
 };
 
+// A backward GEMM tile's kind (BackwardWork; the timeline's TraceEvent::kind).
+enum class BackwardKind : int {
+  dgrad_down = 0,
+  dgrad_gate_up = 1,
+  wgrad_down = 2,
+  wgrad_gate_up = 3,
+  recompute = 4
+};
+
 // One rank's share, and a launch (the engine's shape): one rank's share by value, or an emulated
 // group's shares in device memory (ranks > 1).
 struct BackwardShare {
@@ -115,12 +124,17 @@ struct BackwardLaunch {
 static_assert(sizeof(BackwardLaunch) <= 8192, "kernel parameters (limit 32764 B)");
 static_assert(alignof(BackwardShare) >= 64, "tensor maps in device memory: 64-byte aligned");
 
-// The backward megakernel (moe_backward_bf16.cu): prepare once per device (shared-memory opt-in
-// and CTAs per SM), then per backward every rank's step table and the megakernel on `grid` CTAs
-// (split evenly between the ranks). shares[ranks]: every rank's share (block_n alike); with
-// ranks > 1 they are copied into `group` (device memory, ranks shares) first.
-cudaError_t prepare_backward_kernel(int block_n, int* ctas_per_sm);
-cudaError_t launch_backward(const BackwardShare* shares, int ranks, BackwardShare* group, int grid,
-                            cudaStream_t stream);
+// A set of backward megakernel instantiations (ForwardHooks::backward_kernels): prepare once per
+// device (shared-memory opt-in and CTAs per SM), then per backward every rank's step table and the
+// megakernel on `grid` CTAs (split evenly between the ranks). shares[ranks]: every rank's share
+// (block_n alike); with ranks > 1 they are copied into `group` (device memory, ranks shares) first.
+struct BackwardKernels {
+  cudaError_t (*prepare)(int block_n, int* ctas_per_sm);
+  cudaError_t (*launch)(const BackwardShare* shares, int ranks, BackwardShare* group, int grid,
+                        cudaStream_t stream);
+};
+// The library's set (moe_backward_bf16.cu): both widths, with and without recompute, one rank and
+// emulated groups.
+const BackwardKernels& production_backward_kernels();
 
 }  // namespace mok::kern

@@ -350,8 +350,9 @@ __device__ __forceinline__ void wgrad_stage(const BackwardParams& p, const Backw
 }
 
 // kRecompute: GateUpMode::recompute's instantiation (its recompute tiles' epilogue beside the
-// others made ptxas spill four times as much in the kernel that keeps).
-template <int kBlockN_, bool kRecompute>
+// others made ptxas spill four times as much in the kernel that keeps). kTrace_: the timeline's
+// instantiation (`mok trace --direction backward`; moe_backward_trace.cu), never the library's.
+template <int kBlockN_, bool kRecompute, bool kTrace_ = false>
 struct BackwardProgram {
   using Params = BackwardParams;
   using Maps = BackwardMaps;
@@ -361,7 +362,7 @@ struct BackwardProgram {
   using Prefetch = DownRows;
   using Owed = BackwardOwed;
   static constexpr int kBlockN = kBlockN_;
-  static constexpr bool kMultiply = true, kLoads = true, kTrace = false;
+  static constexpr bool kMultiply = true, kLoads = true, kTrace = kTrace_;
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
   static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
   static constexpr bool kClaimAhead = true;  // most tiles are short weight-gradient tiles
@@ -388,6 +389,7 @@ struct BackwardProgram {
       const StoreTask t = q.task[c.stage];
       dev::mbar_arrive(&q.empty[c.stage]);
       if (t.stage[0] < 0) break;
+      trace_start<kTrace>(kTraceStoreSlot);
       const CUtensorMap* map = &maps.d_out_maps[t.output];
       for (int h = 0; h < 2; ++h)
         for (int b = 0; b < kBlockN / 64; ++b)
@@ -396,6 +398,10 @@ struct BackwardProgram {
       dev::tma_store_wait_read();
       dev::mbar_arrive(&ring.empty[t.stage[0]], kConsumers * 4);
       dev::mbar_arrive(&ring.empty[t.stage[1]], kConsumers * 4);
+      trace_event<kTrace>(
+          p, kTraceStore, t.output, kTraceStoreSlot,
+          int(t.output == kOutDown || t.output == kOutSharedDown ? BackwardKind::wgrad_down
+                                                                 : BackwardKind::wgrad_gate_up));
     }
     dev::tma_store_wait_all();
   }
@@ -414,7 +420,9 @@ struct BackwardProgram {
            dispatch_role<kBlockN, DyDispatchRows<kBlockN>, ForwardDispatchRows<kBlockN>>(p, cta,
                                                                                          ctas);
   }
-  __device__ static void combine(const Params& p) { combine_role<kBlockN, BackwardCombineSums>(p); }
+  __device__ static void combine(const Params& p) {
+    combine_role<kBlockN, BackwardCombineSums, kTrace>(p);
+  }
 
   __device__ static bool gathering_warpgroup(const Params&) { return false; }
   __device__ static bool inputs_gathered(const Params&, const Work&) { return false; }

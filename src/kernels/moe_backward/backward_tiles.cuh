@@ -36,14 +36,6 @@
 
 namespace mok::kern {
 
-enum class BackwardKind : int {
-  dgrad_down = 0,
-  dgrad_gate_up = 1,
-  wgrad_down = 2,
-  wgrad_gate_up = 3,
-  recompute = 4
-};
-
 struct BackwardWork {
   BackwardKind kind;
   int unit;         // 0: the shared experts, 1 + e: local expert e

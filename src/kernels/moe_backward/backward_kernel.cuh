@@ -1,0 +1,108 @@
+// The BF16 backward megakernel, sm_90a: the engine (megakernel/engine.cuh) running the backward's
+// tile program (backward_program.cuh), after a one-block kernel that lays out its tile sequence.
+// The kernel sets that include it: the library's (moe_backward_bf16.cu) and the timeline's
+// (moe_backward_trace.cu, kTrace).
+#pragma once
+#include <type_traits>
+
+#include "kernels/megakernel/engine.cuh"
+#include "kernels/moe_backward/backward_program.cuh"
+#include "mok/device/block_scan.cuh"
+
+namespace mok::kern {
+
+// The consumers keep 224 registers: at the forward's 200 the 256-wide epilogues (three kinds
+// beside the 128 accumulators) spilled 268 bytes, at 224 they spill 64 (ptxas -v); the producer
+// walks the tile table in shared memory and needs less than the forward's.
+constexpr int kBackwardProducerRegs = 56, kBackwardConsumerRegs = 224;
+static_assert(128 * kBackwardProducerRegs + kConsumers * 128 * kBackwardConsumerRegs <=
+                  kThreads * 168,
+              "setmaxnreg budget");
+
+// Internal linkage, each set's instantiations its own translation unit's: with external linkage
+// nvcc gave the same production kernels different SASS (cuobjdump, against 9d65bdf).
+namespace {
+
+// kGroup: an emulated group's shares in device memory (launch.group); kRecompute:
+// GateUpMode::recompute (BackwardProgram); kTrace: the timeline recorded.
+template <int kBlockN, bool kGroup, bool kRecompute, bool kTrace>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_backward_kernel(const __grid_constant__ BackwardLaunch launch) {
+  run_megakernel<BackwardProgram<kBlockN, kRecompute, kTrace>, kBackwardProducerRegs,
+                 kBackwardConsumerRegs, kGroup>(launch);
+}
+
+}  // namespace
+
+// Before a group's megakernel: one rank's share into device memory, then the release that lets
+// the megakernel's TMA read the maps in it.
+__global__ void backward_share_copy_kernel(const __grid_constant__ BackwardShare share,
+                                           BackwardShare* to);
+
+// step_begin: the first tile of each step of the sequence (backward_tiles.cuh), an exclusive
+// prefix over the steps' tile counts, 1024 steps per pass.
+__global__ void backward_steps_kernel(const __grid_constant__ BackwardParams p);
+
+// Tile width 128 or 256 (every tile of a launch).
+template <class F>
+cudaError_t with_block_n(int block_n, F&& f) {
+  if (block_n == 128) return f(std::integral_constant<int, 128>{});
+  if (block_n == 256) return f(std::integral_constant<int, 256>{});
+  return cudaErrorInvalidValue;
+}
+
+// A kernel set's prepare and launch (BackwardKernels). kGroups: the set has the emulated groups'
+// instantiations (the timeline's runs one rank).
+template <bool kTrace, bool kGroups>
+cudaError_t prepare_backward_set(int block_n, int* ctas_per_sm) {
+  return with_block_n(block_n, [&](auto n) {
+    constexpr int kBlockN = decltype(n)::value, kSmem = TileShape<kBlockN>::kSmemBytes;
+    for (bool group : {false, true})
+      for (bool recompute : {false, true}) {
+        if (group && !kGroups) continue;
+        const void* kernel =
+            group ? (recompute ? (const void*)moe_backward_kernel<kBlockN, kGroups, true, kTrace>
+                               : (const void*)moe_backward_kernel<kBlockN, kGroups, false, kTrace>)
+                  : (recompute ? (const void*)moe_backward_kernel<kBlockN, false, true, kTrace>
+                               : (const void*)moe_backward_kernel<kBlockN, false, false, kTrace>);
+        if (cudaError_t e =
+                cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
+            e != cudaSuccess)
+          return e;
+      }
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        ctas_per_sm, moe_backward_kernel<kBlockN, false, false, kTrace>, kThreads, kSmem);
+  });
+}
+
+template <bool kTrace, bool kGroups>
+cudaError_t launch_backward_set(const BackwardShare* shares, int ranks, BackwardShare* group,
+                                int grid, cudaStream_t stream) {
+  if (ranks < 1 || ranks > kMaxRanks || grid < ranks || (ranks > 1 && (!group || !kGroups)))
+    return cudaErrorInvalidValue;
+  for (int r = 0; r < ranks; ++r) {
+    if (shares[r].params.block_n != shares[0].params.block_n ||
+        shares[r].params.recompute != shares[0].params.recompute)
+      return cudaErrorInvalidValue;
+    backward_steps_kernel<<<1, 1024, 0, stream>>>(shares[r].params);
+    if (ranks > 1) backward_share_copy_kernel<<<1, 128, 0, stream>>>(shares[r], group + r);
+  }
+  return with_block_n(shares[0].params.block_n, [&](auto n) {
+    constexpr int kBlockN = decltype(n)::value, kSmem = TileShape<kBlockN>::kSmemBytes;
+    BackwardLaunch launch{};
+    launch.ranks = ranks;
+    const bool recompute = shares[0].params.recompute != 0;
+    if (ranks == 1)
+      launch.local = shares[0];
+    else
+      launch.group = group;
+    auto* kernel = ranks == 1  ? (recompute ? moe_backward_kernel<kBlockN, false, true, kTrace>
+                                            : moe_backward_kernel<kBlockN, false, false, kTrace>)
+                   : recompute ? moe_backward_kernel<kBlockN, kGroups, true, kTrace>
+                               : moe_backward_kernel<kBlockN, kGroups, false, kTrace>;
+    kernel<<<grid, kThreads, kSmem, stream>>>(launch);
+    return cudaGetLastError();
+  });
+}
+
+}  // namespace mok::kern

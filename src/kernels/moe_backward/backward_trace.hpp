@@ -1,0 +1,11 @@
+// The backward megakernel's timeline instantiations (moe_backward_trace.cu, library mok_probes):
+// what `mok trace --direction backward` and the trace test run instead of the library's set,
+// through detail::ForwardHooks::backward_kernels.
+#pragma once
+#include "kernels/moe_backward/backward_params.hpp"
+
+namespace mok::kern {
+
+const BackwardKernels& trace_backward_kernels();  // one rank (no emulated groups)
+
+}  // namespace mok::kern
