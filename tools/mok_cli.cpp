@@ -21,7 +21,7 @@ const char* kUsage =
     "  info      build type, CUDA and NCCL versions, GPUs seen\n"
     "  run       a verified MoE layer forward and backward, timed (mok run --help)\n"
     "  bench     the GPU forward or backward timed beside its baselines (mok bench --help)\n"
-    "  trace     the forward megakernel's in-kernel timeline (mok trace --help)\n"
+    "  trace     the forward or backward megakernel's in-kernel timeline (mok trace --help)\n"
     "  --version the version\n";
 
 bool asks_for_help(const std::vector<std::string>& args) {

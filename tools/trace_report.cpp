@@ -22,9 +22,10 @@ const char* role_name(int role) {
   return role >= 0 && role < int(kern::kTraceRoles) ? kTraceRoleNames[role] : "role";
 }
 
-bool gemm_role(int role) {
+// The roles whose events are GEMM tiles (and carry a tile kind).
+bool tile_role(int role) {
   return role == kern::kTraceProducer || role == kern::kTraceConsumer0 ||
-         role == kern::kTraceConsumer1;
+         role == kern::kTraceConsumer1 || role == kern::kTraceStore;
 }
 
 std::string kind_name(const std::vector<std::string>& kinds, int kind) {
@@ -84,7 +85,7 @@ std::string chrome_trace_json(const std::vector<kern::TraceEvent>& events,
     tracks[{e.rank, tid}] = "SM " + std::to_string(e.sm) + " " + role_name(e.role);
     j += first ? "\n  " : ",\n  ";
     first = false;
-    const bool kinded = !kinds.empty() && gemm_role(e.role);
+    const bool kinded = !kinds.empty() && tile_role(e.role);
     const std::string kind = kinded ? kind_name(kinds, e.kind) : "";
     j += "{\"name\": " +
          json_string(std::string(role_name(e.role)) + (kinded ? " " + kind : "") + " " +

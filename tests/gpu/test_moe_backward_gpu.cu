@@ -266,8 +266,10 @@ TEST(MoeBackwardGpu, TimelineRecordsEveryRoleAndKindAndChangesNoBit) {
   mok::gpu::detail::ForwardHooks small;
   small.trace_events = 5;
   small.backward_kernels = &mok::kern::trace_backward_kernels();
+  mok::gpu::BackwardOptions bf16;
+  bf16.weight_grads = WeightGrads::write_bf16;  // the Step's gradient buffers
   mok::gpu::MoeForward f(c);
-  mok::gpu::MoeBackward traced(c, {}, small);
+  mok::gpu::MoeBackward traced(c, bf16, small);
   mok::gpu::Schedule s(c);
   mok::gpu::ForwardContext ctx(c);
   step.run(f, traced, s, ctx);

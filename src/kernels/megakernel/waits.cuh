@@ -77,6 +77,7 @@ template <bool kTrace, class P>
 __device__ __forceinline__ void trace_event(const P& p, uint32_t role, int64_t what, int slot,
                                             int kind = 0) {
   if constexpr (kTrace) {
+    if (p.trace == nullptr) return;  // a timeline kernel launched without a buffer
     const uint64_t end = dev::global_ns();
     const unsigned long long i = atomicAdd(p.trace, 1ull);
     if (i >= static_cast<unsigned long long>(p.trace_capacity)) return;
