@@ -1,5 +1,6 @@
 // Device quantizers give the host quantizers' bits (which tests/python checks against NumPy).
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "gpu_test_util.hpp"
@@ -20,6 +21,60 @@ std::vector<float> test_matrix(int64_t rows, int64_t cols, uint64_t seed) {
   x[size_t(2 * cols + 1)] = -0.0f;
   for (int64_t c = 0; c < cols; ++c) x[size_t(4 * cols + c)] = 0.0f;
   x[size_t(5 * cols)] = 3.4e38f;
+  return x;
+}
+
+// About 10^7 values for the bit-for-bit comparisons (issue 30): test_matrix's random rows, then
+// rows of the edge cases formats.md decides, each pattern repeated along its row so that every
+// block position meets it. `finite_range`: NVFP4's one global scale, where a huge value would
+// flush every other block to zero, so values stay within [-1e3, 1e3] and no Inf or FLT_MAX.
+std::vector<float> edge_case_matrix(int64_t cols, uint64_t seed, bool finite_range = false) {
+  const int64_t rows = (int64_t(10'000'000) + cols - 1) / cols;
+  std::vector<float> x = test_matrix(rows, cols, seed);
+  if (finite_range)
+    for (float& v : x) v = std::isfinite(v) ? std::fmod(v, 1e3f) : 0.0f;
+  std::mt19937_64 rng(seed + 1);
+  auto row = [&](int64_t r, auto value) {
+    for (int64_t c = 0; c < cols; ++c) x[size_t(r * cols + c)] = value(c);
+  };
+  const float big = finite_range ? 448.0f : 448.0f * 1024.0f;
+  int64_t r = 6;
+  // Ties of E4M3 once scaled (amax 448 x 2^k gives scale 2^k): 1 + 1/16 lies between 1 and 1.125.
+  for (int k : {-3, 0, 5}) {
+    row(r++, [&](int64_t c) {
+      return c % 32 == 0 ? std::ldexp(big, k) : std::ldexp(1.0f + float(c % 16) / 16.0f, k);
+    });
+  }
+  // Just above and below the scale boundaries (RCEIL / FLOOR differ there).
+  row(r++,
+      [&](int64_t c) { return c % 2 ? std::nextafter(big, 0.0f) : std::nextafter(big, 1e9f); });
+  // E2M1 thresholds (0.25 ... 5 times a power of two) and their neighbours.
+  const float thresholds[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f, 6.0f};
+  row(r++, [&](int64_t c) { return (c % 2 ? -1.0f : 1.0f) * thresholds[c % 8] * 4.0f; });
+  row(r++, [&](int64_t c) { return std::nextafter(thresholds[c % 8], c % 3 ? 0.0f : 8.0f); });
+  // FP32 subnormals, and a block amax below 448 x 2^-127 (MXFP8 flushes it to zero).
+  row(r++, [&](int64_t c) { return std::numeric_limits<float>::denorm_min() * float(c + 1); });
+  row(r++, [&](int64_t c) { return finite_range ? 1e-30f * float(c % 7) : 1e-37f * float(c % 7); });
+  // Negative zero only; zero with one tiny value; one value per block and the rest zero.
+  row(r++, [&](int64_t) { return -0.0f; });
+  row(r++, [&](int64_t c) { return c % 16 == 5 ? 1e-3f : 0.0f; });
+  row(r++, [&](int64_t c) { return c % 128 == 0 ? -7.0f : 0.0f; });
+  // Huge beside tiny in one block: the tiny ones round to zero.
+  row(r++, [&](int64_t c) { return c % 8 == 0 ? big : 1e-6f; });
+  // NaN or +-Inf at every position once (non-finite blocks decode to NaN), and mixed signs.
+  if (!finite_range) {
+    row(r++, [&](int64_t c) { return c % 33 == 0 ? NAN : 1.0f; });
+    row(r++, [&](int64_t c) { return c % 29 == 0 ? (c % 2 ? INFINITY : -INFINITY) : -2.0f; });
+    row(r++, [&](int64_t c) { return c % 64 == 0 ? std::numeric_limits<float>::max() : 1.0f; });
+  } else {
+    row(r++, [&](int64_t c) { return c % 33 == 0 ? NAN : 1.0f; });
+  }
+  // Random signs and magnitudes spanning E4M3's range inside one block.
+  for (int i = 0; i < 4; ++i)
+    row(r++, [&](int64_t) {
+      const float m = std::ldexp(1.0f + float(rng() % 8) / 8.0f, int(rng() % 20) - 10);
+      return rng() % 2 ? -m : m;
+    });
   return x;
 }
 }  // namespace
@@ -83,4 +138,54 @@ TEST(FormatsGpu, RejectsColumnCountsThatSplitABlock) {
   EXPECT_EQ(mok::gpu::quantize_mxfp8_rows(nullptr, 1, 33, mok::MxScaleRule::rceil, nullptr, nullptr,
                                           nullptr),
             cudaErrorInvalidValue);
+}
+
+// About 10^7 values each, with formats.md's edge cases (edge_case_matrix): the device quantizers
+// give the host ones' bits, NaN scales compared as NaN.
+TEST(FormatsGpu, TenMillionValuesWithEdgeCasesMatchHostBits) {
+  MOK_REQUIRE_GPU();
+  {
+    const int64_t cols = 2048;
+    const std::vector<float> x = edge_case_matrix(cols, 11);
+    const int64_t rows = int64_t(x.size()) / cols;
+    DeviceBuffer<float> dx(x);
+    for (mok::MxScaleRule rule : {mok::MxScaleRule::rceil, mok::MxScaleRule::floor}) {
+      DeviceBuffer<uint8_t> data(x.size()), scales(x.size() / 32);
+      MOK_CUDA_OK(
+          mok::gpu::quantize_mxfp8_rows(dx.ptr, rows, cols, rule, data.ptr, scales.ptr, nullptr));
+      MOK_CUDA_OK(cudaDeviceSynchronize());
+      const mok::Mxfp8Tensor want = mok::quantize_mxfp8(x.data(), rows, cols, {1, 32}, rule);
+      EXPECT_TRUE(data.to_host() == want.data) << "mxfp8 codes";
+      EXPECT_TRUE(scales.to_host() == want.scales) << "mxfp8 scales";
+    }
+    for (bool ue8m0 : {false, true}) {
+      DeviceBuffer<uint8_t> data(x.size());
+      DeviceBuffer<float> scales(x.size() / 128);
+      MOK_CUDA_OK(mok::gpu::quantize_fp8_block_rows(dx.ptr, rows, cols, ue8m0, data.ptr, scales.ptr,
+                                                    nullptr));
+      MOK_CUDA_OK(cudaDeviceSynchronize());
+      const mok::Fp8BlockTensor want =
+          mok::quantize_fp8_block(x.data(), rows, cols, {1, 128}, ue8m0);
+      EXPECT_TRUE(data.to_host() == want.data) << "fp8_block codes";
+      const std::vector<float> got = scales.to_host();
+      size_t differ = 0;
+      for (size_t i = 0; i < got.size(); ++i)
+        differ += !(got[i] == want.scales[i] || (std::isnan(got[i]) && std::isnan(want.scales[i])));
+      EXPECT_EQ(differ, 0u) << "fp8_block scales";
+    }
+  }
+  const int64_t cols = 1024;
+  const std::vector<float> x = edge_case_matrix(cols, 12, /*finite_range=*/true);
+  const int64_t rows = int64_t(x.size()) / cols;
+  DeviceBuffer<float> dx(x);
+  DeviceBuffer<uint8_t> data(x.size() / 2), scales(x.size() / 16);
+  DeviceBuffer<float> s_dec(1);
+  DeviceBuffer<uint32_t> scratch(1);
+  MOK_CUDA_OK(mok::gpu::quantize_nvfp4_rows(dx.ptr, rows, cols, data.ptr, scales.ptr, s_dec.ptr,
+                                            scratch.ptr, nullptr));
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const mok::Nvfp4Tensor want = mok::quantize_nvfp4(x.data(), rows, cols, {1, 16});
+  EXPECT_TRUE(data.to_host() == want.data) << "nvfp4 codes";
+  EXPECT_TRUE(scales.to_host() == want.scales) << "nvfp4 scales";
+  EXPECT_EQ(s_dec.to_host()[0], want.s_dec);
 }
