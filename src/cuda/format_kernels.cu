@@ -139,6 +139,79 @@ __global__ void __launch_bounds__(kWeightThreads)
   }
 }
 
+// BF16 weight value i of a matrix (the bits widened: exact).
+__device__ __forceinline__ float bf16_at(const __nv_bfloat16* x, int64_t i) {
+  return bits_float(uint32_t(reinterpret_cast<const uint16_t*>(x)[i]) << 16);
+}
+
+// MXFP8 weights, one thread per 32-element block of one matrix [rows, cols]. Forward: blocks along
+// the columns (the K of the forward's operand), codes [rows, cols]; transposed: blocks along the
+// rows, codes as the transpose [cols, rows] (the backward's K-major copy), scales likewise.
+__global__ void mxfp8_weights_kernel(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                     int64_t cols, bool rceil, bool transposed, uint8_t* data,
+                                     uint8_t* scales) {
+  const int64_t outer = transposed ? cols : rows, inner = transposed ? rows : cols;
+  const int64_t per_matrix = outer * (inner / 32);
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= batches * per_matrix) return;
+  const int64_t batch = b / per_matrix, o = b % per_matrix / (inner / 32),
+                i0 = b % (inner / 32) * 32;
+  const __nv_bfloat16* in = x + batch * rows * cols;
+  auto at = [&](int i) { return transposed ? (i0 + i) * cols + o : o * cols + i0 + i; };
+  fmt::BlockAmax a;
+  for (int i = 0; i < 32; ++i) a.add(bf16_at(in, at(i)));
+  const uint8_t s = rceil ? fmt::mx_scale_rceil(a.amax) : fmt::mx_scale_floor(a.amax);
+  scales[b] = fmt::mx_stored_scale(a, s);
+  uint8_t* out = data + batch * rows * cols + o * inner + i0;
+  for (int i = 0; i < 32; ++i) out[i] = fmt::mx_element_in_block(bf16_at(in, at(i)), s);
+}
+
+// Each matrix's finite amax (NVFP4's per-tensor scale): amax_bits[batch], grid-stride per matrix.
+__global__ void finite_amax_batched_kernel(const __nv_bfloat16* x, int64_t per_matrix,
+                                           uint32_t* amax_bits) {
+  const int64_t batch = blockIdx.y;
+  uint32_t local = 0;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < per_matrix;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t a = float_bits(bf16_at(x, batch * per_matrix + i)) & 0x7FFFFFFFu;
+    if (is_finite_bits(a) && a > local) local = a;
+  }
+  atomicMax(amax_bits + batch, local);
+}
+
+// NVFP4 weights, one thread per 16x16 block of one matrix, the matrix's own per-tensor scale.
+// Codes [rows, cols / 2] (packed along the columns) and scales [rows / 16, cols / 16]; transposed:
+// the transpose's, [cols, rows / 2] and [cols / 16, rows / 16] (the blocks are square).
+__global__ void nvfp4_weights_kernel(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                     int64_t cols, bool transposed, const uint32_t* amax_bits,
+                                     uint8_t* data, uint8_t* scales, float* s_dec) {
+  const int64_t brs = rows / 16, bcs = cols / 16, per_matrix = brs * bcs;
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= batches * per_matrix) return;
+  const int64_t batch = b / per_matrix, br = b % per_matrix / bcs, bc = b % bcs;
+  const fmt::Nvfp4Global g = fmt::nvfp4_global(bits_float(amax_bits[batch]));
+  if (br == 0 && bc == 0) s_dec[batch] = g.s_dec;
+  const __nv_bfloat16* in = x + batch * rows * cols;
+  fmt::BlockAmax a;
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 16; ++c) a.add(bf16_at(in, (br * 16 + r) * cols + bc * 16 + c));
+  const uint8_t sc = fmt::nvfp4_block_scale(a.amax, g);
+  const float enc = fmt::nvfp4_block_encode_factor(sc, g);
+  scales[batch * per_matrix + (transposed ? bc * brs + br : br * bcs + bc)] =
+      fmt::nvfp4_stored_scale(a, sc);
+  uint8_t* out = data + batch * rows * cols / 2;
+  // Pairs along the output's rows: the input's columns, or its rows when transposed.
+  for (int o = 0; o < 16; ++o)
+    for (int i = 0; i < 16; i += 2) {
+      const int64_t r0 = transposed ? br * 16 + i : br * 16 + o,
+                    c0 = transposed ? bc * 16 + o : bc * 16 + i;
+      const float lo = bf16_at(in, r0 * cols + c0),
+                  hi = bf16_at(in, transposed ? (r0 + 1) * cols + c0 : r0 * cols + c0 + 1);
+      const int64_t at = transposed ? c0 * (rows / 2) + r0 / 2 : r0 * (cols / 2) + c0 / 2;
+      out[at] = uint8_t(fmt::nvfp4_element(lo, enc) | (fmt::nvfp4_element(hi, enc) << 4));
+    }
+}
+
 cudaError_t check_cols(int64_t cols, int block) {
   return cols % block == 0 ? cudaSuccess : cudaErrorInvalidValue;
 }
@@ -191,6 +264,36 @@ cudaError_t quantize_fp8_block_rows(const float* x, int64_t rows, int64_t cols, 
   const int64_t n = rows * (cols / 128);
   if (n == 0) return cudaSuccess;
   fp8_block_rows_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, rows, cols, ue8m0, data, scales);
+  return cudaGetLastError();
+}
+
+cudaError_t quantize_mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                   int64_t cols, MxScaleRule rule, bool transposed, uint8_t* data,
+                                   uint8_t* scales, cudaStream_t stream) {
+  if (batches < 0 || rows < 0 || cols < 0 || (transposed ? rows : cols) % 32 != 0)
+    return cudaErrorInvalidValue;
+  const int64_t n = batches * rows * cols / 32;
+  if (n == 0) return cudaSuccess;
+  mxfp8_weights_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+      x, batches, rows, cols, rule == MxScaleRule::rceil, transposed, data, scales);
+  return cudaGetLastError();
+}
+
+cudaError_t quantize_nvfp4_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                   int64_t cols, bool transposed, uint8_t* data, uint8_t* scales,
+                                   float* s_dec, uint32_t* amax_scratch, cudaStream_t stream) {
+  if (batches < 0 || rows < 0 || cols < 0 || batches > 65535 || rows % 16 != 0 || cols % 16 != 0)
+    return cudaErrorInvalidValue;
+  const int64_t per_matrix = rows * cols;
+  if (batches == 0 || per_matrix == 0) return cudaSuccess;
+  if (cudaError_t e = cudaMemsetAsync(amax_scratch, 0, size_t(batches) * sizeof(uint32_t), stream);
+      e != cudaSuccess)
+    return e;
+  finite_amax_batched_kernel<<<dim3(unsigned(std::min<int64_t>(256, blocks_for(per_matrix))),
+                                    unsigned(batches)),
+                               kThreads, 0, stream>>>(x, per_matrix, amax_scratch);
+  nvfp4_weights_kernel<<<blocks_for(batches * per_matrix / 256), kThreads, 0, stream>>>(
+      x, batches, rows, cols, transposed, amax_scratch, data, scales, s_dec);
   return cudaGetLastError();
 }
 

@@ -189,3 +189,96 @@ TEST(FormatsGpu, TenMillionValuesWithEdgeCasesMatchHostBits) {
   EXPECT_TRUE(scales.to_host() == want.scales) << "nvfp4 scales";
   EXPECT_EQ(s_dec.to_host()[0], want.s_dec);
 }
+
+namespace {
+// Expert weights [batches, rows, cols] as BF16 bits (test_matrix's values rounded), and matrix b
+// of them as floats, as given or transposed.
+std::vector<uint16_t> bf16_weights(int64_t batches, int64_t rows, int64_t cols, uint64_t seed,
+                                   bool finite_range) {
+  std::vector<float> x = test_matrix(batches * rows, cols, seed);
+  std::vector<uint16_t> bits(x.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    float v = x[i];
+    if (finite_range) v = std::isfinite(v) ? std::fmod(v, 1e3f) : v;
+    bits[i] = mok::fmt::bf16_from_float(v);
+  }
+  return bits;
+}
+std::vector<float> matrix(const std::vector<uint16_t>& bits, int64_t b, int64_t rows, int64_t cols,
+                          bool transposed) {
+  std::vector<float> m(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c)
+      m[size_t(transposed ? c * rows + r : r * cols + c)] =
+          mok::fmt::bf16_to_float(bits[size_t((b * rows + r) * cols + c)]);
+  return m;
+}
+template <class T>
+std::vector<T> part(const std::vector<T>& v, size_t at, size_t n) {
+  return std::vector<T>(v.begin() + std::ptrdiff_t(at), v.begin() + std::ptrdiff_t(at + n));
+}
+}  // namespace
+
+// MXFP8 expert weights, each matrix as the host quantizes it: blocks of 32 along the columns
+// (the forward's copy) or, transposed, the transpose's (the backward's K-major copy).
+TEST(FormatsGpu, Mxfp8WeightsMatchHostBitsInBothOrientations) {
+  MOK_REQUIRE_GPU();
+  const int64_t batches = 3, rows = 96, cols = 160;
+  const std::vector<uint16_t> w = bf16_weights(batches, rows, cols, 21, false);
+  DeviceBuffer<uint16_t> dw(w);
+  const auto* x = reinterpret_cast<const __nv_bfloat16*>(dw.ptr);
+  for (bool transposed : {false, true})
+    for (mok::MxScaleRule rule : {mok::MxScaleRule::rceil, mok::MxScaleRule::floor}) {
+      SCOPED_TRACE(transposed ? "transposed" : "as given");
+      DeviceBuffer<uint8_t> data(w.size(), 0xEE), scales(w.size() / 32, 0xEE);
+      MOK_CUDA_OK(mok::gpu::quantize_mxfp8_weights(x, batches, rows, cols, rule, transposed,
+                                                   data.ptr, scales.ptr, nullptr));
+      MOK_CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint8_t> got = data.to_host(), got_scales = scales.to_host();
+      const int64_t out_rows = transposed ? cols : rows, out_cols = transposed ? rows : cols;
+      for (int64_t b = 0; b < batches; ++b) {
+        const std::vector<float> m = matrix(w, b, rows, cols, transposed);
+        const mok::Mxfp8Tensor want =
+            mok::quantize_mxfp8(m.data(), out_rows, out_cols, {1, 32}, rule);
+        const size_t n = size_t(rows * cols);
+        EXPECT_EQ(part(got, size_t(b) * n, n), want.data) << "matrix " << b;
+        EXPECT_EQ(part(got_scales, size_t(b) * n / 32, n / 32), want.scales) << "matrix " << b;
+      }
+    }
+  EXPECT_EQ(mok::gpu::quantize_mxfp8_weights(x, 1, 40, 64, mok::MxScaleRule::rceil, true, nullptr,
+                                             nullptr, nullptr),
+            cudaErrorInvalidValue);  // 40 rows do not split into blocks of 32
+}
+
+// NVFP4 expert weights: 16x16 blocks, each matrix's own per-tensor factor, as given or as the
+// quantized transpose.
+TEST(FormatsGpu, Nvfp4WeightsMatchHostBitsInBothOrientations) {
+  MOK_REQUIRE_GPU();
+  const int64_t batches = 3, rows = 48, cols = 80;
+  const std::vector<uint16_t> w = bf16_weights(batches, rows, cols, 22, true);
+  DeviceBuffer<uint16_t> dw(w);
+  const auto* x = reinterpret_cast<const __nv_bfloat16*>(dw.ptr);
+  for (bool transposed : {false, true}) {
+    SCOPED_TRACE(transposed ? "transposed" : "as given");
+    DeviceBuffer<uint8_t> data(w.size() / 2, 0xEE), scales(w.size() / 256, 0xEE);
+    DeviceBuffer<float> s_dec{size_t(batches)};
+    DeviceBuffer<uint32_t> scratch{size_t(batches)};
+    MOK_CUDA_OK(mok::gpu::quantize_nvfp4_weights(x, batches, rows, cols, transposed, data.ptr,
+                                                 scales.ptr, s_dec.ptr, scratch.ptr, nullptr));
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint8_t> got = data.to_host(), got_scales = scales.to_host();
+    const std::vector<float> got_s_dec = s_dec.to_host();
+    for (int64_t b = 0; b < batches; ++b) {
+      const std::vector<float> m = matrix(w, b, rows, cols, transposed);
+      const mok::Nvfp4Tensor want = mok::quantize_nvfp4(m.data(), transposed ? cols : rows,
+                                                        transposed ? rows : cols, {16, 16});
+      const size_t n = size_t(rows * cols);
+      EXPECT_EQ(part(got, size_t(b) * n / 2, n / 2), want.data) << "matrix " << b;
+      EXPECT_EQ(part(got_scales, size_t(b) * n / 256, n / 256), want.scales) << "matrix " << b;
+      EXPECT_EQ(got_s_dec[size_t(b)], want.s_dec) << "matrix " << b;
+    }
+  }
+  EXPECT_EQ(mok::gpu::quantize_nvfp4_weights(x, 1, 40, 24, false, nullptr, nullptr, nullptr,
+                                             nullptr, nullptr),
+            cudaErrorInvalidValue);  // 24 columns do not split into blocks of 16
+}

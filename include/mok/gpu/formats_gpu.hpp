@@ -37,4 +37,24 @@ cudaError_t quantize_fp8_block_weights(const __nv_bfloat16* x, int64_t batches, 
                                        int64_t cols, bool ue8m0, bool transposed, uint8_t* data,
                                        float* scales, cudaStream_t stream);
 
+// Expert weights x [batches, rows, cols] BF16 in MXFP8 (E4M3, E8M0 per 32; formats.md): the
+// forward's copy, blocks of 32 along the columns: data [batches, rows, cols], scales [batches,
+// rows, cols / 32] (as quantize_mxfp8(..., {1, 32}, rule) of each matrix); with `transposed` the
+// backward's K-major copy, blocks of 32 along the rows, as each matrix's transpose quantized so:
+// data [batches, cols, rows], scales [batches, cols, rows / 32]. The blocked dimension % 32 == 0
+// (cudaErrorInvalidValue otherwise).
+cudaError_t quantize_mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                   int64_t cols, MxScaleRule rule, bool transposed, uint8_t* data,
+                                   uint8_t* scales, cudaStream_t stream);
+
+// Expert weights x [batches, rows, cols] BF16 in NVFP4 (E2M1, UE4M3 per 16x16 block, each
+// matrix's FP32 per-tensor factor; formats.md), as quantize_nvfp4(..., {16, 16}) of each matrix:
+// data [batches, rows, cols / 2] (two codes per byte along the columns), scales [batches,
+// rows / 16, cols / 16], s_dec [batches]; with `transposed` the quantized transpose (the blocks
+// are square): data [batches, cols, rows / 2], scales [batches, cols / 16, rows / 16].
+// amax_scratch: [batches] uint32. rows % 16 == 0 and cols % 16 == 0.
+cudaError_t quantize_nvfp4_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                   int64_t cols, bool transposed, uint8_t* data, uint8_t* scales,
+                                   float* s_dec, uint32_t* amax_scratch, cudaStream_t stream);
+
 }  // namespace mok::gpu
