@@ -1,7 +1,8 @@
 // `mok bench --precision P`: a low-precision forward (EP = 1) beside mok's BF16 forward on the
 // same inputs in alternating rounds, on the standard shapes or the layer given: their times and
 // TFLOP/s by design.md's formula (the same FLOPs), the weight quantization timed apart, and how
-// far the low-precision output is from the BF16 one.
+// far the low-precision output is from the BF16 one. With --direction backward: the backward
+// (BF16 weight gradients) and the whole step of each, and how far the low-precision d_x is.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -22,7 +23,9 @@
 #include "mok/compare.hpp"
 #include "mok/formats/codecs.hpp"
 #include "mok/gpu/fp8_block_experts.hpp"
+#include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
+#include "mok/gpu/random_fill.hpp"
 #endif
 
 namespace mok::tools {
@@ -40,6 +43,93 @@ std::vector<double> host_values(const DeviceArray<__nv_bfloat16>& a) {
   return v;
 }
 
+// The backward and the step (forward with its context, then backward) of BF16 and of the
+// precision on the same inputs, alternating rounds; backward FLOPs = 2x the forward's.
+int bench_precision_backward(const BenchOptions& o, Precision precision) {
+  std::printf(
+      "| shape | T | BF16 backward ms | TFLOP/s | %s backward ms | TFLOP/s | speed-up | BF16 "
+      "step ms | %s step ms | step speed-up | d_x differs from BF16 by |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n",
+      o.layer.precision.c_str(), o.layer.precision.c_str());
+  gpu::ForwardOptions fo = bench_forward_options(o);
+  gpu::ForwardOptions fq = fo;
+  fq.row_path = gpu::RowPath::automatic;
+  gpu::BackwardOptions bo;
+  bo.weight_grads = gpu::WeightGrads::write_bf16;
+  bo.block_n = o.block_n;
+  bo.dispatch_ctas = o.dispatch_ctas;
+  for (const auto& [name, shape, tokens] : bench_shapes(o)) {
+    Config c = shape;
+    c.max_tokens_per_rank = int(tokens);
+    c.ring_rows = o.ring_rows;
+    c.precision = Precision::bf16;
+    c.validate();
+    Config q = c;
+    q.precision = precision;
+    const int64_t H = c.hidden, EIH = int64_t(c.num_experts) * c.intermediate * H,
+                  SH = int64_t(c.shared_width()) * H;
+    const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice());
+    DeviceArray<__nv_bfloat16> d_out(size_t(tokens * H)), out_q(d_out.n);
+    cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, tokens * H, 21, 1.0f, nullptr), "fill");
+    struct Grads {
+      DeviceArray<__nv_bfloat16> d_x, sg, su, sd, g, u, d;
+      DeviceArray<float> d_w;
+      gpu::DeviceGradients view() const {
+        return {d_x.ptr, d_w.ptr, sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr};
+      }
+    };
+    auto grads = [&] {
+      return Grads{DeviceArray<__nv_bfloat16>(size_t(tokens * H)),
+                   DeviceArray<__nv_bfloat16>(size_t(SH)),
+                   DeviceArray<__nv_bfloat16>(size_t(SH)),
+                   DeviceArray<__nv_bfloat16>(size_t(SH)),
+                   DeviceArray<__nv_bfloat16>(size_t(EIH)),
+                   DeviceArray<__nv_bfloat16>(size_t(EIH)),
+                   DeviceArray<__nv_bfloat16>(size_t(EIH)),
+                   DeviceArray<float>(size_t(tokens * c.top_k))};
+    };
+    const Grads g16 = grads(), g8 = grads();
+    gpu::MoeForward f16(c, fo), f8(q, fq);
+    gpu::MoeBackward b16(c, bo), b8(q, bo);
+    gpu::Schedule s16(c), s8(q);
+    gpu::ForwardContext ctx16(c), ctx8(q);
+    gpu::Fp8BlockExperts experts(q, /*backward=*/true);
+    const gpu::DeviceLayerWeights weights = data.weights();
+    experts.quantize(weights, nullptr);
+    const gpu::DeviceLayerWeights quantized = experts.with(weights);
+    const gpu::DeviceBatch batch = data.batch();
+    f16.schedule(batch, s16, nullptr);
+    f8.schedule(batch, s8, nullptr);
+    auto forward16 = [&] { f16.forward(s16, batch, weights, data.out.ptr, &ctx16, nullptr); };
+    auto forward8 = [&] { f8.forward(s8, batch, quantized, out_q.ptr, &ctx8, nullptr); };
+    auto back16 = [&] { b16.backward(s16, ctx16, batch, weights, d_out.ptr, g16.view(), nullptr); };
+    auto back8 = [&] { b8.backward(s8, ctx8, batch, quantized, d_out.ptr, g8.view(), nullptr); };
+    auto step16 = [&] { forward16(), back16(); };
+    auto step8 = [&] { forward8(), back8(); };
+    median_ms(step16, 3);
+    median_ms(step8, 3);
+    for (gpu::MoeForward* f : {&f16, &f8}) f->check(nullptr);
+    for (gpu::MoeBackward* b : {&b16, &b8}) b->check(nullptr);
+    std::vector<double> a, b, sa, sb;
+    for (int round = 0; round < 3; ++round) {
+      a.push_back(median_ms(back16, o.iterations));
+      b.push_back(median_ms(back8, o.iterations));
+      sa.push_back(median_ms(step16, o.iterations));
+      sb.push_back(median_ms(step8, o.iterations));
+    }
+    for (gpu::MoeForward* f : {&f16, &f8}) f->check(nullptr);
+    for (gpu::MoeBackward* bk : {&b16, &b8}) bk->check(nullptr);
+    const double flops = backward_flops(c, tokens), ms16 = middle(a), ms8 = middle(b);
+    const double difference = relative_l2_error(host_values(g8.d_x), host_values(g16.d_x));
+    std::printf("| %s | %lld | %.3f | %.0f | %.3f | %.0f | %.2f | %.3f | %.3f | %.2f | %.1e |\n",
+                name.c_str(), (long long)tokens, ms16, flops / (ms16 * 1e-3) * 1e-12, ms8,
+                flops / (ms8 * 1e-3) * 1e-12, ms16 / ms8, middle(sa), middle(sb),
+                middle(sa) / middle(sb), difference);
+    std::fflush(stdout);
+  }
+  return 0;
+}
+
 }  // namespace
 
 int bench_precision_command(const BenchOptions& o) {
@@ -47,19 +137,22 @@ int bench_precision_command(const BenchOptions& o) {
   if (precision != Precision::fp8_block)
     throw Error(ErrorCode::unsupported, std::string("mok bench --precision ") + o.layer.precision +
                                             ": the GPU forward runs bf16 and fp8_block for now");
-  if (o.ep > 1 || o.direction != "forward")
-    throw UsageError("mok bench --precision: the forward at EP = 1 only (no --ep, no --direction)");
+  if (o.ep > 1 || (o.breakdown && o.direction != "forward"))
+    throw UsageError(
+        "mok bench --precision: EP = 1 only (no --ep), and --breakdown with the forward only");
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
     throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");
   cudaDeviceProp prop{};
   cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   std::printf(
-      "mok bench: the %s forward megakernel (EP = 1; the routed experts in %s, the shared ones "
-      "BF16) beside mok's BF16 forward on %s, the same inputs; medians of %d runs, 3 alternating "
+      "mok bench: the %s %s megakernel (EP = 1; the routed experts in %s, the shared ones "
+      "BF16) beside mok's BF16 one on %s, the same inputs; medians of %d runs, 3 alternating "
       "rounds; TFLOP/s by design.md's formula for both\n\n",
-      o.layer.precision.c_str(), o.layer.precision.c_str(), prop.name, o.iterations);
+      o.layer.precision.c_str(), o.direction.c_str(), o.layer.precision.c_str(), prop.name,
+      o.iterations);
   print_routing_note(o);
+  if (o.direction == "backward") return bench_precision_backward(o, precision);
   std::printf(
       "| shape | T | BF16 ms | BF16 TFLOP/s | %s ms | %s TFLOP/s | speed-up | weight "
       "quantization ms | output differs from BF16 by |\n|---|---|---|---|---|---|---|---|---|\n",

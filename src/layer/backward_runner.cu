@@ -57,9 +57,18 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
             who + " runs one GPU (ep_size = 1), got ep_size = " + std::to_string(c.ep_size) +
                 " (EmulatedEpBackward runs an EP group on one GPU)");
   }
-  require(c.precision == Precision::bf16, ErrorCode::unsupported,
+  const bool fp8 = c.precision == Precision::fp8_block;
+  require(c.precision == Precision::bf16 || fp8, ErrorCode::unsupported,
           std::string("precision ") + precision_name(c.precision) +
-              ": the GPU backward is BF16 only for now");
+              ": the GPU backward runs bf16 and fp8_block for now");
+  require(!fp8 || transport != Transport::nccl, ErrorCode::unsupported,
+          who +
+              ": precision fp8_block runs on one GPU and on emulated EP groups for now, not "
+              "over NCCL (as the forward)");
+  require(!fp8 || o.gate_up == GateUpMode::keep, ErrorCode::unsupported,
+          who +
+              ": precision fp8_block reads the activations its forward kept (the E4M3 act "
+              "the down GEMM read): BackwardOptions::gate_up must be GateUpMode::keep");
   require(c.tile_rows == kTileRows, ErrorCode::unsupported,
           who + ": tile_rows = " + std::to_string(c.tile_rows) +
               ": the GPU kernels pad every expert's rows to " + std::to_string(kTileRows));
@@ -76,7 +85,11 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
           who + ": dispatch_ctas and max_ctas must be >= 0 (0: automatic), got " +
               std::to_string(o.dispatch_ctas) + " and " + std::to_string(o.max_ctas));
   wait_seconds = resolve_wait_seconds(o.wait_seconds);
-  kernels = h.backward_kernels ? h.backward_kernels : &kern::production_backward_kernels();
+  kernels = h.backward_kernels ? h.backward_kernels
+            : fp8              ? &kern::fp8_block_backward_kernels()
+                               : &kern::production_backward_kernels();
+  require(!fp8 || h.backward_kernels == nullptr, ErrorCode::invalid_argument,
+          who + ": the timeline's backward kernels are bf16 ones (precision fp8_block)");
   require(h.trace_events == 0 || (h.backward_kernels && ranks == 1 && !h.staged_backward),
           ErrorCode::invalid_argument,
           who +
@@ -157,6 +170,17 @@ void BackwardRunner::allocate(RankBackward& r) {
       r.gate_up_shared = alloc<__nv_bfloat16>(size_t(token_rows * 2 * S));
     }
   }
+  if (config.precision == Precision::fp8_block) {
+    r.dy_e4m3 = alloc<uint8_t>(size_t(capacity * H));
+    r.dy_scales = alloc<float>(size_t(capacity * (H / 128)));
+    r.dgu_e4m3 = alloc<uint8_t>(size_t(capacity * 2 * I));
+    r.dgu_scales = alloc<float>(size_t(capacity * (2 * I / 128)));
+    // The dgrad-down epilogues skip all-padding halves of a row block, whose rows dgrad-gate/up
+    // still multiplies (into outputs nobody stores): defined values there, once.
+    check_cuda(cudaMemset(r.dgu_e4m3, 0, size_t(capacity * 2 * I)), "cudaMemset");
+    check_cuda(cudaMemset(r.dgu_scales, 0, size_t(capacity * (2 * I / 128)) * sizeof(float)),
+               "cudaMemset");
+  }
   r.step_begin = alloc<int64_t>(size_t(1 + El + 3 * lag + 1));
   const size_t words = size_t(2 * capacity_blocks + token_blocks + max_t + 2 + 1 + El +
                               capacity_blocks + token_blocks);
@@ -179,7 +203,8 @@ void BackwardRunner::release() {
          {(void*)r.dy_routed, (void*)r.x_routed, (void*)r.dgu, (void*)r.act_scaled,
           (void*)r.dgu_shared, (void*)r.act_shared_copy, (void*)r.dx_slots, (void*)r.dx_shared,
           (void*)r.dw_partial, (void*)r.act, (void*)r.gate_up, (void*)r.act_shared,
-          (void*)r.gate_up_shared, (void*)r.step_begin, (void*)r.counters})
+          (void*)r.gate_up_shared, (void*)r.step_begin, (void*)r.counters, (void*)r.dy_e4m3,
+          (void*)r.dy_scales, (void*)r.dgu_e4m3, (void*)r.dgu_scales})
       cudaFree(p);
     r = RankBackward{};
   }
@@ -206,6 +231,9 @@ void BackwardRunner::require_call(const RankCall& call, int r) const {
               std::to_string(ctx.intermediate()) + ", S = " + std::to_string(ctx.shared_width()) +
               "; this backward needs " + std::to_string(s.sched.capacity) + ", " +
               std::to_string(c.intermediate) + ", " + std::to_string(c.shared_width()) + ")");
+  require(ctx.precision() == c.precision, ErrorCode::invalid_argument,
+          at + ": the ForwardContext was made for precision " + precision_name(ctx.precision()) +
+              ", this backward runs " + precision_name(c.precision));
   require(ctx.keeps() || options.gate_up == GateUpMode::recompute, ErrorCode::invalid_argument,
           at + ": the ForwardContext keeps no activations (GateUpMode::recompute) and this " +
               "backward reads them: build it with BackwardOptions::gate_up = " +
@@ -222,6 +250,16 @@ void BackwardRunner::require_call(const RankCall& call, int r) const {
   if (b.tokens > 0) {
     pointer(call.d_out, 16, "d_out");
     pointer(g.d_topk_weights, 4, "d_topk_weights");
+  }
+  if (c.precision == Precision::fp8_block) {
+    const Fp8BlockWeights& q = call.weights.fp8_block;
+    const char* hint = " (fp8_block's backward copies: Fp8BlockExperts(c, /*backward=*/true))";
+    pointer(q.gate_t, 16, (std::string("the transposed fp8_block gate weights") + hint).c_str());
+    pointer(q.up_t, 16, (std::string("the transposed fp8_block up weights") + hint).c_str());
+    pointer(q.down_t, 16, (std::string("the transposed fp8_block down weights") + hint).c_str());
+    pointer(q.gate_t_scales, 4, "the transposed fp8_block gate scales");
+    pointer(q.up_t_scales, 4, "the transposed fp8_block up scales");
+    pointer(q.down_t_scales, 4, "the transposed fp8_block down scales");
   }
   pointer(g.gate, 16, "the gate gradient");
   pointer(g.up, 16, "the up gradient");
@@ -253,10 +291,25 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
   kern::BackwardMaps& m = share_.maps;
   m.dy_k = map(w.dy_routed, cap, H, 128);
   m.dgu_k = map(w.dgu, cap, 2 * I, 128);
-  m.down_mn = map(wt.down, El * H, I, 64);
-  m.gate_mn = map(wt.gate, El * I, H, 64);
-  m.up_mn = map(wt.up, El * I, H, 64);
   m.dy_mn = map(w.dy_routed, cap, H, 64);
+  const bool fp8 = c.precision == Precision::fp8_block;
+  if (fp8) {  // the routed dgrad tiles read E4M3 (the BF16 routed weights are not needed)
+    const Fp8BlockWeights& q = wt.fp8_block;
+    const uint32_t bn = uint32_t(block_n);
+    auto e4m3 = [&](const void* base, uint64_t rows, uint64_t cols, uint32_t box) {
+      return dev::make_map_2d(dev::Dtype::e4m3, base, rows, cols, cols, box);
+    };
+    m.dy_k8 = e4m3(w.dy_e4m3, cap, H, 128);
+    m.dgu_k8 = e4m3(w.dgu_e4m3, cap, 2 * I, 128);
+    m.down_t_k8 = e4m3(q.down_t, El * I, H, bn);
+    m.gate_t_k8 = e4m3(q.gate_t, El * H, I, bn);
+    m.up_t_k8 = e4m3(q.up_t, El * H, I, bn);
+    m.down_mn = m.gate_mn = m.up_mn = m.dy_mn;  // never read: every routed dgrad tile is E4M3
+  } else {
+    m.down_mn = map(wt.down, El * H, I, 64);
+    m.gate_mn = map(wt.gate, El * I, H, 64);
+    m.up_mn = map(wt.up, El * I, H, 64);
+  }
   m.act_mn = map(w.act_scaled, cap, I, 64);
   m.dgu_mn = map(w.dgu, cap, 2 * I, 64);
   m.x_mn = map(w.x_routed, cap, H, 64);
@@ -353,6 +406,16 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
   p.wgrad_mode = options.weight_grads == WeightGrads::write_bf16   ? kern::kWgradBf16
                  : options.weight_grads == WeightGrads::write_fp32 ? kern::kWgradFp32
                                                                    : kern::kWgradAccumulateFp32;
+  if (fp8) {
+    const Fp8BlockWeights& q = wt.fp8_block;
+    p.fp8_block = 1;
+    p.act_e4m3 = ctx.act_e4m3();
+    p.act_scales = ctx.act_scales();
+    p.dy_e4m3 = w.dy_e4m3, p.dy_scales = w.dy_scales;
+    p.dgu_e4m3 = w.dgu_e4m3, p.dgu_scales = w.dgu_scales;
+    p.down_t_scales = q.down_t_scales;
+    p.gate_t_scales = q.gate_t_scales, p.up_t_scales = q.up_t_scales;
+  }
   p.step_begin = w.step_begin;
   p.block_n = block_n;
   p.lag = lag;

@@ -28,6 +28,9 @@ struct RankBackward {
   // GateUpMode::recompute: the recomputed activations (a ForwardContext's layout).
   __nv_bfloat16 *act = nullptr, *gate_up = nullptr, *act_shared = nullptr,
                 *gate_up_shared = nullptr;
+  // fp8_block: the routed dgrad GEMMs' E4M3 operands and their scales per 128 columns.
+  uint8_t *dy_e4m3 = nullptr, *dgu_e4m3 = nullptr;
+  float *dy_scales = nullptr, *dgu_scales = nullptr;
   float* dw_partial = nullptr;
   int64_t* step_begin = nullptr;
   uint32_t* counters = nullptr;  // x_ready | act_ready | act_shared_ready | token_done |

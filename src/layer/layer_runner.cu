@@ -42,10 +42,11 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
   // A context that recomputes keeps nothing: its forward runs the inference kernel.
   const ForwardContext* first = calls[0].context;
   l.kernel.keep_gate_up = first != nullptr && first->keeps();
-  require(first == nullptr || config_.precision == Precision::bf16, ErrorCode::unsupported,
+  require(first == nullptr || config_.precision == Precision::bf16 || first->keeps(),
+          ErrorCode::unsupported,
           who_ + ": precision " + precision_name(config_.precision) +
-              ": the GPU backward is BF16 only for now, so a training forward (with a "
-              "ForwardContext) needs precision bf16; inference forwards take fp8_block");
+              ": the fp8_block backward reads the activations its forward kept; a "
+              "GateUpMode::recompute context is for bf16");
   require(first == nullptr || plan_.kernel.probe == 0, ErrorCode::invalid_argument,
           who_ + ": the stage probes run inference forwards only (no ForwardContext)");
   for (int r = 0; r < n; ++r) {
@@ -70,7 +71,13 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
                   ", S = " + std::to_string(ctx->shared_width()) + "; this forward needs " +
                   std::to_string(s.sched.capacity) + ", " + std::to_string(config_.intermediate) +
                   ", " + std::to_string(config_.shared_width()) + ")");
-      if (ctx->keeps()) a = {ctx->act(), ctx->act_shared(), ctx->gate_up(), ctx->gate_up_shared()};
+      require(ctx->precision() == config_.precision, ErrorCode::invalid_argument,
+              who_ + ": the ForwardContext was made for precision " +
+                  precision_name(ctx->precision()) + ", this forward runs " +
+                  precision_name(config_.precision));
+      if (ctx->keeps())
+        a = {ctx->act(),      ctx->act_shared(), ctx->gate_up(), ctx->gate_up_shared(),
+             ctx->act_e4m3(), ctx->act_scales()};
       ctx->set_origin({&s, s.generation});
     }
     if (r == 0) last_schedule_ = &s;

@@ -223,8 +223,9 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
   }
   if (c.precision == Precision::fp8_block) {  // the routed maps read E4M3
     const dev::Dtype e4m3 = dev::Dtype::e4m3;
+    const uint8_t* act = a.act_e4m3 ? a.act_e4m3 : w.act_e4m3;
     for (int i = 0; i < 2; ++i)
-      maps.act[i] = dev::make_map_2d(e4m3, w.act_e4m3, capacity, I, I, kern::a_box_rows(i));
+      maps.act[i] = dev::make_map_2d(e4m3, act, capacity, I, I, kern::a_box_rows(i));
     maps.gate = dev::make_map_3d(e4m3, wt.fp8_block.gate, El, I, H, bn / 2);
     maps.up = dev::make_map_3d(e4m3, wt.fp8_block.up, El, I, H, bn / 2);
     maps.down = dev::make_map_3d(e4m3, wt.fp8_block.down, El, H, I, bn);
@@ -333,8 +334,8 @@ kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, con
   if (c.precision == Precision::fp8_block) {
     p.routed_x_e4m3 = w.routed_x_e4m3;
     p.routed_x_scales = w.routed_x_scales;
-    p.act_e4m3 = w.act_e4m3;
-    p.act_scales = w.act_scales;
+    p.act_e4m3 = a.act_e4m3 ? a.act_e4m3 : w.act_e4m3;  // a training forward's: its context's
+    p.act_scales = a.act_scales ? a.act_scales : w.act_scales;
     p.gate_scales = wt.fp8_block.gate_scales;
     p.up_scales = wt.fp8_block.up_scales;
     p.down_scales = wt.fp8_block.down_scales;

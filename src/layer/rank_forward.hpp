@@ -43,6 +43,8 @@ struct RankSchedule {
 struct Activations {
   __nv_bfloat16 *act = nullptr, *act_shared = nullptr;
   __nv_bfloat16 *gate_up = nullptr, *gate_up_shared = nullptr;  // nullptr: inference
+  uint8_t* act_e4m3 = nullptr;  // fp8_block: the routed act (nullptr: the workspace's)
+  float* act_scales = nullptr;
 };
 
 struct RankBuffers {

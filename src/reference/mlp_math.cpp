@@ -125,10 +125,10 @@ void mlp_row_forward(const PreparedMlp& m, const double* x, const Rounding& r, R
     const double g = out.g[size_t(i)];
     out.a[size_t(i)] = r.store(g * sigmoid(g) * out.u[size_t(i)]);
   }
-  std::vector<double> aq = out.a;
-  r.quantize_row(aq.data(), W);
+  out.aq = out.a;
+  r.quantize_row(out.aq.data(), W);
   for (int64_t h = 0; h < H; ++h)
-    out.y[size_t(h)] = r.store(dot(&m.down_fwd[size_t(h * W)], aq.data(), W));
+    out.y[size_t(h)] = r.store(dot(&m.down_fwd[size_t(h * W)], out.aq.data(), W));
 }
 
 void mlp_row_backward(const PreparedMlp& m, const double* x, const double* d_out, double weight,
@@ -137,23 +137,37 @@ void mlp_row_backward(const PreparedMlp& m, const double* x, const double* d_out
   mlp_row_forward(m, x, r, out.fwd);
   std::vector<double> dout(d_out, d_out + H);
   for (double& v : dout) v = r.store(v);
-  out.d_weight = r.store(dot(dout.data(), out.fwd.y.data(), H));
-
   out.dy.resize(size_t(H));
   for (int64_t h = 0; h < H; ++h) out.dy[size_t(h)] = r.store(weight * dout[size_t(h)]);
-  std::vector<double> dyq = out.dy;
-  r.quantize_row(dyq.data(), H);
 
-  // da = down^T dy, summed over h in ascending order for every i.
+  // fp8_block's dgrad GEMM reads d_out unweighted; its FP32 accumulator da' = down^T q(d_out)
+  // gives the routing weight's gradient <da', aq> without y, and da = weight * da'.
+  const bool unweighted = r.quant == OperandQuant::fp8_block;
+  std::vector<double> dq = unweighted ? dout : out.dy;
+  r.quantize_row(dq.data(), H);
+
+  // da = down^T dq, summed over h in ascending order for every i, then stored.
   std::vector<double> da(size_t(W), 0.0);
   for (int64_t h = 0; h < H; ++h) {
     const double* row = &m.down_bwd[size_t(h * W)];
-    for (int64_t i = 0; i < W; ++i) da[size_t(i)] += row[i] * dyq[size_t(h)];
+    for (int64_t i = 0; i < W; ++i) da[size_t(i)] += row[i] * dq[size_t(h)];
+  }
+  for (double& v : da) v = r.store(v);
+  if (unweighted) {
+    out.d_weight = r.store(dot(da.data(), out.fwd.aq.data(), W));
+    for (double& v : da) v = r.store(weight * v);
+    out.down_a = dout;
+    out.down_b.resize(size_t(W));
+    for (int64_t i = 0; i < W; ++i) out.down_b[size_t(i)] = r.store(weight * out.fwd.aq[size_t(i)]);
+  } else {
+    out.d_weight = r.store(dot(dout.data(), out.fwd.y.data(), H));
+    out.down_a = out.dy;
+    out.down_b = out.fwd.a;
   }
   out.dg.resize(size_t(W));
   out.du.resize(size_t(W));
   for (int64_t i = 0; i < W; ++i) {
-    const double a = r.store(da[size_t(i)]), g = out.fwd.g[size_t(i)], s = sigmoid(g);
+    const double a = da[size_t(i)], g = out.fwd.g[size_t(i)], s = sigmoid(g);
     out.dg[size_t(i)] = r.store(a * out.fwd.u[size_t(i)] * s * (1.0 + g * (1.0 - s)));
     out.du[size_t(i)] = r.store(a * g * s);
   }
@@ -189,13 +203,14 @@ void MlpGradAccumulator::add_tile(const RowBackward* const* rows, const double* 
       du(size_t(n * W));
   for (int64_t j = 0; j < n; ++j) {
     std::copy(x_rows[j], x_rows[j] + H, &x[size_t(j * H)]);
-    std::copy(rows[j]->dy.begin(), rows[j]->dy.end(), &dy[size_t(j * H)]);
-    std::copy(rows[j]->fwd.a.begin(), rows[j]->fwd.a.end(), &a[size_t(j * W)]);
+    std::copy(rows[j]->down_a.begin(), rows[j]->down_a.end(), &dy[size_t(j * H)]);
+    std::copy(rows[j]->down_b.begin(), rows[j]->down_b.end(), &a[size_t(j * W)]);
     std::copy(rows[j]->dg.begin(), rows[j]->dg.end(), &dg[size_t(j * W)]);
     std::copy(rows[j]->du.begin(), rows[j]->du.end(), &du[size_t(j * W)]);
   }
-  for (std::vector<double>* t : {&x, &dy}) r.quantize_tile_columns(t->data(), n, H);
-  for (std::vector<double>* t : {&a, &dg, &du}) r.quantize_tile_columns(t->data(), n, W);
+  const Rounding wr = r.for_wgrad();
+  for (std::vector<double>* t : {&x, &dy}) wr.quantize_tile_columns(t->data(), n, H);
+  for (std::vector<double>* t : {&a, &dg, &du}) wr.quantize_tile_columns(t->data(), n, W);
   for (int64_t j = 0; j < n; ++j) {
     const double* xr = &x[size_t(j * H)];
     const double* dyr = &dy[size_t(j * H)];

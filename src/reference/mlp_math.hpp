@@ -25,6 +25,13 @@ struct Rounding {
     if (quant != OperandQuant::none) r.quant = OperandQuant::bf16;
     return r;
   }
+  // The weight-gradient GEMMs' operands: fp8_block computes them in BF16 (SonicMoE's recipe:
+  // FP8 for the two dgrad GEMMs only); the other recipes keep their own blocks along tokens.
+  Rounding for_wgrad() const {
+    Rounding r = *this;
+    if (quant == OperandQuant::fp8_block) r.quant = OperandQuant::bf16;
+    return r;
+  }
 
   double store(double v) const { return numerics == Numerics::fp32 ? double(float(v)) : v; }
   // One K-major operand row of an activation or gradient: blocks run along the row.
@@ -49,6 +56,7 @@ PreparedMlp prepare_mlp(const double* gate, const double* up, const double* down
 
 struct RowForward {
   std::vector<double> g, u, a;  // [width]: gate and up projections, silu(g) * u
+  std::vector<double> aq;       // [width]: a quantized-dequantized, the down GEMM's operand
   std::vector<double> y;        // [H]
 };
 
@@ -60,15 +68,21 @@ struct RowBackward {
   std::vector<double> dy;      // [H]     weight * d_out, the gradient reaching y
   std::vector<double> dg, du;  // [width]
   std::vector<double> dx;      // [H]
-  double d_weight = 0;         // <d_out, y>: the gradient of the routing weight
+  double d_weight = 0;         // the gradient of the routing weight
+  // This row's operands of d_down = sum over rows down_a^T down_b, before their rounding along
+  // tokens: dy [H] and a [width]; fp8_block: d_out [H] (unweighted) and weight * aq [width].
+  std::vector<double> down_a, down_b;
 };
 
-// Backward of `weight * mlp(x)` for one row, given d_out [H].
+// Backward of `weight * mlp(x)` for one row, given d_out [H]. Every recipe but fp8_block:
+// d_weight = <d_out, y>, and da = down^T q(weight * d_out). fp8_block (as the GPU computes it):
+// da' = down^T q(d_out) (d_out unweighted, 1x128 blocks along H), d_weight = <da', aq>,
+// da = weight * da'.
 void mlp_row_backward(const PreparedMlp& m, const double* x, const double* d_out, double weight,
                       const Rounding& r, RowBackward& out);
 
 // Weight gradients summed over rows in a fixed order, one tile of rows at a time (the tile is the
-// block the wgrad operands are quantized over along tokens).
+// block the wgrad operands are quantized over along tokens; Rounding::for_wgrad's blocks).
 class MlpGradAccumulator {
  public:
   MlpGradAccumulator(int64_t hidden, int64_t width);

@@ -361,10 +361,18 @@ TEST(Fp8BlockGpu, ConfigurationsItDoesNotTakeAreClearErrors) {
   expect_error([&] { f.forward(batch, layer.weights(c, 0, 1, false), o, nullptr); },
                mok::ErrorCode::invalid_argument, "fp8_block gate weights");
   mok::gpu::Schedule s(c);
-  mok::gpu::ForwardContext ctx(c);
   f.schedule(batch, s, nullptr);
-  expect_error([&] { f.forward(s, batch, layer.weights(c, 0, 1), o, &ctx, nullptr); },
-               mok::ErrorCode::unsupported, "the GPU backward is BF16 only for now");
+  // A training forward keeps its E4M3 activations: not in a context that keeps nothing, nor in a
+  // bf16 one.
+  mok::gpu::ForwardContext keeps_nothing(c, mok::gpu::GateUpMode::recompute);
+  expect_error([&] { f.forward(s, batch, layer.weights(c, 0, 1), o, &keeps_nothing, nullptr); },
+               mok::ErrorCode::unsupported, "a GateUpMode::recompute context is for bf16");
+  mok::Config bf = c;
+  bf.precision = mok::Precision::bf16;
+  mok::gpu::ForwardContext bf16_context(bf);
+  expect_error([&] { f.forward(s, batch, layer.weights(c, 0, 1), o, &bf16_context, nullptr); },
+               mok::ErrorCode::invalid_argument,
+               "the ForwardContext was made for precision bf16, this forward runs fp8_block");
   // Nothing above reached the device: a valid forward still runs.
   f.forward(batch, layer.weights(c, 0, 1), o, nullptr);
   f.check(nullptr);

@@ -16,6 +16,15 @@ struct Fp8BlockWeights {
   const float* gate_scales = nullptr;  // [E, I / 128, H / 128]
   const float* up_scales = nullptr;    // [E, I / 128, H / 128]
   const float* down_scales = nullptr;  // [E, H / 128, I / 128]
+  // The backward's K-major copies (each matrix transposed; its blocks are the same, transposed):
+  // dgrad-down reads down_t, dgrad-gate/up gate_t and up_t. nullptr unless made
+  // (Fp8BlockExperts(c, true)).
+  const uint8_t* gate_t = nullptr;       // [E, H, I]
+  const uint8_t* up_t = nullptr;         // [E, H, I]
+  const uint8_t* down_t = nullptr;       // [E, I, H]
+  const float* gate_t_scales = nullptr;  // [E, H / 128, I / 128]
+  const float* up_t_scales = nullptr;    // [E, H / 128, I / 128]
+  const float* down_t_scales = nullptr;  // [E, I / 128, H / 128]
 };
 
 struct DeviceLayerWeights {                    // BF16, layouts of mok/layer.hpp

@@ -57,8 +57,9 @@ class MoeForward {
   // nvfp4, H or I or S not multiples of 64, or of 128 for fp8_block, options out of range) and
   // for allocation failures. fp8_block: the routed experts' GEMMs in E4M3 with DeepSeek-V3's
   // block scales (x quantized in dispatch, the activations in the gate/up epilogue, the weights
-  // given quantized in DeviceLayerWeights::fp8_block); the shared experts stay BF16; inference
-  // only (no ForwardContext: the GPU backward is BF16).
+  // given quantized in DeviceLayerWeights::fp8_block); the shared experts stay BF16. A training
+  // forward keeps the E4M3 activations and BF16 g | u in an fp8_block ForwardContext
+  // (GateUpMode::keep) for MoeBackward.
   explicit MoeForward(const Config& c, const ForwardOptions& options = {});
   MoeForward(const Config& c, const ForwardOptions& options, const detail::ForwardHooks& hooks);
   ~MoeForward();

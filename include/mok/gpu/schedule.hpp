@@ -53,6 +53,9 @@ const char* gate_up_mode_name(GateUpMode m);
 //   act_shared, gate_up_shared [token_rows, S], [token_rows, 2S] for the shared experts
 // bytes_per_token: 6 K I + 6 S at the dropless capacity (dsv3: 110,592 B per token). Keeping g and
 // u costs their stores in the gate/up epilogue (a kernel instantiation of its own).
+// Precision fp8_block keeps the routed rows' act as the down GEMM read it instead, E4M3 with one
+// FP32 scale per 128 columns (act_e4m3 [capacity, I], act_scales [capacity, I / 128]; act() is
+// then nullptr): 5 K I + K I / 32 + 6 S bytes per token (dsv3: 94,720 B).
 // GateUpMode::recompute keeps nothing (0 bytes per token; the context only records which forward
 // ran): the backward, built with BackwardOptions::gate_up = recompute, recomputes them.
 class ForwardContext {
@@ -67,8 +70,11 @@ class ForwardContext {
   bool keeps() const { return mode_ == GateUpMode::keep; }
   int64_t capacity_rows() const { return capacity_rows_; }
   int64_t token_rows() const { return token_rows_; }
-  // GateUpMode::recompute: all nullptr.
+  Precision precision() const { return precision_; }  // the configuration's
+  // GateUpMode::recompute: all nullptr. fp8_block: act() nullptr, act_e4m3() and act_scales() set.
   __nv_bfloat16* act() const { return act_; }
+  uint8_t* act_e4m3() const { return act_e4m3_; }
+  float* act_scales() const { return act_scales_; }
   __nv_bfloat16* gate_up() const { return gate_up_; }
   __nv_bfloat16* act_shared() const { return act_shared_; }          // nullptr without S
   __nv_bfloat16* gate_up_shared() const { return gate_up_shared_; }  // nullptr without S
@@ -89,6 +95,9 @@ class ForwardContext {
   int64_t capacity_rows_ = 0, token_rows_ = 0;
   int intermediate_ = 0, shared_width_ = 0;
   GateUpMode mode_ = GateUpMode::keep;
+  Precision precision_ = Precision::bf16;
+  uint8_t* act_e4m3_ = nullptr;
+  float* act_scales_ = nullptr;
   __nv_bfloat16 *act_ = nullptr, *gate_up_ = nullptr, *act_shared_ = nullptr,
                 *gate_up_shared_ = nullptr;
   mutable Origin origin_;

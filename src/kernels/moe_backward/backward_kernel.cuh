@@ -24,11 +24,12 @@ static_assert(128 * kBackwardProducerRegs + kConsumers * 128 * kBackwardConsumer
 namespace {
 
 // kGroup: an emulated group's shares in device memory (launch.group); kRecompute:
-// GateUpMode::recompute (BackwardProgram); kTrace: the timeline recorded.
-template <int kBlockN, bool kGroup, bool kRecompute, bool kTrace>
+// GateUpMode::recompute (BackwardProgram); kTrace: the timeline recorded; kFp8Block: the routed
+// dgrad tiles in fp8_block.
+template <int kBlockN, bool kGroup, bool kRecompute, bool kTrace, bool kFp8Block>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_backward_kernel(const __grid_constant__ BackwardLaunch launch) {
-  run_megakernel<BackwardProgram<kBlockN, kRecompute, kTrace>, kBackwardProducerRegs,
+  run_megakernel<BackwardProgram<kBlockN, kRecompute, kTrace, kFp8Block>, kBackwardProducerRegs,
                  kBackwardConsumerRegs, kGroup>(launch);
 }
 
@@ -51,38 +52,54 @@ cudaError_t with_block_n(int block_n, F&& f) {
   return cudaErrorInvalidValue;
 }
 
+namespace {
+// One instantiation of a set: the kernel for (group, recompute). A set without recompute
+// (fp8_block) has no recompute kernels: nullptr.
+template <int kBlockN, bool kTrace, bool kGroups, bool kFp8Block>
+auto backward_kernel_for(bool group, bool recompute) {
+  using Kernel = void (*)(BackwardLaunch);
+  constexpr bool kR = !kFp8Block;  // the recompute instantiation, where the set has one
+  if (recompute && kFp8Block) return Kernel(nullptr);
+  if (group)
+    return recompute ? Kernel(moe_backward_kernel<kBlockN, kGroups, kR, kTrace, kFp8Block>)
+                     : Kernel(moe_backward_kernel<kBlockN, kGroups, false, kTrace, kFp8Block>);
+  return recompute ? Kernel(moe_backward_kernel<kBlockN, false, kR, kTrace, kFp8Block>)
+                   : Kernel(moe_backward_kernel<kBlockN, false, false, kTrace, kFp8Block>);
+}
+}  // namespace
+
 // A kernel set's prepare and launch (BackwardKernels). kGroups: the set has the emulated groups'
-// instantiations (the timeline's runs one rank).
-template <bool kTrace, bool kGroups>
+// instantiations (the timeline's runs one rank). kFp8Block: fp8_block's set (no recompute).
+template <bool kTrace, bool kGroups, bool kFp8Block = false>
 cudaError_t prepare_backward_set(int block_n, int* ctas_per_sm) {
   return with_block_n(block_n, [&](auto n) {
     constexpr int kBlockN = decltype(n)::value, kSmem = TileShape<kBlockN>::kSmemBytes;
     for (bool group : {false, true})
       for (bool recompute : {false, true}) {
         if (group && !kGroups) continue;
-        const void* kernel =
-            group ? (recompute ? (const void*)moe_backward_kernel<kBlockN, kGroups, true, kTrace>
-                               : (const void*)moe_backward_kernel<kBlockN, kGroups, false, kTrace>)
-                  : (recompute ? (const void*)moe_backward_kernel<kBlockN, false, true, kTrace>
-                               : (const void*)moe_backward_kernel<kBlockN, false, false, kTrace>);
+        const void* kernel = reinterpret_cast<const void*>(
+            backward_kernel_for<kBlockN, kTrace, kGroups, kFp8Block>(group, recompute));
+        if (kernel == nullptr) continue;
         if (cudaError_t e =
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
             e != cudaSuccess)
           return e;
       }
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctas_per_sm, moe_backward_kernel<kBlockN, false, false, kTrace>, kThreads, kSmem);
+        ctas_per_sm, moe_backward_kernel<kBlockN, false, false, kTrace, kFp8Block>, kThreads,
+        kSmem);
   });
 }
 
-template <bool kTrace, bool kGroups>
+template <bool kTrace, bool kGroups, bool kFp8Block = false>
 cudaError_t launch_backward_set(const BackwardShare* shares, int ranks, BackwardShare* group,
                                 int grid, cudaStream_t stream) {
   if (ranks < 1 || ranks > kMaxRanks || grid < ranks || (ranks > 1 && (!group || !kGroups)))
     return cudaErrorInvalidValue;
   for (int r = 0; r < ranks; ++r) {
     if (shares[r].params.block_n != shares[0].params.block_n ||
-        shares[r].params.recompute != shares[0].params.recompute)
+        shares[r].params.recompute != shares[0].params.recompute ||
+        shares[r].params.fp8_block != (kFp8Block ? 1 : 0))
       return cudaErrorInvalidValue;
     backward_steps_kernel<<<1, 1024, 0, stream>>>(shares[r].params);
     if (ranks > 1) backward_share_copy_kernel<<<1, 128, 0, stream>>>(shares[r], group + r);
@@ -96,10 +113,9 @@ cudaError_t launch_backward_set(const BackwardShare* shares, int ranks, Backward
       launch.local = shares[0];
     else
       launch.group = group;
-    auto* kernel = ranks == 1  ? (recompute ? moe_backward_kernel<kBlockN, false, true, kTrace>
-                                            : moe_backward_kernel<kBlockN, false, false, kTrace>)
-                   : recompute ? moe_backward_kernel<kBlockN, kGroups, true, kTrace>
-                               : moe_backward_kernel<kBlockN, kGroups, false, kTrace>;
+    const auto kernel =
+        backward_kernel_for<kBlockN, kTrace, kGroups, kFp8Block>(ranks > 1, recompute);
+    if (kernel == nullptr) return cudaErrorInvalidValue;
     kernel<<<grid, kThreads, kSmem, stream>>>(launch);
     return cudaGetLastError();
   });

@@ -66,6 +66,10 @@ struct BackwardMaps {
   // BF16 weight gradients, stored by TMA (boxes of 64 rows x 64 columns): routed [E * I, H] x 2
   // and [E * H, I], then shared [S, H] x 2 and [H, S] (BackwardOutput's order).
   CUtensorMap d_out_maps[6];
+  // fp8_block's routed dgrad operands, E4M3, K-major, boxes of 128 columns
+  // (backward_fp8_block.cuh): A = dy_e4m3 [capacity, H] and dgu_e4m3 [capacity, 2I] (boxes of 128
+  // rows), B = down_t [E * I, H] and gate_t, up_t [E * H, I] (boxes of block_n rows).
+  CUtensorMap dy_k8, dgu_k8, down_t_k8, gate_t_k8, up_t_k8;
 };
 enum BackwardOutput : int {
   kOutGate,
@@ -99,6 +103,16 @@ struct BackwardParams : ForwardParams {
   uint32_t *gu_ready, *gu_shared_ready;  // +1 per warpgroup per recompute tile of a block
   uint32_t* unit_done;  // [1 + E]: the shared experts', then each expert's dgrad-down count
   int64_t* step_begin;  // [1 + E + 3 lag + 1]: first tile of each step (backward_tiles.cuh)
+  // fp8_block (its own instantiation; ForwardParams::act_e4m3 and act_scales: the context's act):
+  // the routed dgrad GEMMs' E4M3 operands with an FP32 scale per 128 columns of a row, and the
+  // transposed weights' block scales.
+  int fp8_block;
+  uint8_t* dy_e4m3;            // [capacity, H]: each routed row's d_out, quantized by dispatch
+  float* dy_scales;            // [capacity, H / 128]
+  uint8_t* dgu_e4m3;           // [capacity, 2I]: dg | du, quantized in the dgrad-down epilogue
+  float* dgu_scales;           // [capacity, 2I / 128]
+  const float* down_t_scales;  // [E, I / 128, H / 128]
+  const float *gate_t_scales, *up_t_scales;  // [E, H / 128, I / 128]
 };
 
 // A backward GEMM tile's kind (BackwardWork; the timeline's TraceEvent::kind).
@@ -136,5 +150,7 @@ struct BackwardKernels {
 // The library's set (moe_backward_bf16.cu): both widths, with and without recompute, one rank and
 // emulated groups.
 const BackwardKernels& production_backward_kernels();
+// fp8_block's (moe_backward_fp8_block.cu): both widths, one rank and emulated groups, no recompute.
+const BackwardKernels& fp8_block_backward_kernels();
 
 }  // namespace mok::kern

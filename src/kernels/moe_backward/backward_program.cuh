@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "kernels/megakernel/engine.cuh"
+#include "kernels/moe_backward/backward_fp8_block.cuh"
 #include "kernels/moe_backward/backward_tiles.cuh"
 #include "kernels/moe_forward/combine_role.cuh"
 #include "kernels/moe_forward/dispatch_role.cuh"
@@ -49,6 +50,16 @@ struct DyDispatchRows {
   __device__ static uint32_t readers(const ForwardTiles<kBlockN>&) { return 0; }
 };
 
+// fp8_block: the same d_out rows again, quantized 1x128 along H into dy_e4m3 and dy_scales (the
+// forward's x quantizer, quantize_block) for the routed dgrad-down tiles; the BF16 copy above stays
+// for dW_down.
+template <int kBlockN>
+struct DyDispatchRowsFp8Block : DyDispatchRows<kBlockN> {
+  static constexpr bool kQuantized = true;
+  __device__ static uint8_t* ring_codes(const ForwardParams& p) { return backward(p).dy_e4m3; }
+  __device__ static float* ring_scales(const ForwardParams& p) { return backward(p).dy_scales; }
+};
+
 // The dispatch-backward: d_x = shared dx + sum over k of the dx slots (weights 1), then each
 // (token, k)'s router-weight gradient from its dgrad-down partials in n-tile order.
 struct BackwardCombineSums {
@@ -73,6 +84,7 @@ struct BackwardInputs {
   int a_mn0, b_mn0;
   int loads;  // k-blocks loaded (wgrad: a staged one-block tile's second stage stays empty)
   bool wgrad, recompute;
+  bool fp8;  // a routed dgrad tile of fp8_block: E4M3 K-major operands, 128 of K per stage
   const uint32_t* ready;
   uint32_t needed;
   int role, timing;
@@ -352,12 +364,14 @@ __device__ __forceinline__ void wgrad_stage(const BackwardParams& p, const Backw
 // kRecompute: GateUpMode::recompute's instantiation (its recompute tiles' epilogue beside the
 // others made ptxas spill four times as much in the kernel that keeps). kTrace_: the timeline's
 // instantiation (`mok trace --direction backward`; moe_backward_trace.cu), never the library's.
-template <int kBlockN_, bool kRecompute, bool kTrace_ = false>
+// kFp8Block: the routed dgrad tiles in fp8_block (backward_fp8_block.cuh).
+template <int kBlockN_, bool kRecompute, bool kTrace_ = false, bool kFp8Block = false>
 struct BackwardProgram {
+  static_assert(!(kFp8Block && kRecompute), "fp8_block reads the forward's kept activations");
   using Params = BackwardParams;
   using Maps = BackwardMaps;
   using Work = BackwardWork;
-  using Tiles = BackwardTiles<kRecompute>;
+  using Tiles = BackwardTiles<kRecompute, kFp8Block>;
   using Inputs = BackwardInputs;
   using Prefetch = DownRows;
   using Owed = BackwardOwed;
@@ -366,6 +380,9 @@ struct BackwardProgram {
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
   static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
   static constexpr bool kClaimAhead = true;  // most tiles are short weight-gradient tiles
+  // One wgmma group in flight in the BF16 mainloops; not beside fp8_block's promoting one, where
+  // ptxas then serialised every wgmma of the kernel (C7515).
+  static constexpr bool kMmaInFlight = !kFp8Block;
   static constexpr bool kStoreWarp = true;
   __device__ static void prepare_cta(const Params& p) {
     fill_backward_table(p);
@@ -416,9 +433,14 @@ struct BackwardProgram {
                 "every backward traits set lays out the engine's ring alike");
 
   __device__ static bool dispatch(const Params& p, int cta, int ctas) {
-    return !batch_ok(p) ||
-           dispatch_role<kBlockN, DyDispatchRows<kBlockN>, ForwardDispatchRows<kBlockN>>(p, cta,
-                                                                                         ctas);
+    if constexpr (kFp8Block)
+      return !batch_ok(p) ||
+             dispatch_role<kBlockN, DyDispatchRows<kBlockN>, DyDispatchRowsFp8Block<kBlockN>,
+                           ForwardDispatchRows<kBlockN>>(p, cta, ctas);
+    else
+      return !batch_ok(p) ||
+             dispatch_role<kBlockN, DyDispatchRows<kBlockN>, ForwardDispatchRows<kBlockN>>(p, cta,
+                                                                                           ctas);
   }
   __device__ static void combine(const Params& p) {
     combine_role<kBlockN, BackwardCombineSums, kTrace>(p);
@@ -447,6 +469,7 @@ struct BackwardProgram {
     in.b_split = w.k_blocks;
     in.loads = w.k_loaded;
     in.timing = kTimeGateUpWaitsDispatch;
+    in.fp8 = kFp8Block && !shared && w.dgrad();
     switch (w.kind) {
       case BackwardKind::recompute:
         if constexpr (!kRecompute) break;
@@ -465,6 +488,10 @@ struct BackwardProgram {
         in.b = shared ? &maps.shared_down_mn : &maps.down_mn;
         in.b_k0 = shared ? 0 : w.expert() * p.hidden;
         in.a_mn0 = int(w.m_block * kBlockM), in.b_mn0 = w.n_tile * kBlockN;
+        if (in.fp8) {  // B = down_t rows [expert * I + n0, + block_n), K = H from 0
+          in.a = &maps.dy_k8, in.b = &maps.down_t_k8;
+          in.b_k0 = 0, in.b_mn0 = w.expert() * p.intermediate + w.n_tile * kBlockN;
+        }
         if (kRecompute) {  // the block's g | u (its recompute tiles waited for its dispatch)
           in.ready = recompute_counter(p, w), in.needed = uint32_t(kConsumers * 2 * w_tiles);
         } else if (!shared) {
@@ -479,6 +506,11 @@ struct BackwardProgram {
         in.b_split = width / kBlockK;
         in.b_k0 = shared ? 0 : w.expert() * width;
         in.a_mn0 = int(w.m_block * kBlockM), in.b_mn0 = w.n_tile * kBlockN;
+        if (in.fp8) {  // B = gate_t, then up_t rows [expert * H + n0, + block_n), K = I each
+          in.a = &maps.dgu_k8, in.b = &maps.gate_t_k8, in.b_second = &maps.up_t_k8;
+          in.b_split = width / Fp8BlockKMajor::kBlockK;
+          in.b_k0 = 0, in.b_mn0 = w.expert() * p.hidden + w.n_tile * kBlockN;
+        }
         in.ready = (shared ? p.act_shared_ready : p.act_ready) + w.m_block;
         in.needed = uint32_t(kConsumers * w_tiles);
         in.role = shared ? kRoleSharedDgradProducer : kRoleDgradGateUpProducer;
@@ -518,6 +550,14 @@ struct BackwardProgram {
                                           in.b_second, bar, kb * kBlockK, in.b_mn0);
       return;
     }
+    if (kFp8Block && in.fp8) {
+      using T = Fp8BlockKMajor;
+      const bool second = kb >= in.b_split;
+      T::A::load_at<kBlockM>(tile_a, in.a, bar, kb * T::kBlockK, in.a_mn0);
+      T::B::load_at<kBlockN>(tile_b, second ? in.b_second : in.b, bar,
+                             (second ? kb - in.b_split : kb) * T::kBlockK, in.b_mn0);
+      return;
+    }
     if (in.wgrad) {
       Bf16MnMajorAB::A::load_at<kBlockM>(tile_a, in.a, bar, in.a_k0 + kb * kBlockK, in.a_mn0);
       Bf16MnMajorAB::B::load_at<kBlockN>(tile_b, in.b, bar, in.b_k0 + kb * kBlockK, in.b_mn0);
@@ -541,15 +581,23 @@ struct BackwardProgram {
         return mma_tile<kBlockN, true, true>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles,
                                              times.timer.on, &times.starved, false,
                                              &times.starved_first);
+    if constexpr (kFp8Block)
+      if (w.dgrad() && !w.shared()) {
+        const SmemRing<kBlockN, Fp8BlockKMajor> r{ring.tiles_a, ring.tiles_b, ring.full,
+                                                  ring.empty};
+        return mma_tile_fp8_block<kBlockN>(d, r, cursor, w.k_blocks, wg, p.wait_cycles,
+                                           backward_tile_scales<kBlockN>(p, w, wg), times.timer.on,
+                                           &times.starved, &times.starved_first);
+      }
     if (w.dgrad()) {
       const SmemRing<kBlockN, Bf16MnMajorB> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
-      return mma_tile<kBlockN, true, true, Bf16MnMajorB>(
+      return mma_tile<kBlockN, kMmaInFlight, true, Bf16MnMajorB>(
           d, r, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on, &times.starved, false,
           &times.starved_first);
     }
     const SmemRing<kBlockN, Bf16MnMajorAB> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
     const bool staged = wgrad_staged(p, w);
-    if (!mma_tile<kBlockN, true, true, Bf16MnMajorAB>(
+    if (!mma_tile<kBlockN, kMmaInFlight, true, Bf16MnMajorAB>(
             d, r, cursor, w.k_loaded, wg, p.wait_cycles, times.timer.on, &times.starved, false,
             &times.starved_first, staged ? (w.k_loaded >= 2 ? 2 : 1) : 0))
       return false;
@@ -578,7 +626,10 @@ struct BackwardProgram {
         }
         break;
       case BackwardKind::dgrad_down:
-        dgrad_down_epilogue<kBlockN, kRecompute>(p, w, d, row0);
+        if (kFp8Block && !w.shared())
+          dgrad_down_epilogue_fp8<kBlockN>(p, w, d, row0);
+        else
+          dgrad_down_epilogue<kBlockN, kRecompute>(p, w, d, row0);
         publish_dgrad_down(p, w, wg);
         timer.add(kTimeConsumerPublish, since);
         break;

@@ -154,8 +154,9 @@ __device__ __forceinline__ void fill_backward_table(const BackwardParams& p) {
   }
 }
 
-// kRecompute: the instantiation's GateUpMode (BackwardParams::recompute).
-template <bool kRecompute>
+// kRecompute: the instantiation's GateUpMode (BackwardParams::recompute); kFp8Block: its
+// precision (BackwardParams::fp8_block).
+template <bool kRecompute, bool kFp8Block = false>
 struct BackwardTiles {
   const BackwardTable* table;
   int steps;
@@ -186,8 +187,10 @@ struct BackwardTiles {
       const int n_tiles = kind == BackwardKind::recompute    ? 2 * u.width / p.block_n
                           : kind == BackwardKind::dgrad_down ? u.width / p.block_n
                                                              : n_h;
+      // fp8_block's routed dgrad tiles take 128 of K per stage (E4M3: the same bytes).
+      const int k_block = kFp8Block && ui != 0 && kind != BackwardKind::recompute ? 128 : kBlockK;
       const int k_blocks =
-          kind == BackwardKind::dgrad_gate_up ? 2 * u.width / kBlockK : p.hidden / kBlockK;
+          kind == BackwardKind::dgrad_gate_up ? 2 * u.width / k_block : p.hidden / k_block;
       if (i >= int64_t(u.blocks) * n_tiles) {
         i -= int64_t(u.blocks) * n_tiles;
         return false;

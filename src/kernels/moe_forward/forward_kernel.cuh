@@ -38,12 +38,12 @@ __global__ void __launch_bounds__(kThreads, 1)
                  kForwardConsumerRegs, kGroup>(launch);
 }
 
-// The routed experts in fp8_block (ForwardProgram's kFp8Block).
-template <bool kGroup>
+// The routed experts in fp8_block (ForwardProgram's kFp8Block); kKeepGateUp: a training forward.
+template <bool kGroup, bool kKeepGateUp>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_fp8_block_kernel(const __grid_constant__ ForwardLaunch launch) {
-  run_megakernel<ForwardProgram<256, false, false, 0, true>, kFp8ProducerRegs, kFp8ConsumerRegs,
-                 kGroup>(launch);
+  run_megakernel<ForwardProgram<256, false, kKeepGateUp, 0, true>, kFp8ProducerRegs,
+                 kFp8ConsumerRegs, kGroup>(launch);
 }
 
 // One instantiation, prepared and launched.
@@ -52,7 +52,7 @@ template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp = false, int kProbe =
 struct ForwardVariant {
   static constexpr auto kernel = [] {
     if constexpr (kFp8Block)
-      return moe_forward_fp8_block_kernel<kGroup>;
+      return moe_forward_fp8_block_kernel<kGroup, kKeepGateUp>;
     else
       return moe_forward_kernel<kBlockN, kMmaInFlight, kKeepGateUp, kProbe, kGroup>;
   }();
@@ -74,9 +74,10 @@ struct ForwardVariant {
 template <bool kGroup, class F>
 bool with_production_variant(const ForwardKernel& k, F&& f) {
   if (k.probe != 0) return false;
-  if (k.fp8_block) {  // one instantiation: 256-wide tiles, no group in flight, inference
-    if (k.block_n != 256 || k.mma_in_flight || k.keep_gate_up) return false;
-    f(ForwardVariant<256, false, false, 0, kGroup, true>{});
+  if (k.fp8_block) {  // 256-wide tiles, no group in flight; inference or training
+    if (k.block_n != 256 || k.mma_in_flight) return false;
+    k.keep_gate_up ? f(ForwardVariant<256, false, true, 0, kGroup, true>{})
+                   : f(ForwardVariant<256, false, false, 0, kGroup, true>{});
     return true;
   }
   auto pick = [&](auto block_n) {

@@ -53,6 +53,19 @@ __device__ __forceinline__ uint32_t* act_counter(const ForwardParams& p, const T
   return (w.kind == TileKind::routed_gate_up ? p.act_ready : p.act_shared_ready) + w.m_block;
 }
 
+// The pre-activations of this thread's two rows (Fragment rows lo and lo + 8), g at row lo's first
+// gate column of gate_up (or gate_up_shared): the tile's gate half there, its up half `width`
+// columns further.
+template <int kBlockN>
+__device__ __forceinline__ void store_pre_activations(const float (&d)[kBlockN / 2],
+                                                      __nv_bfloat16* g, int64_t width) {
+  using Half = const float(&)[kBlockN / 4];
+  const int64_t down8 = 8 * 2 * width;
+  store_rows_vec16<kBlockN / 2>(reinterpret_cast<Half>(d[0]), g, g + down8, kBlockN / 2);
+  g += width;
+  store_rows_vec16<kBlockN / 2>(reinterpret_cast<Half>(d[kBlockN / 4]), g, g + down8, kBlockN / 2);
+}
+
 // Gate/up epilogue of 64 rows from row0: SwiGLU into act (or act_shared); kKeepGateUp (a training
 // forward, its own instantiation: in the inference kernel the extra stores made ptxas spill) also
 // stores the pre-activations into gate_up (gate_up_shared): the tile's gate half at the row's
@@ -66,15 +79,9 @@ __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const Tile
   const int64_t col0 = int64_t(w.n_tile) * (kBlockN / 2);
   __nv_bfloat16* out = (routed ? p.act : p.act_shared) + row0 * width + col0;
   swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
-  if constexpr (kKeepGateUp) {
-    using Half = const float(&)[kBlockN / 4];
-    __nv_bfloat16* g = (routed ? p.gate_up : p.gate_up_shared) + (row0 + r) * 2 * width + col0;
-    const int64_t down8 = 8 * 2 * width;
-    store_rows_vec16<kBlockN / 2>(reinterpret_cast<Half>(d[0]), g, g + down8, kBlockN / 2);
-    g += width;
-    store_rows_vec16<kBlockN / 2>(reinterpret_cast<Half>(d[kBlockN / 4]), g, g + down8,
-                                  kBlockN / 2);
-  }
+  if constexpr (kKeepGateUp)
+    store_pre_activations<kBlockN>(
+        d, (routed ? p.gate_up : p.gate_up_shared) + (row0 + r) * 2 * width + col0, width);
 }
 
 // Where this thread's two rows of a down tile go (Fragment rows row_lo and row_lo + 8 from row0):
@@ -151,9 +158,9 @@ __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, cons
 // kFp8Block (the routed experts in fp8_block: fp8_block_tiles.cuh).
 template <int kBlockN_, bool kMmaInFlight_, bool kKeepGateUp, int kProbe, bool kFp8Block = false>
 struct ForwardProgram {
-  static_assert(!kFp8Block || (kBlockN_ == 256 && !kMmaInFlight_ && !kKeepGateUp && kProbe == 0),
+  static_assert(!kFp8Block || (kBlockN_ == 256 && !kMmaInFlight_ && kProbe == 0),
                 "fp8_block: 256-wide tiles (one 1x128 block per gate/up row), promotion after "
-                "every k-block, inference only");
+                "every k-block");
   using Params = ForwardParams;
   using Maps = ForwardMaps;
   using Work = TileWork;
@@ -303,6 +310,11 @@ struct ForwardProgram {
       if constexpr (kFp8Block) {
         if (w.kind == TileKind::routed_gate_up) {
           store_gate_up_fp8_block<kBlockN>(p, w, d, row0);
+          if constexpr (kKeepGateUp) {  // the routed g | u beside the E4M3 act
+            const int64_t I = p.intermediate, col0 = int64_t(w.n_tile) * (kBlockN / 2);
+            store_pre_activations<kBlockN>(
+                d, p.gate_up + (row0 + Fragment::mine().row_lo) * 2 * I + col0, I);
+          }
           stored = true;
         }
       }
