@@ -118,12 +118,14 @@ __global__ void __launch_bounds__(kWeightThreads)
                                   : (batch * block_rows + br) * block_cols + bc;
     scales[at] = fmt::fp8_block_stored_scale(block, s);
   }
-  if (!inside) return;
   uint8_t* out = data + batch * rows * cols;
+  // Transposed: the block's codes go through shared memory, [column][row], so that the output's
+  // rows (the matrix's columns) leave in 8-byte stores, not one byte per row.
+  __shared__ __align__(16) uint8_t transposed_tile[kWeightBlock][kWeightBlock + 8];
 #pragma unroll
   for (int i = 0; i < kWeightRowsPerThread; ++i) {
     const int64_t r = r0 + kWeightRowStep * i;
-    if (r >= rows) break;
+    if (!inside || r >= rows) break;
     uint32_t word[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h)
@@ -134,7 +136,28 @@ __global__ void __launch_bounds__(kWeightThreads)
     } else {
 #pragma unroll
       for (int e = 0; e < kWeightVec; ++e)
-        out[(c0 + e) * rows + r] = uint8_t(word[e / 4] >> (8 * (e % 4)));
+        transposed_tile[c0 - bc * kWeightBlock + e][r - br * kWeightBlock] =
+            uint8_t(word[e / 4] >> (8 * (e % 4)));
+    }
+  }
+  if (!transposed) return;
+  __syncthreads();
+  // Output row c (a column of the block) holds the block's rows [br * 128, + valid_rows).
+  const int valid_rows =
+      int(rows - br * kWeightBlock < kWeightBlock ? rows - br * kWeightBlock : kWeightBlock);
+  const int valid_cols =
+      int(cols - bc * kWeightBlock < kWeightBlock ? cols - bc * kWeightBlock : kWeightBlock);
+  const bool vectors = rows % 8 == 0;  // every output row starts 8-byte aligned (data is)
+  constexpr int kChunks = kWeightBlock / 8;
+  for (int i = int(threadIdx.x); i < kWeightBlock * kChunks; i += kWeightThreads) {
+    const int c = i / kChunks, chunk = i % kChunks, first = 8 * chunk;
+    if (c >= valid_cols || first >= valid_rows) continue;
+    uint8_t* to = out + (bc * kWeightBlock + c) * rows + br * kWeightBlock + first;
+    const uint8_t* from = &transposed_tile[c][first];
+    if (vectors && first + 8 <= valid_rows) {
+      *reinterpret_cast<uint2*>(to) = *reinterpret_cast<const uint2*>(from);
+    } else {
+      for (int e = 0; e < 8 && first + e < valid_rows; ++e) to[e] = from[e];
     }
   }
 }

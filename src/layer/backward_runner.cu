@@ -175,8 +175,8 @@ void BackwardRunner::allocate(RankBackward& r) {
     r.dy_scales = alloc<float>(size_t(capacity * (H / 128)));
     r.dgu_e4m3 = alloc<uint8_t>(size_t(capacity * 2 * I));
     r.dgu_scales = alloc<float>(size_t(capacity * (2 * I / 128)));
-    // The dgrad-down epilogues skip all-padding halves of a row block, whose rows dgrad-gate/up
-    // still multiplies (into outputs nobody stores): defined values there, once.
+    // The dgrad-down epilogues skip a row block's all-padding halves, which dgrad-gate/up's TMA
+    // still loads (and never multiplies): defined bytes there from the start (initcheck).
     check_cuda(cudaMemset(r.dgu_e4m3, 0, size_t(capacity * 2 * I)), "cudaMemset");
     check_cuda(cudaMemset(r.dgu_scales, 0, size_t(capacity * (2 * I / 128)) * sizeof(float)),
                "cudaMemset");

@@ -131,8 +131,9 @@ Row row(const Layer& l, const Expert& m, OperandQuant q, int64_t t, int64_t k) {
     for (int64_t h = 0; h < H; ++h) s += m.down_bwd[size_t(h * I + i)] * dq[size_t(h)];
     r.da_raw.push_back(f32(s));
     dw += r.da_raw.back() * r.aq[size_t(i)];
-    const double da = f32(r.weight * r.da_raw.back()), g = r.g[size_t(i)], sg = sigmoid(g);
-    r.dg.push_back(f32(da * r.u[size_t(i)] * sg * (1.0 + g * (1.0 - sg))));
+    // The SwiGLU backward reads g and u as the forward's context keeps them: BF16.
+    const double da = f32(r.weight * r.da_raw.back()), g = bf16(r.g[size_t(i)]), sg = sigmoid(g);
+    r.dg.push_back(f32(da * bf16(r.u[size_t(i)]) * sg * (1.0 + g * (1.0 - sg))));
     r.du.push_back(f32(da * g * sg));
   }
   r.d_weight = f32(dw);

@@ -3,12 +3,14 @@
 // reference (the same recipe, FP64 sums stored as FP32), on odd shapes and routings (an expert
 // without rows, every token to the same experts, router weights of exactly 0), both tile widths,
 // outputs poisoned first; its bits under dispatch delays and at EP 2 and 4 (emulated groups)
-// against EP 1; and the configurations and calls it refuses.
+// against EP 1, in every weight-gradient mode and staged; and the configurations and calls it
+// refuses.
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -74,16 +76,22 @@ void drop_expert(mok::Batch& b, int K, int32_t expert) {
 }
 
 // One fp8_block forward (into a context) and backward on one GPU, every output poisoned first
-// (Step: 0xFF bytes, NaN in BF16 and FP32); FP32 weight gradients.
+// (Step: 0xFF bytes, NaN in BF16 and FP32), or the weight gradients' buffers holding `init`
+// (accumulate_fp32).
 HostGrads run_fp8(const mok::Config& c, const mok::LayerParams& p, const mok::Batch& b,
                   const std::vector<double>& d_out, int block_n,
-                  const mok::gpu::detail::ForwardHooks& hooks = {}) {
-  Step step(c, p, b, d_out, WeightGrads::write_fp32);
+                  const mok::gpu::detail::ForwardHooks& hooks = {},
+                  WeightGrads mode = WeightGrads::write_fp32,
+                  const std::vector<std::vector<uint8_t>>& init = {}) {
+  Step step(c, p, b, d_out, mode);
+  for (size_t i = 0; i < init.size(); ++i)
+    EXPECT_EQ(cudaMemcpy(step.grads[i].ptr, init[i].data(), init[i].size(), cudaMemcpyHostToDevice),
+              cudaSuccess);
   const QuantizedExperts q(c, step.layer);
   mok::gpu::MoeForward f(c, {}, hooks);
   mok::gpu::BackwardOptions o;
   o.block_n = block_n;
-  o.weight_grads = WeightGrads::write_fp32;
+  o.weight_grads = mode;
   mok::gpu::MoeBackward bw(c, o, hooks);
   EXPECT_EQ(bw.block_n(), block_n);
   mok::gpu::Schedule s(c);
@@ -101,21 +109,21 @@ HostGrads run_fp8(const mok::Config& c, const mok::LayerParams& p, const mok::Ba
   const std::vector<double> out = from_bf16(step.out.to_host());
   EXPECT_EQ(std::count_if(out.begin(), out.end(), [](double v) { return std::isnan(v); }), 0)
       << "the training forward left outputs unwritten";
-  return step.host(WeightGrads::write_fp32);
+  return step.host(mode);
 }
 
 // Every output written (no NaN poison left), experts without rows exact zeros, and each gradient
 // within 1e-2 (relative L2) of the fp8_block quantized reference. The bound: both sides multiply
 // the same quantized operands (x in 1x128 blocks, the weights' 128x128 blocks, the act the
 // forward's down GEMM read, d_out quantized unweighted in 1x128 blocks, dg | du in 1x128 blocks,
-// the BF16 weight-gradient operands). What differs: the GPU context keeps g | u in BF16 where the
-// reference keeps FP32 (dg, du and the SwiGLU recomputed from them move by ~2^-9); FP32 sums in
-// another order (the GPU promotes each 128 of K into an FP32 tile, the reference sums in FP64 and
-// stores FP32); and an E4M3 code that rounds the other way when its input or its block's amax
-// differs in the last place: one E4M3 step (2^-3 relative) on a small fraction of the elements.
-// Together a few 1e-3 (the forward measured 2.7e-3 to 4.0e-3); a BF16 dgrad, a wrong scale, a
-// weighted d_out quantization or a lost block would be off by the recipe's own error (~7e-2) or
-// more.
+// the BF16 weight-gradient operands; g | u in BF16, as the context keeps them). What differs: FP32
+// sums in another order (the GPU promotes each 128 of K into an FP32 tile, the reference sums in
+// FP64 and stores FP32), the hardware's approximate exp in the SwiGLU backward (~1e-6 relative),
+// and so an E4M3 code of dg | du that rounds the other way when its input or its block's amax
+// differs in the last place: one E4M3 step (2^-3 relative) on a tiny fraction of the elements.
+// Together well under 1e-2 (the forward measured 2.7e-3 to 4.0e-3); a BF16 dgrad, a wrong scale
+// or a lost block would be off by the recipe's own error (~7e-2) or more. (A weighted d_out
+// quantization would hardly show in d_x, FP32 block scales being linear, but in d_topk_weights.)
 void expect_matches_fp8_reference(const mok::Config& c, const mok::LayerParams& p,
                                   const mok::Batch& b, const std::vector<double>& d_out,
                                   const HostGrads& got, const std::string& label) {
@@ -295,6 +303,13 @@ TEST(Fp8BlockBackwardGpu, MatchesTheQuantizedReference) {
        true,
        {256},
        "H 256, I 256, two shared (S 256), top-3, T = 129, zero router weights"},
+      // Two 256-wide dgrad-down n-tiles: the second's act and weight scales at block 2 and 3.
+      {fp8_config(256, 512, 6, 2, 1, 256, 260),
+       260,
+       1,
+       false,
+       {128, 256},
+       "H 256, I 512, S 256, T = 260, expert 3 empty"},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& k = cases[i];
@@ -401,4 +416,52 @@ TEST(Fp8BlockBackwardGpu, RefusesWhatItCannotUse) {
   for (const double v : g.d_w) ASSERT_FALSE(std::isnan(v)) << "d_topk_weights unwritten";
   for (int i = 0; i < 6; ++i)
     for (const double v : g.w[i]) ASSERT_FALSE(std::isnan(v)) << kGradNames[i] << " unwritten";
+}
+
+// The weight-gradient modes and the staged backward on the fp8_block kernels: BF16 gradients are
+// the FP32 ones rounded (the same tiles, staged through shared memory and stored by TMA, the
+// mainloop holding its last stages); the staged backward (one launch per tile kind) gives the
+// same bits; accumulating adds to the caller's buffers and leaves an expert without rows as it was.
+TEST(Fp8BlockBackwardGpu, WeightGradientModesAndTheStagedBackward) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = fp8_config(256, 512, 8, 2, 1, 256, 300);
+  const mok::LayerParams p = mok::tools::random_params(c, 601);
+  mok::Batch b = mok::tools::random_batch(c, 300, 602);
+  drop_expert(b, c.top_k, 6);
+  const std::vector<double> d_out = mok::tools::random_vector(size_t(300 * c.hidden), 603, 0.5);
+  for (int block_n : {128, 256}) {
+    SCOPED_TRACE("block_n " + std::to_string(block_n));
+    const HostGrads first = run_fp8(c, p, b, d_out, block_n);
+    mok::gpu::detail::ForwardHooks staged;
+    staged.staged_backward = 3;
+    const HostGrads staged_run = run_fp8(c, p, b, d_out, block_n, staged);
+    for (int i = 0; i < 7; ++i)
+      ASSERT_EQ(staged_run.bits[i], first.bits[i]) << "staged, output " << i;
+
+    const HostGrads half = run_fp8(c, p, b, d_out, block_n, {}, WeightGrads::write_bf16);
+    EXPECT_EQ(half.bits[6], first.bits[6]) << "d_x and d_topk_weights";
+    for (int i = 0; i < 6; ++i)
+      for (size_t j = 0; j < first.w[i].size(); ++j)
+        ASSERT_EQ(half.w[i][j], double(mok::fmt::round_to_bf16(float(first.w[i][j]))))
+            << kGradNames[i] << " at " << j;
+
+    // Accumulating into buffers that hold the gradients (expert 6, without rows: a marker).
+    const float marker = 12.5f;
+    const size_t per_expert = size_t(c.intermediate) * size_t(c.hidden);
+    std::vector<std::vector<uint8_t>> init;
+    for (int i = 0; i < 6; ++i) {
+      init.push_back(first.bits[i]);
+      if (i >= 3)
+        for (size_t j = 0; j < per_expert; ++j)
+          std::memcpy(&init.back()[4 * (6 * per_expert + j)], &marker, 4);
+    }
+    const HostGrads acc = run_fp8(c, p, b, d_out, block_n, {}, WeightGrads::accumulate_fp32, init);
+    EXPECT_EQ(acc.bits[6], first.bits[6]) << "d_x and d_topk_weights";
+    for (int i = 0; i < 6; ++i)
+      for (size_t j = 0; j < first.w[i].size(); ++j) {
+        const bool untouched = i >= 3 && j / per_expert == 6;
+        ASSERT_EQ(acc.w[i][j], untouched ? double(marker) : 2.0 * first.w[i][j])
+            << kGradNames[i] << " at " << j;
+      }
+  }
 }

@@ -122,68 +122,73 @@ TEST(Fp8BlockGpu, HardwarePairConversionEqualsTheCodecOnEveryFiniteFloat) {
 
 TEST(Fp8BlockGpu, WeightQuantizerEqualsTheCpuBitForBit) {
   MOK_REQUIRE_GPU();
-  // 8 x 1030 x 1288 (10.6 M values): partial edge blocks both ways.
-  const int64_t batches = 8, rows = 1030, cols = 1288, n = batches * rows * cols;
-  std::mt19937_64 rng(7);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<uint16_t> x(static_cast<size_t>(n));
-  for (auto& v : x) v = mok::fmt::bf16_from_float(normal(rng) * 0.02f);
-  auto at = [&](int64_t b, int64_t r, int64_t c) -> uint16_t& {
-    return x[size_t((b * rows + r) * cols + c)];
-  };
-  // Edge blocks of matrix 1: all zeros, one NaN, one +Inf and one -Inf, amax below the 1e-4 floor,
-  // BF16 subnormals, values near FLT_MAX, and the last partial block with a NaN.
-  for (int64_t r = 0; r < 128; ++r)
-    for (int64_t c = 0; c < 128; ++c) {
-      at(1, r, c) = 0;
-      at(1, r, 128 + c) = mok::fmt::bf16_from_float(normal(rng) * 1e-6f);
-      at(1, r, 256 + c) = uint16_t(0x0001 + (r * 128 + c) % 0x7F);  // subnormals
-      at(1, 128 + r, c) =  // finite, up to 3e38 (BF16 holds up to ~3.39e38)
-          mok::fmt::bf16_from_float(std::clamp(normal(rng) * 1e38f, -3e38f, 3e38f));
-    }
-  at(1, 5, 400) = 0x7FC0;                           // NaN
-  at(1, 200, 700) = 0x7F80;                         // +Inf
-  at(1, 300, 900) = 0xFF80;                         // -Inf
-  at(1, 1029, 1287) = 0xFFC1;                       // NaN in the corner's partial block
-  at(2, 7, 9) = mok::fmt::bf16_from_float(448.0f);  // one value at the E4M3 maximum
-  DeviceBuffer<uint16_t> dx(x);
-  std::vector<float> xf(static_cast<size_t>(rows * cols));
-  for (bool ue8m0 : {false, true})
-    for (bool transposed : {false, true}) {
-      SCOPED_TRACE(std::string(ue8m0 ? "ue8m0" : "fp32") + " scales" +
-                   (transposed ? ", transposed" : ""));
-      const int64_t br = (rows + 127) / 128, bc = (cols + 127) / 128;
-      DeviceBuffer<uint8_t> data(size_t(n), 0xAB);
-      DeviceBuffer<float> scales(size_t(batches * br * bc), 0xAB);
-      MOK_CUDA_OK(mok::gpu::quantize_fp8_block_weights(
-          reinterpret_cast<const __nv_bfloat16*>(dx.ptr), batches, rows, cols, ue8m0, transposed,
-          data.ptr, scales.ptr, nullptr));
-      MOK_CUDA_OK(cudaDeviceSynchronize());
-      const std::vector<uint8_t> got = data.to_host();
-      const std::vector<float> got_scales = scales.to_host();
-      for (int64_t b = 0; b < batches; ++b) {
-        for (int64_t i = 0; i < rows * cols; ++i)
-          xf[size_t(i)] = mok::fmt::bf16_to_float(x[size_t(b * rows * cols + i)]);
-        const mok::Fp8BlockTensor want =
-            mok::quantize_fp8_block(xf.data(), rows, cols, {128, 128}, ue8m0);
-        int64_t bad = 0;
-        for (int64_t r = 0; r < rows; ++r)
-          for (int64_t c = 0; c < cols; ++c) {
-            const uint8_t g =
-                got[size_t(b * rows * cols + (transposed ? c * rows + r : r * cols + c))];
-            bad += g != want.data[size_t(r * cols + c)];
-          }
-        EXPECT_EQ(bad, 0) << "codes differ in matrix " << b;
-        for (int64_t i = 0; i < br; ++i)
-          for (int64_t j = 0; j < bc; ++j) {
-            const float g =
-                got_scales[size_t(b * br * bc + (transposed ? j * br + i : i * bc + j))];
-            const float w = want.scales[size_t(i * bc + j)];
-            EXPECT_EQ(std::memcmp(&g, &w, 4), 0) << "scale of block (" << i << ", " << j
-                                                 << ") of matrix " << b << ": " << g << " vs " << w;
-          }
+  // 8 x rows x 1288 (10.6 M values): partial edge blocks both ways; 1030 rows: the transposed
+  // copy's rows stored byte by byte, 1032: in 8-byte vectors (the partial block's 8 rows too).
+  for (const int64_t rows : {int64_t(1030), int64_t(1032)}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows");
+    const int64_t batches = 8, cols = 1288, n = batches * rows * cols;
+    std::mt19937_64 rng(7);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<uint16_t> x(static_cast<size_t>(n));
+    for (auto& v : x) v = mok::fmt::bf16_from_float(normal(rng) * 0.02f);
+    auto at = [&](int64_t b, int64_t r, int64_t c) -> uint16_t& {
+      return x[size_t((b * rows + r) * cols + c)];
+    };
+    // Edge blocks of matrix 1: all zeros, one NaN, one +Inf and one -Inf, amax below the 1e-4
+    // floor, BF16 subnormals, values near FLT_MAX, and the last partial block with a NaN.
+    for (int64_t r = 0; r < 128; ++r)
+      for (int64_t c = 0; c < 128; ++c) {
+        at(1, r, c) = 0;
+        at(1, r, 128 + c) = mok::fmt::bf16_from_float(normal(rng) * 1e-6f);
+        at(1, r, 256 + c) = uint16_t(0x0001 + (r * 128 + c) % 0x7F);  // subnormals
+        at(1, 128 + r, c) =  // finite, up to 3e38 (BF16 holds up to ~3.39e38)
+            mok::fmt::bf16_from_float(std::clamp(normal(rng) * 1e38f, -3e38f, 3e38f));
       }
-    }
+    at(1, 5, 400) = 0x7FC0;                           // NaN
+    at(1, 200, 700) = 0x7F80;                         // +Inf
+    at(1, 300, 900) = 0xFF80;                         // -Inf
+    at(1, 1029, 1287) = 0xFFC1;                       // NaN in the corner's partial block
+    at(2, 7, 9) = mok::fmt::bf16_from_float(448.0f);  // one value at the E4M3 maximum
+    DeviceBuffer<uint16_t> dx(x);
+    std::vector<float> xf(static_cast<size_t>(rows * cols));
+    for (bool ue8m0 : {false, true})
+      for (bool transposed : {false, true}) {
+        SCOPED_TRACE(std::string(ue8m0 ? "ue8m0" : "fp32") + " scales" +
+                     (transposed ? ", transposed" : ""));
+        const int64_t br = (rows + 127) / 128, bc = (cols + 127) / 128;
+        DeviceBuffer<uint8_t> data(size_t(n), 0xAB);
+        DeviceBuffer<float> scales(size_t(batches * br * bc), 0xAB);
+        MOK_CUDA_OK(mok::gpu::quantize_fp8_block_weights(
+            reinterpret_cast<const __nv_bfloat16*>(dx.ptr), batches, rows, cols, ue8m0, transposed,
+            data.ptr, scales.ptr, nullptr));
+        MOK_CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<uint8_t> got = data.to_host();
+        const std::vector<float> got_scales = scales.to_host();
+        for (int64_t b = 0; b < batches; ++b) {
+          for (int64_t i = 0; i < rows * cols; ++i)
+            xf[size_t(i)] = mok::fmt::bf16_to_float(x[size_t(b * rows * cols + i)]);
+          const mok::Fp8BlockTensor want =
+              mok::quantize_fp8_block(xf.data(), rows, cols, {128, 128}, ue8m0);
+          int64_t bad = 0;
+          for (int64_t r = 0; r < rows; ++r)
+            for (int64_t c = 0; c < cols; ++c) {
+              const uint8_t g =
+                  got[size_t(b * rows * cols + (transposed ? c * rows + r : r * cols + c))];
+              bad += g != want.data[size_t(r * cols + c)];
+            }
+          EXPECT_EQ(bad, 0) << "codes differ in matrix " << b;
+          for (int64_t i = 0; i < br; ++i)
+            for (int64_t j = 0; j < bc; ++j) {
+              const float g =
+                  got_scales[size_t(b * br * bc + (transposed ? j * br + i : i * bc + j))];
+              const float w = want.scales[size_t(i * bc + j)];
+              EXPECT_EQ(std::memcmp(&g, &w, 4), 0)
+                  << "scale of block (" << i << ", " << j << ") of matrix " << b << ": " << g
+                  << " vs " << w;
+            }
+        }
+      }
+  }
 }
 
 TEST(Fp8BlockGpu, DispatchWritesTheCpuCodesAndScalesOfEveryRoutedRow) {

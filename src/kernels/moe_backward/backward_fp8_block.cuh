@@ -90,7 +90,9 @@ template <int kBlockN>
 __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
                                                         const BackwardWork& w,
                                                         const float (&d)[kBlockN / 2], int row0) {
-  constexpr int kBlocks = kBlockN / 128, kFragments = 16, kChunk = 8;  // per block: 16 x 8 columns
+  // Per block 16 fragments of 8 columns, loaded 4 at a time (8 at a time, as the bf16 epilogue,
+  // spilled 404 bytes in the 256-wide kernel, 4 spill 260: ptxas -v).
+  constexpr int kBlocks = kBlockN / 128, kFragments = 16, kChunk = 4;
   static_assert(kBlockN % 128 == 0 && kFragments % kChunk == 0);
   const Fragment f = Fragment::mine();
   const int64_t I = p.intermediate, i_blocks = I / 128;
