@@ -133,6 +133,9 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
         "--sweep times the BF16 forward at EP = 1: drop --ep, --direction, --precision");
   if (o.all_shapes && o.layer.tokens > 0)
     throw UsageError("--tokens needs a layer (--preset NAME or its numbers), not every shape");
+  if (o.layer.fp8_scales != "fp32" && o.layer.precision != "fp8_block")
+    throw UsageError("--fp8-scales " + o.layer.fp8_scales +
+                     ": fp8_block's option (--precision fp8_block)");
   if (!o.all_shapes) o.layer.config();  // its errors now, before any GPU work
   o.layer.routing_choice();
   if (o.direction == "backward" && (o.ep > 1 || o.stage_probes))

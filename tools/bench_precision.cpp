@@ -66,6 +66,7 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
     c.validate();
     Config q = c;
     q.precision = precision;
+    q.fp8_ue8m0 = o.layer.fp8_scales == "ue8m0";
     const int64_t H = c.hidden, EIH = int64_t(c.num_experts) * c.intermediate * H,
                   SH = int64_t(c.shared_width()) * H;
     const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice());
@@ -169,6 +170,7 @@ int bench_precision_command(const BenchOptions& o) {
     c.validate();
     Config q = c;
     q.precision = precision;
+    q.fp8_ue8m0 = o.layer.fp8_scales == "ue8m0";
     const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice());
     DeviceArray<__nv_bfloat16> out_q(size_t(tokens * c.hidden));
     gpu::MoeForward bf16(c, fo), low(q, fq);

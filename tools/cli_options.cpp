@@ -88,6 +88,8 @@ bool LayerOptions::take(const std::vector<std::string>& args, size_t& i) {
     tokens = parse_int(a, option_value(args, i), 1, int64_t(1) << 24);
   else if (a == "--precision")
     precision = parse_choice(a, option_value(args, i), {"bf16", "fp8_block", "mxfp8", "nvfp4"});
+  else if (a == "--fp8-scales")
+    fp8_scales = parse_choice(a, option_value(args, i), {"fp32", "ue8m0"});
   else if (a == "--routing")
     routing = parse_choice(a, option_value(args, i), {"random", "balanced", "skewed"});
   else if (a == "--zipf")
@@ -126,6 +128,9 @@ Config LayerOptions::config() const {
   if (c.num_shared_experts == 0) c.shared_intermediate = 0;
   if (tokens > 0) c.max_tokens_per_rank = int(tokens);
   c.precision = parse_precision(precision);
+  if (fp8_scales != "fp32" && c.precision != Precision::fp8_block)
+    throw UsageError("--fp8-scales " + fp8_scales + ": fp8_block's option (--precision fp8_block)");
+  c.fp8_ue8m0 = fp8_scales == "ue8m0";
   try {
     c.validate();
   } catch (const Error& e) {
@@ -173,6 +178,8 @@ const char* LayerOptions::help() {
          "    --shared-width S         each shared expert's width (default: I)\n"
          "    --tokens T               tokens per rank (default: the preset's, else 4096)\n"
          "    --precision P            bf16 (default), fp8_block, mxfp8, nvfp4\n"
+         "    --fp8-scales S           fp8_block's block scales: fp32 (default) or ue8m0 (powers\n"
+         "                             of two)\n"
          "  the tokens' routing:\n"
          "    --routing R              random (default: softmax top-k of random logits), balanced\n"
          "                             (slot (t, k) to expert (t K + k) mod E) or skewed (Zipf-\n"

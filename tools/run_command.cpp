@@ -272,6 +272,7 @@ int run_command(const RunOptions& o) {
   ReferenceOptions ro;
   ro.quant = operand_quant_for(c.precision);
   ro.mx_scale_rule = c.mx_scale_rule;
+  ro.fp8_ue8m0 = c.fp8_ue8m0;
 
   std::printf("  [1/5] forward + backward, FP32 reference with %s operands\n",
               operand_quant_name(ro.quant));

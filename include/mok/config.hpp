@@ -27,6 +27,7 @@ struct Config {
   int ep_rank = 0;
   Precision precision = Precision::bf16;
   MxScaleRule mx_scale_rule = MxScaleRule::rceil;
+  bool fp8_ue8m0 = false;  // fp8_block: every block scale a power of two (UE8M0), else FP32
   int tile_rows = sched::kGpuTileRows;  // routed rows per tile; each expert's segment is padded to
                                         // it (the GPU takes sched::kGpuTileRows only)
   int64_t routed_capacity_rows = 0;     // padded routed rows a rank can hold; 0: the dropless bound

@@ -96,7 +96,8 @@ std::string Config::describe() const {
          " E=" + to_string(num_experts) + " K=" + to_string(top_k) +
          " shared=" + to_string(num_shared_experts) + "x" + to_string(shared_intermediate) +
          " T<=" + to_string(max_tokens_per_rank) + " EP=" + to_string(ep_size) +
-         " precision=" + precision_name(precision);
+         " precision=" + precision_name(precision) +
+         (precision == Precision::fp8_block && fp8_ue8m0 ? " (ue8m0 scales)" : "");
 }
 
 namespace {

@@ -409,6 +409,7 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
   if (fp8) {
     const Fp8BlockWeights& q = wt.fp8_block;
     p.fp8_block = 1;
+    p.fp8_ue8m0 = c.fp8_ue8m0 ? 1 : 0;
     p.act_e4m3 = ctx.act_e4m3();
     p.act_scales = ctx.act_scales();
     p.dy_e4m3 = w.dy_e4m3, p.dy_scales = w.dy_scales;

@@ -13,7 +13,8 @@ Fp8BlockExperts::Fp8BlockExperts(const Config& c, bool backward)
     : experts_(c.experts_per_rank()),
       hidden_(c.hidden),
       intermediate_(c.intermediate),
-      backward_(backward) {
+      backward_(backward),
+      ue8m0_(c.fp8_ue8m0) {
   detail::require(hidden_ % 128 == 0 && intermediate_ % 128 == 0 && experts_ > 0,
                   ErrorCode::unsupported,
                   "fp8_block quantizes the weights in 128x128 blocks: hidden and intermediate must "
@@ -75,7 +76,7 @@ void Fp8BlockExperts::quantize(const DeviceLayerWeights& w, cudaStream_t stream)
                 {w.down, hidden_, intermediate_, true, q.down_t, q.down_t_scales}};
   for (const auto& m : parts) {
     if (m.codes == nullptr) continue;  // no backward copies
-    detail::check_cuda(quantize_fp8_block_weights(m.from, experts_, m.rows, m.cols, /*ue8m0=*/false,
+    detail::check_cuda(quantize_fp8_block_weights(m.from, experts_, m.rows, m.cols, ue8m0_,
                                                   m.transposed, const_cast<uint8_t*>(m.codes),
                                                   const_cast<float*>(m.scales), stream),
                        "quantizing the expert weights to fp8_block");

@@ -340,6 +340,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, con
     p.up_scales = wt.fp8_block.up_scales;
     p.down_scales = wt.fp8_block.down_scales;
     p.routed_block_k = kern::Fp8BlockKMajor::kBlockK;
+    p.fp8_ue8m0 = c.fp8_ue8m0 ? 1 : 0;
   }
   p.x_ready = w.counters;
   p.act_ready = p.x_ready + w.capacity_blocks;

@@ -25,6 +25,11 @@ expect 2 "^mok bench: --tokens 99999999999: expected an integer in \[1, 16777216
 expect 2 "^mok bench: --iterations abc: expected an integer in \[1, 100000\]$" bench --iterations abc
 expect 2 "^mok bench: --iterations 1.5: expected an integer" bench --iterations 1.5
 expect 2 "^mok bench: --sustain -3: expected a number in" bench --sustain -3
+expect 2 "^mok bench: --fp8-scales ue8m0: fp8_block's option \(--precision fp8_block\)$" \
+  bench --fp8-scales ue8m0
+expect 2 "^mok run: --fp8-scales ue8m0: fp8_block's option \(--precision fp8_block\)$" \
+  run --preset tiny --fp8-scales ue8m0
+expect 2 "^mok run: --fp8-scales e8: expected one of fp32, ue8m0$" run --fp8-scales e8
 expect 2 "^mok run: --ep 3: expected one of 1, 2, 4, 8$" run --ep 3
 expect 2 "^mok run: --ep 8: expected a divisor of the 4 experts$" \
   run --hidden 256 --intermediate 128 --experts 4 --top-k 2 --ep 8

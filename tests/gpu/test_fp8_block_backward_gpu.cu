@@ -60,6 +60,11 @@ struct QuantizedExperts {
   }
 };
 
+mok::Config ue8m0(mok::Config c) {  // every fp8_block scale a power of two
+  c.fp8_ue8m0 = true;
+  return c;
+}
+
 // Reroutes every slot of `expert` to an expert its token does not use yet: `expert` gets no rows.
 void drop_expert(mok::Batch& b, int K, int32_t expert) {
   for (int64_t t = 0; t < b.tokens; ++t) {
@@ -130,6 +135,7 @@ void expect_matches_fp8_reference(const mok::Config& c, const mok::LayerParams& 
   mok::ReferenceOptions o;
   o.numerics = mok::Numerics::fp32;
   o.quant = mok::OperandQuant::fp8_block;
+  o.fp8_ue8m0 = c.fp8_ue8m0;
   const mok::ReferenceForward fwd = mok::reference_forward(c, p, b, o);
   const mok::LayerGradients want = mok::reference_backward(fwd.context, d_out);
   const double bound = 1e-2;
@@ -303,6 +309,12 @@ TEST(Fp8BlockBackwardGpu, MatchesTheQuantizedReference) {
        true,
        {256},
        "H 256, I 256, two shared (S 256), top-3, T = 129, zero router weights"},
+      {ue8m0(fp8_config(256, 384, 6, 2, 1, 128, 300)),
+       300,
+       1,
+       true,
+       {128},
+       "UE8M0 scales, H 256, I 384, S 128, T = 300, expert 3 empty"},
       // Two 256-wide dgrad-down n-tiles: the second's act and weight scales at block 2 and 3.
       {fp8_config(256, 512, 6, 2, 1, 256, 260),
        260,

@@ -86,10 +86,16 @@ struct Fp8Layer {
   }
 };
 
+mok::Config ue8m0(mok::Config c) {
+  c.fp8_ue8m0 = true;
+  return c;
+}
+
 std::vector<double> reference_out(const mok::Config& c, const mok::LayerParams& p,
                                   const mok::Batch& b, mok::OperandQuant quant) {
   mok::ReferenceOptions o;
   o.quant = quant;
+  o.fp8_ue8m0 = c.fp8_ue8m0;
   return mok::reference_forward(c, p, b, o).out;
 }
 
@@ -248,11 +254,13 @@ TEST(Fp8BlockGpu, ForwardMatchesTheQuantizedReference) {
     int routing;
   };
   const std::vector<Case> cases = {
-      {fp8_config(256, 256, 8, 2, 1, 300), 300, 0},    // T not a multiple of 128
-      {fp8_config(384, 256, 8, 2, 1, 257), 257, 1},    // skewed; H ends in a half down tile
-      {fp8_config(512, 384, 16, 4, 0, 200), 200, 2},   // no shared expert, odd experts empty
-      {fp8_config(256, 128, 4, 1, 2, 1), 1, 0},        // one token
-      {fp8_config(1024, 512, 32, 8, 1, 700), 700, 0},  // several k-blocks and tiles
+      {fp8_config(256, 256, 8, 2, 1, 300), 300, 0},         // T not a multiple of 128
+      {fp8_config(384, 256, 8, 2, 1, 257), 257, 1},         // skewed; H ends in a half down tile
+      {fp8_config(512, 384, 16, 4, 0, 200), 200, 2},        // no shared expert, odd experts empty
+      {fp8_config(256, 128, 4, 1, 2, 1), 1, 0},             // one token
+      {fp8_config(1024, 512, 32, 8, 1, 700), 700, 0},       // several k-blocks and tiles
+      {ue8m0(fp8_config(384, 256, 8, 2, 1, 257)), 257, 1},  // power-of-two scales (UE8M0)
+      {ue8m0(fp8_config(1024, 512, 32, 8, 1, 700)), 700, 0},
   };
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& k = cases[i];

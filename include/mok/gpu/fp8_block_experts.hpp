@@ -34,7 +34,7 @@ class Fp8BlockExperts {
 
  private:
   int64_t experts_, hidden_, intermediate_;
-  bool backward_;
+  bool backward_, ue8m0_;
   uint8_t* codes_ = nullptr;  // gate | up | down, then (backward) gate_t | up_t | down_t
   float* scales_ = nullptr;   // likewise
 };

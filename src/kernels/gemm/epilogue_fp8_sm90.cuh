@@ -13,11 +13,12 @@ namespace mok::kern {
 // xor-shuffles), each lane encodes its values, and an exchange of 32-bit words (three
 // xor-shuffles per row and 64 columns) gives each lane 16 consecutive codes to store.
 // out_lo / out_hi: this thread's rows at the tile's first output column; scale_lo / scale_hi:
-// their blocks' scales (written by the quad's first lane).
+// their blocks' scales (written by the quad's first lane); ue8m0: scales as powers of two.
 template <int kBlockN>
 __device__ __forceinline__ void swiglu_fp8_block_tile(const float (&d)[kBlockN / 2],
                                                       uint8_t* out_lo, uint8_t* out_hi,
-                                                      float* scale_lo, float* scale_hi) {
+                                                      float* scale_lo, float* scale_hi,
+                                                      bool ue8m0) {
   static_assert(kBlockN == 256, "a gate/up tile's outputs are one 1x128 block per row");
   constexpr int kOut = kBlockN / 4;  // this thread's outputs: rows lo (q = 0, 1) and hi (2, 3)
   const int q = int(threadIdx.x % 4);
@@ -39,7 +40,7 @@ __device__ __forceinline__ void swiglu_fp8_block_tile(const float (&d)[kBlockN /
 #pragma unroll
     for (float v : h) amax.add(v);
     amax = fmt::reduce_block_amax(amax, 3);
-    const fmt::Fp8BlockScale s = fmt::fp8_block_scale(amax.amax, false);
+    const fmt::Fp8BlockScale s = fmt::fp8_block_scale(amax.amax, ue8m0);
     if (q == 0) *scale = fmt::fp8_block_stored_scale(amax, s);
       // Group g: fragments 8g .. 8g + 7, columns 64g .. 64g + 63.
 #pragma unroll

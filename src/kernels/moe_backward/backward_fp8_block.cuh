@@ -153,8 +153,9 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
       // The block's 128 columns of the row live in one quad.
       amax_g = fmt::reduce_block_amax(amax_g, 3);
       amax_u = fmt::reduce_block_amax(amax_u, 3);
-      const fmt::Fp8BlockScale sg = fmt::fp8_block_scale(amax_g.amax, false);
-      const fmt::Fp8BlockScale su = fmt::fp8_block_scale(amax_u.amax, false);
+      const bool ue8m0 = p.fp8_ue8m0 != 0;
+      const fmt::Fp8BlockScale sg = fmt::fp8_block_scale(amax_g.amax, ue8m0);
+      const fmt::Fp8BlockScale su = fmt::fp8_block_scale(amax_u.amax, ue8m0);
       if (f.col0 == 0) {
         scales_out[b] = fmt::fp8_block_stored_scale(amax_g, sg);
         scales_out[i_blocks + b] = fmt::fp8_block_stored_scale(amax_u, su);

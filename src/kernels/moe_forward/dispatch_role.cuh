@@ -177,7 +177,7 @@ __device__ __forceinline__ void quantize_block(const ForwardParams& p, int64_t b
 #pragma unroll
         for (int m = 8; m >= 1; m /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, m));
         a = {bits_float(bits), (__ballot_sync(0xFFFFFFFFu, a.nonfinite) & half_lanes) != 0};
-        const fmt::Fp8BlockScale s = fmt::fp8_block_scale(a.amax, false);
+        const fmt::Fp8BlockScale s = fmt::fp8_block_scale(a.amax, p.fp8_ue8m0 != 0);
         uint32_t out[2];
 #pragma unroll
         for (int e = 0; e < 2; ++e)

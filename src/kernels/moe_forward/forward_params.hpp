@@ -124,6 +124,7 @@ struct ForwardParams {
   unsigned long long* timings;  // benchmarks only: [kForwardTimings] ns, or nullptr
   unsigned long long* trace;    // mok trace: the timeline (waits.cuh), or nullptr
   long long trace_capacity;     // events
+  int fp8_ue8m0;  // fp8_block: the fused quantizers' scales are powers of two (Config::fp8_ue8m0)
 };
 
 // Where the forward's own roles' time goes (benchmarks), after the engine's slots.

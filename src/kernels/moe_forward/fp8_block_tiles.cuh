@@ -48,7 +48,7 @@ __device__ __forceinline__ void store_gate_up_fp8_block(const ForwardParams& p, 
   const int64_t row = row0 + Fragment::mine().row_lo, I = p.intermediate, blocks = I / 128;
   uint8_t* out = p.act_e4m3 + row * I + int64_t(w.n_tile) * (kBlockN / 2);
   float* scale = p.act_scales + row * blocks + w.n_tile;
-  swiglu_fp8_block_tile<kBlockN>(d, out, out + 8 * I, scale, scale + 8 * blocks);
+  swiglu_fp8_block_tile<kBlockN>(d, out, out + 8 * I, scale, scale + 8 * blocks, p.fp8_ue8m0 != 0);
 }
 
 }  // namespace mok::kern
