@@ -37,8 +37,8 @@ struct LayerOptions {
   int64_t tokens = -1;  // tokens per rank; -1: the preset's
   std::string precision = "bf16";
   std::string fp8_scales = "fp32";  // fp8_block's block scales: fp32 or ue8m0 (powers of two)
-  std::string routing = "random";  // random, balanced or skewed (RoutingChoice)
-  double zipf = -1;                // skewed's exponent; -1: not given (1.0)
+  std::string routing = "random";   // random, balanced or skewed (RoutingChoice)
+  double zipf = -1;                 // skewed's exponent; -1: not given (1.0)
 
   // Takes args[i] (and its value, args[i + 1]) when it is a layer option; false otherwise.
   bool take(const std::vector<std::string>& args, size_t& i);

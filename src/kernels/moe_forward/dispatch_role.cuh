@@ -143,7 +143,7 @@ constexpr int kQuantizeUnroll = 16;
 template <class Rows>
 __device__ __forceinline__ void quantize_block(const ForwardParams& p, int64_t b,
                                                const uint4** row_source, bool* row_copied) {
-  if (p.profile_flags & kProfileNoDispatchCopy) return;  // a later staged launch: done already
+  if (p.profile_flags & kProfileNoDispatchCopy) return;    // a later staged launch: done already
   resolve_block_rows<Rows>(p, b, row_source, row_copied);  // every row: fp8_block never gathers
   static_assert(kBlockM % 2 == 0 && kThreads % 32 == 0,
                 "a warp's two halves take rows 2i and 2i + 1: both below kBlockM or neither");
