@@ -48,8 +48,8 @@ std::vector<double> host_values(const DeviceArray<__nv_bfloat16>& a) {
 int bench_precision_backward(const BenchOptions& o, Precision precision) {
   std::printf(
       "| shape | T | BF16 backward ms | TFLOP/s | %s backward ms | TFLOP/s | speed-up | BF16 "
-      "step ms | %s step ms | step speed-up | d_x differs from BF16 by |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|\n",
+      "step ms | %s step ms | step speed-up | d_x differs from BF16 by | dispatch CTAs |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       o.layer.precision.c_str(), o.layer.precision.c_str());
   gpu::ForwardOptions fo = bench_forward_options(o);
   gpu::ForwardOptions fq = fo;
@@ -122,10 +122,11 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
     for (gpu::MoeBackward* bk : {&b16, &b8}) bk->check(nullptr);
     const double flops = backward_flops(c, tokens), ms16 = middle(a), ms8 = middle(b);
     const double difference = relative_l2_error(host_values(g8.d_x), host_values(g16.d_x));
-    std::printf("| %s | %lld | %.3f | %.0f | %.3f | %.0f | %.2f | %.3f | %.3f | %.2f | %.1e |\n",
-                name.c_str(), (long long)tokens, ms16, flops / (ms16 * 1e-3) * 1e-12, ms8,
-                flops / (ms8 * 1e-3) * 1e-12, ms16 / ms8, middle(sa), middle(sb),
-                middle(sa) / middle(sb), difference);
+    std::printf(
+        "| %s | %lld | %.3f | %.0f | %.3f | %.0f | %.2f | %.3f | %.3f | %.2f | %.1e | %d |\n",
+        name.c_str(), (long long)tokens, ms16, flops / (ms16 * 1e-3) * 1e-12, ms8,
+        flops / (ms8 * 1e-3) * 1e-12, ms16 / ms8, middle(sa), middle(sb), middle(sa) / middle(sb),
+        difference, b8.dispatch_ctas());
     std::fflush(stdout);
   }
   return 0;
