@@ -19,6 +19,7 @@
 
 #include "bench_layer.hpp"
 #include "cuda_util.hpp"
+#include "layer/forward_hooks.hpp"
 #include "layer/layer_runner.hpp"
 #include "mok/compare.hpp"
 #include "mok/formats/codecs.hpp"
@@ -43,8 +44,41 @@ std::vector<double> host_values(const DeviceArray<__nv_bfloat16>& a) {
   return v;
 }
 
+// --breakdown of the backward: each precision without its weight-gradient work (the dgrad
+// GEMMs, the dispatch and combine alone) and the waits of one profiled run.
+struct BackwardBreakdown {
+  std::string name;
+  double no_wgrad_ms[2] = {};
+  gpu::detail::ForwardProfile profile[2];
+};
+
+void print_backward_breakdown(const std::vector<BackwardBreakdown>& rows, const char* precision) {
+  std::printf(
+      "\nBreakdown (ms; \"without wgrad\": the same launch with its weight-gradient tiles' "
+      "k-loops dropped; waits from one profiled run, per GEMM CTA's producer and per consumer "
+      "warpgroup; wgrad epilogue = epilogue - dgrad-gate/up - dgrad-down)\n\n"
+      "| shape | precision | without wgrad | producer waits: dispatch / dgrad-down tiles / a free "
+      "stage | consumers: starved (first stages) | epilogue: dgrad-down / dgrad-gate/up / "
+      "wgrad | waiting for a tile | busy | dispatch copying / total | combine waits / total |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n");
+  for (const BackwardBreakdown& r : rows)
+    for (int i = 0; i < 2; ++i) {
+      const gpu::detail::ForwardProfile& f = r.profile[i];
+      std::printf(
+          "| %s | %s | %.3f | %.3f / %.3f / %.3f | %.3f (%.3f) | %.3f / %.3f / %.3f | %.3f | "
+          "%.3f | %.3f / %.3f | %.3f / %.3f |\n",
+          r.name.c_str(), i ? precision : "bf16", r.no_wgrad_ms[i], f.gate_up_waits_dispatch,
+          f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved,
+          f.consumer_starved_first, f.consumer_publish, f.consumer_epilogue_down,
+          f.consumer_epilogue - f.consumer_epilogue_down - f.consumer_publish,
+          f.consumer_waits_tile, f.consumer_total, f.dispatch_copying, f.dispatch_total,
+          f.combine_waits, f.combine_total);
+    }
+}
+
 // The backward and the step (forward with its context, then backward) of BF16 and of the
-// precision on the same inputs, alternating rounds; backward FLOPs = 2x the forward's.
+// precision on the same inputs, alternating rounds; backward FLOPs = 2x the forward's. Both write
+// their BF16 weight gradients into one set of buffers (only d_x is compared).
 int bench_precision_backward(const BenchOptions& o, Precision precision) {
   std::printf(
       "| shape | T | BF16 backward ms | TFLOP/s | %s backward ms | TFLOP/s | speed-up | BF16 "
@@ -58,6 +92,10 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
   bo.weight_grads = gpu::WeightGrads::write_bf16;
   bo.block_n = o.block_n;
   bo.dispatch_ctas = o.dispatch_ctas;
+  gpu::detail::ForwardHooks no_wgrad, wait_times;
+  no_wgrad.without_wgrad = true;
+  wait_times.wait_times = true;
+  std::vector<BackwardBreakdown> breakdowns;
   for (const auto& [name, shape, tokens] : bench_shapes(o)) {
     Config c = shape;
     c.max_tokens_per_rank = int(tokens);
@@ -69,27 +107,29 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
     q.fp8_ue8m0 = o.layer.fp8_scales == "ue8m0";
     const int64_t H = c.hidden, EIH = int64_t(c.num_experts) * c.intermediate * H,
                   SH = int64_t(c.shared_width()) * H;
+    // The BF16 weights and their gradients, the E4M3 experts in both orientations: what must fit
+    // beside each other (activations, contexts and workspaces come on top).
+    const double needed = 3.0 * double(4 * (EIH + SH) + 2 * EIH);
+    size_t free_bytes = 0, total_bytes = 0;
+    cuda_ok(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
+    if (needed > double(free_bytes)) {
+      std::printf(
+          "| %s | %lld | does not fit: the BF16 weights, their gradients and both E4M3 copies "
+          "alone need %.0f GB, %.0f GB are free | | | | | | | | | |\n",
+          name.c_str(), (long long)tokens, needed * 1e-9, double(free_bytes) * 1e-9);
+      std::fflush(stdout);
+      continue;
+    }
     const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice());
     DeviceArray<__nv_bfloat16> d_out(size_t(tokens * H)), out_q(d_out.n);
     cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, tokens * H, 21, 1.0f, nullptr), "fill");
-    struct Grads {
-      DeviceArray<__nv_bfloat16> d_x, sg, su, sd, g, u, d;
-      DeviceArray<float> d_w;
-      gpu::DeviceGradients view() const {
-        return {d_x.ptr, d_w.ptr, sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr};
-      }
-    };
-    auto grads = [&] {
-      return Grads{DeviceArray<__nv_bfloat16>(size_t(tokens * H)),
-                   DeviceArray<__nv_bfloat16>(size_t(SH)),
-                   DeviceArray<__nv_bfloat16>(size_t(SH)),
-                   DeviceArray<__nv_bfloat16>(size_t(SH)),
-                   DeviceArray<__nv_bfloat16>(size_t(EIH)),
-                   DeviceArray<__nv_bfloat16>(size_t(EIH)),
-                   DeviceArray<__nv_bfloat16>(size_t(EIH)),
-                   DeviceArray<float>(size_t(tokens * c.top_k))};
-    };
-    const Grads g16 = grads(), g8 = grads();
+    const size_t shared_n = static_cast<size_t>(SH), routed_n = static_cast<size_t>(EIH);
+    DeviceArray<__nv_bfloat16> d_x16(size_t(tokens * H)), d_x8(d_x16.n), sg(shared_n),
+        su(shared_n), sd(shared_n), g(routed_n), u(routed_n), d(routed_n);
+    DeviceArray<float> d_w16(size_t(tokens * c.top_k)), d_w8(d_w16.n);
+    const gpu::DeviceGradients g16{d_x16.ptr, d_w16.ptr, sg.ptr, su.ptr, sd.ptr,
+                                   g.ptr,     u.ptr,     d.ptr},
+        g8{d_x8.ptr, d_w8.ptr, sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr};
     gpu::MoeForward f16(c, fo), f8(q, fq);
     gpu::MoeBackward b16(c, bo), b8(q, bo);
     gpu::Schedule s16(c), s8(q);
@@ -103,8 +143,12 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
     f8.schedule(batch, s8, nullptr);
     auto forward16 = [&] { f16.forward(s16, batch, weights, data.out.ptr, &ctx16, nullptr); };
     auto forward8 = [&] { f8.forward(s8, batch, quantized, out_q.ptr, &ctx8, nullptr); };
-    auto back16 = [&] { b16.backward(s16, ctx16, batch, weights, d_out.ptr, g16.view(), nullptr); };
-    auto back8 = [&] { b8.backward(s8, ctx8, batch, quantized, d_out.ptr, g8.view(), nullptr); };
+    auto back = [&](gpu::MoeBackward& b, bool low) {
+      if (low) return b.backward(s8, ctx8, batch, quantized, d_out.ptr, g8, nullptr);
+      b.backward(s16, ctx16, batch, weights, d_out.ptr, g16, nullptr);
+    };
+    auto back16 = [&] { back(b16, false); };
+    auto back8 = [&] { back(b8, true); };
     auto step16 = [&] { forward16(), back16(); };
     auto step8 = [&] { forward8(), back8(); };
     median_ms(step16, 3);
@@ -121,14 +165,39 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
     for (gpu::MoeForward* f : {&f16, &f8}) f->check(nullptr);
     for (gpu::MoeBackward* bk : {&b16, &b8}) bk->check(nullptr);
     const double flops = backward_flops(c, tokens), ms16 = middle(a), ms8 = middle(b);
-    const double difference = relative_l2_error(host_values(g8.d_x), host_values(g16.d_x));
+    const double difference = relative_l2_error(host_values(d_x8), host_values(d_x16));
     std::printf(
         "| %s | %lld | %.3f | %.0f | %.3f | %.0f | %.2f | %.3f | %.3f | %.2f | %.1e | %d |\n",
         name.c_str(), (long long)tokens, ms16, flops / (ms16 * 1e-3) * 1e-12, ms8,
         flops / (ms8 * 1e-3) * 1e-12, ms16 / ms8, middle(sa), middle(sb), middle(sa) / middle(sb),
         difference, b8.dispatch_ctas());
     std::fflush(stdout);
+    if (!o.breakdown) continue;
+    // The variants run after the context is filled; their gradients are wrong (later runs of
+    // the rows above would need a fresh forward, which no later row does).
+    BackwardBreakdown r;
+    r.name = name + " T = " + std::to_string(tokens);
+    gpu::MoeBackward w16(c, bo, no_wgrad), w8(q, bo, no_wgrad), p16(c, bo, wait_times),
+        p8(q, bo, wait_times);
+    auto without16 = [&] { back(w16, false); };
+    auto without8 = [&] { back(w8, true); };
+    median_ms(without16, 3);
+    median_ms(without8, 3);
+    std::vector<double> wa, wb;
+    for (int round = 0; round < 3; ++round) {
+      wa.push_back(median_ms(without16, o.iterations));
+      wb.push_back(median_ms(without8, o.iterations));
+    }
+    r.no_wgrad_ms[0] = middle(wa);
+    r.no_wgrad_ms[1] = middle(wb);
+    back(p16, false);
+    r.profile[0] = gpu::detail::backward_profile(p16.runner(), nullptr);
+    back(p8, true);
+    r.profile[1] = gpu::detail::backward_profile(p8.runner(), nullptr);
+    for (gpu::MoeBackward* bk : {&w16, &w8, &p16, &p8}) bk->check(nullptr);
+    breakdowns.push_back(r);
   }
+  if (!breakdowns.empty()) print_backward_breakdown(breakdowns, o.layer.precision.c_str());
   return 0;
 }
 
@@ -139,9 +208,7 @@ int bench_precision_command(const BenchOptions& o) {
   if (precision != Precision::fp8_block)
     throw Error(ErrorCode::unsupported, std::string("mok bench --precision ") + o.layer.precision +
                                             ": the GPU forward runs bf16 and fp8_block for now");
-  if (o.ep > 1 || (o.breakdown && o.direction != "forward"))
-    throw UsageError(
-        "mok bench --precision: EP = 1 only (no --ep), and --breakdown with the forward only");
+  if (o.ep > 1) throw UsageError("mok bench --precision: EP = 1 only (no --ep)");
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
     throw Error(ErrorCode::unsupported, "mok bench needs a GPU; none is visible on this machine");
