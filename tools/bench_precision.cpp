@@ -68,8 +68,8 @@ void print_backward_breakdown(const std::vector<BackwardBreakdown>& rows, const 
           "| %s | %s | %.3f | %.3f / %.3f / %.3f | %.3f (%.3f) | %.3f / %.3f / %.3f | %.3f | "
           "%.3f | %.3f / %.3f | %.3f / %.3f |\n",
           r.name.c_str(), i ? precision : "bf16", r.no_wgrad_ms[i], f.gate_up_waits_dispatch,
-          f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved,
-          f.consumer_starved_first, f.consumer_publish, f.consumer_epilogue_down,
+          f.down_waits_gate_up, f.producer_waits_ring, f.consumer_starved, f.consumer_starved_first,
+          f.consumer_publish, f.consumer_epilogue_down,
           f.consumer_epilogue - f.consumer_epilogue_down - f.consumer_publish,
           f.consumer_waits_tile, f.consumer_total, f.dispatch_copying, f.dispatch_total,
           f.combine_waits, f.combine_total);
@@ -124,11 +124,11 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
     DeviceArray<__nv_bfloat16> d_out(size_t(tokens * H)), out_q(d_out.n);
     cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, tokens * H, 21, 1.0f, nullptr), "fill");
     const size_t shared_n = static_cast<size_t>(SH), routed_n = static_cast<size_t>(EIH);
-    DeviceArray<__nv_bfloat16> d_x16(size_t(tokens * H)), d_x8(d_x16.n), sg(shared_n),
-        su(shared_n), sd(shared_n), g(routed_n), u(routed_n), d(routed_n);
+    DeviceArray<__nv_bfloat16> d_x16(size_t(tokens * H)), d_x8(d_x16.n), sg(shared_n), su(shared_n),
+        sd(shared_n), g(routed_n), u(routed_n), d(routed_n);
     DeviceArray<float> d_w16(size_t(tokens * c.top_k)), d_w8(d_w16.n);
-    const gpu::DeviceGradients g16{d_x16.ptr, d_w16.ptr, sg.ptr, su.ptr, sd.ptr,
-                                   g.ptr,     u.ptr,     d.ptr},
+    const gpu::DeviceGradients g16{d_x16.ptr, d_w16.ptr, sg.ptr, su.ptr,
+                                   sd.ptr,    g.ptr,     u.ptr,  d.ptr},
         g8{d_x8.ptr, d_w8.ptr, sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr};
     gpu::MoeForward f16(c, fo), f8(q, fq);
     gpu::MoeBackward b16(c, bo), b8(q, bo);
