@@ -3,7 +3,8 @@
 # ones, the forward's timeline and row-path tests, the CLI contract), the fp8_block backward with
 # --breakdown on the standard shapes, its dispatch CTAs A/B (s31b's question), and session 30's
 # backward experiments (exp/s30-lag-store, carried as .device/exp: the lag in k-blocks by
-# MOK_LAG_WAVES, the store warp with two tiles in flight) against this tree, alternating.
+# MOK_LAG_WAVES, the store warp with two tiles in flight) against this tree, alternating; the
+# 128-wide fp8_block mainloop in one slice (this tree) against two (.device/slice.diff's base).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
@@ -13,9 +14,10 @@ echo "build $(el)s"
 root=$PWD
 (cd .device/exp && cmake -S . -B /tmp/expb -G Ninja -DCMAKE_BUILD_TYPE=Release \
    -DMOK_NCCL_ROOT="$(bash scripts/nccl_root.sh)" -DCMAKE_CXX_COMPILER=/usr/bin/g++ \
-   -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ -DMOK_GTEST_SOURCE="$root/.device/googletest" \
+   -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ -DMOK_TESTS=OFF \
    > /tmp/exp_build.log 2>&1 && cmake --build /tmp/expb --target mok -j 16 >> /tmp/exp_build.log 2>&1
- echo "exp rc=$?" >> /tmp/exp_build.log) &
+ echo "exp rc=$?" >> /tmp/exp_build.log
+ bash scripts/device_ab_base.sh build slice > /tmp/slice_build.log 2>&1; echo "slice rc=$?" >> /tmp/slice_build.log) &
 log=$OUT/s32a.log
 run() {  # name, timeout, command...
   local name=$1 limit=$2; shift 2
@@ -39,7 +41,14 @@ echo "ctas $(el)s"
 b --preset dsv3 --tokens 4096; b --preset dsv3 --tokens 4096 --dispatch-ctas 16
 b --preset qwen3-30b; b --preset qwen3-30b --dispatch-ctas 32
 b --preset dsv3 --tokens 4096 --dispatch-ctas 16; b --preset dsv3 --tokens 4096
-tail -1 /tmp/exp_build.log
+tail -1 /tmp/exp_build.log; tail -1 /tmp/slice_build.log
+echo "slice $(el)s"  # fp8 at 128 wide: one slice (this tree) against two (base); BF16 column at 128
+S=/tmp/slice/b/mok
+s() { timeout 40 $1 bench --precision fp8_block --direction backward --iterations 10 --block-n 128 "${@:2}" 2>&1 | grep '^| [a-z]' | tail -1; }
+for round in 1 2; do
+  s build-gpu/mok --preset dsv3 --tokens 4096; s $S --preset dsv3 --tokens 4096
+  s build-gpu/mok --preset qwen3-30b; s $S --preset qwen3-30b
+done
 bb() {  # label, preset, mok, env...: one BF16 backward bench, its row's backward ms
   local l=$1 p=$2 m=$3; shift 3
   [ $(el) -gt 520 ] && return
