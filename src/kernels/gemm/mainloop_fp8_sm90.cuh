@@ -2,8 +2,8 @@
 // rows, 128x128 for B). Hopper's FP8 wgmma keeps fewer accumulator bits than FP32, so each
 // k-block of 128 (one ring stage, one scale block) goes into fresh partial accumulators that are
 // then promoted into the FP32 tile: d += partial * (scale of the A row * scale of the B block).
-// A 256-column tile is multiplied in 64-column slices through one partial (a consumer holds 128 + 32
-// accumulators); a 128-column tile in one slice (64 + 64), one wait per k-block.
+// A tile of kBlockN columns is multiplied in 64-column slices through one partial, so a consumer
+// holds kBlockN / 2 + 32 accumulators.
 #pragma once
 #include <cstdint>
 
@@ -30,10 +30,9 @@ __device__ __forceinline__ bool mma_tile_fp8_block(
   using T = Fp8BlockKMajor;
   using A = T::A;
   using B = T::B;
-  // 256-wide: 64-column slices, a 32-register partial beside the tile's 128 accumulators
-  // (128-column ones, a 64-register partial and half the waits, measured no faster:
-  // benchmarks.md).
-  constexpr int kSliceN = kBlockN == 128 ? 128 : 64;
+  // 64-column slices: a 32-register partial beside the tile's kBlockN / 2 accumulators (128-column
+  // ones, a 64-register partial and half the waits, measured no faster: benchmarks.md).
+  constexpr int kSliceN = 64;
   constexpr int kBlocks = kBlockN / 128, kSlices = kBlockN / kSliceN;
   constexpr int kSteps = T::kBlockK / T::kInstrK, kPart = kSliceN / 2;
   static_assert(kBlockN % 128 == 0 && 128 % kSliceN == 0, "slices inside 128-column B blocks");
