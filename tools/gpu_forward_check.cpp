@@ -139,7 +139,7 @@ GpuForwardReport gpu_forward_check(const Config& c, const LayerParams& p, const 
   const DeviceArray<uint16_t> out(
       std::vector<uint16_t>(size_t(b.tokens * c.hidden), 0xFFFF));  // NaN poison
   const gpu::DeviceLayerWeights weights{as_bf16(sg), as_bf16(su), as_bf16(sd), as_bf16(g),
-                                        as_bf16(u),  as_bf16(d),  {}};
+                                        as_bf16(u),  as_bf16(d),  {},          {}};
   const gpu::DeviceBatch batch{b.tokens, as_bf16(x), ids.ptr, w.ptr};
   // fp8_block: the routed experts' weights quantized on the GPU first.
   std::unique_ptr<gpu::Fp8BlockExperts> experts;

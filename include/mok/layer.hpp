@@ -47,7 +47,10 @@ enum class Numerics {
 
 // How GEMM operands are rounded before the (FP64) GEMM: `none` for the plain reference; the
 // others quantize exactly as the GPU recipe of that precision will (docs/recipes.md).
-enum class OperandQuant { none, bf16, fp8_block, mxfp8, nvfp4 };
+// nvfp4_weights (Precision::nvfp4's recipe on Hopper, which has no FP4 MMA): the weights in
+// NVFP4, activations and gradients BF16; nvfp4: every operand in NVFP4 (Blackwell's recipe,
+// reference only).
+enum class OperandQuant { none, bf16, fp8_block, mxfp8, nvfp4, nvfp4_weights };
 OperandQuant operand_quant_for(Precision p);
 const char* operand_quant_name(OperandQuant q);
 

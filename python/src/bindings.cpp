@@ -145,10 +145,12 @@ nb::dict config_to(const mok::Config& c) {
 mok::OperandQuant quant_from(const std::string& s) {
   for (mok::OperandQuant q :
        {mok::OperandQuant::none, mok::OperandQuant::bf16, mok::OperandQuant::fp8_block,
-        mok::OperandQuant::mxfp8, mok::OperandQuant::nvfp4})
+        mok::OperandQuant::mxfp8, mok::OperandQuant::nvfp4, mok::OperandQuant::nvfp4_weights})
     if (s == mok::operand_quant_name(q)) return q;
   throw mok::Error(mok::ErrorCode::invalid_argument,
-                   "quant '" + s + "' is unknown (allowed: none, bf16, fp8_block, mxfp8, nvfp4)");
+                   "quant '" + s +
+                       "' is unknown (allowed: none, bf16, fp8_block, mxfp8, nvfp4, "
+                       "nvfp4_weights)");
 }
 
 mok::MxScaleRule rule_from(const std::string& s) {

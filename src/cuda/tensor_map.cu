@@ -38,12 +38,13 @@ CUtensorMapDataType data_type(Dtype t) {
 }
 
 CUtensorMap encode(Dtype dtype, const void* base, cuuint32_t rank, const cuuint64_t* dims,
-                   const cuuint64_t* strides, const cuuint32_t* box) {
+                   const cuuint64_t* strides, const cuuint32_t* box,
+                   CUtensorMapSwizzle swizzle = CU_TENSOR_MAP_SWIZZLE_128B) {
   CUtensorMap map{};
   const cuuint32_t element_strides[3] = {1, 1, 1};
   const CUresult r =
       encoder()(&map, data_type(dtype), rank, const_cast<void*>(base), dims, strides, box,
-                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) {
     throw Error(ErrorCode::invalid_argument,
@@ -71,6 +72,14 @@ CUtensorMap make_map_3d(Dtype dtype, const void* base, uint64_t batches, uint64_
   const cuuint64_t strides[2] = {cols * bytes, rows * cols * bytes};
   const cuuint32_t box[3] = {box_cols(dtype), box_rows, 1};
   return encode(dtype, base, 3, dims, strides, box);
+}
+
+CUtensorMap make_byte_map_3d(const void* base, uint64_t batches, uint64_t rows, uint64_t row_bytes,
+                             uint32_t box_bytes, uint32_t box_rows) {
+  const cuuint64_t dims[3] = {row_bytes, rows, batches};
+  const cuuint64_t strides[2] = {row_bytes, rows * row_bytes};
+  const cuuint32_t box[3] = {box_bytes, box_rows, 1};
+  return encode(Dtype::e4m3, base, 3, dims, strides, box, CU_TENSOR_MAP_SWIZZLE_NONE);
 }
 
 }  // namespace mok::dev

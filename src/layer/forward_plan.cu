@@ -51,10 +51,25 @@ double resolve_wait_seconds(double seconds) {
 ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const ForwardHooks& h,
                          Transport transport, const char* who) {
   const std::string name(who);
-  const bool fp8 = c.precision == Precision::fp8_block;
-  require(c.precision == Precision::bf16 || fp8, ErrorCode::unsupported,
+  const bool fp8 = c.precision == Precision::fp8_block, nvfp4 = c.precision == Precision::nvfp4;
+  require(c.precision == Precision::bf16 || fp8 || nvfp4, ErrorCode::unsupported,
           std::string("precision ") + precision_name(c.precision) +
-              ": the GPU forward runs bf16 and fp8_block for now");
+              ": the GPU forward runs bf16, fp8_block and nvfp4 for now");
+  require(!nvfp4 || transport != Transport::nccl, ErrorCode::unsupported,
+          name +
+              ": precision nvfp4 runs on one GPU and on emulated EP groups for now, not over "
+              "NCCL");
+  require(!nvfp4 || (c.intermediate % 128 == 0 && c.shared_width() % 128 == 0),
+          ErrorCode::unsupported,
+          "precision nvfp4 runs 256-wide tiles: intermediate and the shared width must be "
+          "multiples of 128; got I = " +
+              std::to_string(c.intermediate) + ", S = " + std::to_string(c.shared_width()));
+  require(
+      !nvfp4 || (o.row_path != RowPath::producer_gather && (o.block_n == 0 || o.block_n == 256)),
+      ErrorCode::invalid_argument,
+      name +
+          ": precision nvfp4's producer warps widen the weights, with 256-wide tiles: "
+          "row_path producer_gather and block_n 128 are not available");
   require(!fp8 || transport != Transport::nccl, ErrorCode::unsupported,
           name +
               ": precision fp8_block runs on one GPU and on emulated EP groups for now, not "
@@ -100,8 +115,8 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
           "block_n = " + std::to_string(o.block_n) +
               ": allowed 0 (automatic), 128, or 256 when I and S are multiples of 128");
   plan.row_path =
-      fp8 ? RowPath::dispatch_copy
-          : resolve_row_path(c, o, plan.kernel.block_n, expert_parallel, needs_dispatch);
+      fp8 || nvfp4 ? RowPath::dispatch_copy
+                   : resolve_row_path(c, o, plan.kernel.block_n, expert_parallel, needs_dispatch);
   require(expert_parallel || plan.row_path != RowPath::producer_gather || !needs_dispatch,
           ErrorCode::invalid_argument,
           name +
@@ -114,8 +129,10 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   // fp8_block promotes each k-block's partial accumulators, so no group stays in flight.
   plan.kernel.mma_in_flight = plan.row_path == RowPath::dispatch_copy && !fp8;
   plan.kernel.fp8_block = fp8;
+  plan.kernel.nvfp4 = nvfp4;
   plan.kernel.probe = h.probe();
-  require(!fp8 || (plan.kernel.probe == 0 && !h.without_dispatch_copy), ErrorCode::invalid_argument,
+  require((!fp8 && !nvfp4) || (plan.kernel.probe == 0 && !h.without_dispatch_copy),
+          ErrorCode::invalid_argument,
           name + ": the stage probes and the dispatch-copy probe run bf16 forwards only");
   plan.kernel.group = plan.ranks_in_launch > 1;
   plan.kernels = h.kernels ? h.kernels : &kern::production_forward_kernels();
@@ -131,7 +148,8 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   int per_sm = 0;
   check_cuda(plan.kernels->prepare(plan.kernel, &per_sm), "preparing the forward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
-  if (plan.kernel.probe == 0) {  // the training instantiation, for forwards given a context
+  if (plan.kernel.probe == 0 &&
+      !nvfp4) {  // the training instantiation, for forwards given a context
     kern::ForwardKernel training = plan.kernel;
     training.keep_gate_up = true;
     check_cuda(plan.kernels->prepare(training, &per_sm), "preparing the training forward kernel");

@@ -229,6 +229,18 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
     maps.gate = dev::make_map_3d(e4m3, wt.fp8_block.gate, El, I, H, bn / 2);
     maps.up = dev::make_map_3d(e4m3, wt.fp8_block.up, El, I, H, bn / 2);
     maps.down = dev::make_map_3d(e4m3, wt.fp8_block.down, El, H, I, bn);
+  } else if (c.precision == Precision::nvfp4) {  // packed codes and block factors (bytes)
+    const Nvfp4Weights& q = wt.nvfp4;
+    const uint32_t k_bytes = uint32_t(kern::kBlockK / 2);
+    maps.gate = dev::make_byte_map_3d(q.gate, El, I, H / 2, k_bytes, bn / 2);
+    maps.up = dev::make_byte_map_3d(q.up, El, I, H / 2, k_bytes, bn / 2);
+    maps.down = dev::make_byte_map_3d(q.down, El, H, I / 2, k_bytes, bn);
+    // A stage's factors: rows / 16 blocks of 4 BF16 (8 bytes), one row of the map per k-block.
+    const uint64_t k_stages_h = H / uint64_t(kern::kBlockK),
+                   k_stages_i = I / uint64_t(kern::kBlockK);
+    maps.gate_factors = dev::make_byte_map_3d(q.gate_factors, El, k_stages_h, I / 2, bn / 4, 1);
+    maps.up_factors = dev::make_byte_map_3d(q.up_factors, El, k_stages_h, I / 2, bn / 4, 1);
+    maps.down_factors = dev::make_byte_map_3d(q.down_factors, El, k_stages_i, H / 2, bn / 2, 1);
   } else {
     maps.gate = dev::make_map_3d(bf16, wt.gate, El, I, H, bn / 2);
     maps.up = dev::make_map_3d(bf16, wt.up, El, I, H, bn / 2);
@@ -277,6 +289,18 @@ void require_forward_operands(const Config& c, const DeviceBatch& b, const Devic
     require_operand(q.gate_scales, "fp8_block gate scales", 4);
     require_operand(q.up_scales, "fp8_block up scales", 4);
     require_operand(q.down_scales, "fp8_block down scales", 4);
+  } else if (c.precision == Precision::nvfp4) {
+    const Nvfp4Weights& q = wt.nvfp4;
+    const char* hint = " (nvfp4: DeviceLayerWeights::nvfp4, from Nvfp4Experts)";
+    require_operand(q.gate, std::string("nvfp4 gate weights") + hint);
+    require_operand(q.up, std::string("nvfp4 up weights") + hint);
+    require_operand(q.down, std::string("nvfp4 down weights") + hint);
+    require_operand(q.gate_factors, "nvfp4 gate factors");
+    require_operand(q.up_factors, "nvfp4 up factors");
+    require_operand(q.down_factors, "nvfp4 down factors");
+    require_operand(q.gate_s_dec, "nvfp4 gate per-tensor factors", 4);
+    require_operand(q.up_s_dec, "nvfp4 up per-tensor factors", 4);
+    require_operand(q.down_s_dec, "nvfp4 down per-tensor factors", 4);
   } else {
     require_operand(wt.gate, "gate weights");
     require_operand(wt.up, "up weights");
@@ -341,6 +365,11 @@ kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, con
     p.down_scales = wt.fp8_block.down_scales;
     p.routed_block_k = kern::Fp8BlockKMajor::kBlockK;
     p.fp8_ue8m0 = c.fp8_ue8m0 ? 1 : 0;
+  }
+  if (c.precision == Precision::nvfp4) {
+    p.gate_s_dec = wt.nvfp4.gate_s_dec;
+    p.up_s_dec = wt.nvfp4.up_s_dec;
+    p.down_s_dec = wt.nvfp4.down_s_dec;
   }
   p.x_ready = w.counters;
   p.act_ready = p.x_ready + w.capacity_blocks;

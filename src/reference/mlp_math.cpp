@@ -27,6 +27,7 @@ std::vector<float> quant_dequant(const Rounding& r, const std::vector<float>& m,
     case OperandQuant::mxfp8:
       return dequantize(quantize_mxfp8(m.data(), rows, cols, block, r.mx_scale_rule));
     case OperandQuant::nvfp4:
+    case OperandQuant::nvfp4_weights:
       return dequantize(quantize_nvfp4(m.data(), rows, cols, block));
     case OperandQuant::none:
     case OperandQuant::bf16:
@@ -50,7 +51,7 @@ void Rounding::quantize_row(double* v, int64_t n) const {
     for (int64_t i = 0; i < n; ++i) v[i] = store(v[i]);
     return;
   }
-  if (quant == OperandQuant::bf16) {
+  if (quant == OperandQuant::bf16 || quant == OperandQuant::nvfp4_weights) {
     for (int64_t i = 0; i < n; ++i) v[i] = fmt::round_to_bf16(float(v[i]));
     return;
   }
@@ -73,12 +74,14 @@ void Rounding::quantize_weight(double* w, int64_t rows, int64_t cols,
   BlockShape block{128, 128};  // FP8 block: square, so one copy serves both directions
   if (quant == OperandQuant::mxfp8)
     block = contract_over_cols ? BlockShape{1, 32} : BlockShape{32, 1};
-  if (quant == OperandQuant::nvfp4) block = {16, 16};  // square as well
+  if (quant == OperandQuant::nvfp4 || quant == OperandQuant::nvfp4_weights)
+    block = {16, 16};  // square as well
   from_float(quant_dequant(*this, to_float(w, rows * cols), rows, cols, block), w, rows * cols);
 }
 
 void Rounding::quantize_tile_columns(double* tile, int64_t rows, int64_t cols) const {
-  if (quant == OperandQuant::none || quant == OperandQuant::bf16) {
+  if (quant == OperandQuant::none || quant == OperandQuant::bf16 ||
+      quant == OperandQuant::nvfp4_weights) {
     quantize_row(tile, rows * cols);
     return;
   }

@@ -22,7 +22,7 @@ OperandQuant operand_quant_for(Precision p) {
     case Precision::mxfp8:
       return OperandQuant::mxfp8;
     case Precision::nvfp4:
-      return OperandQuant::nvfp4;
+      return OperandQuant::nvfp4_weights;
   }
   return OperandQuant::none;
 }
@@ -39,6 +39,8 @@ const char* operand_quant_name(OperandQuant q) {
       return "mxfp8";
     case OperandQuant::nvfp4:
       return "nvfp4";
+    case OperandQuant::nvfp4_weights:
+      return "nvfp4_weights";
   }
   return "?";
 }

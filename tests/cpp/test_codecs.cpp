@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "mok/formats/codecs.hpp"
+#include "mok/formats/nvfp4_widen.hpp"
 
 using namespace mok::fmt;
 
@@ -152,4 +153,46 @@ TEST(BF16, EveryCodeRoundTripsAndMidpointsGoToEven) {
     }
   }
   EXPECT_EQ(bf16_from_float(3.4e38f), 0x7F80);  // RNE overflows to Inf, as ml_dtypes does
+}
+
+// The NVFP4 widening (nvfp4_widen.hpp) as the kernel computes it, in exact arithmetic: each pair's
+// bits read as BF16 (value * 2^-126, subnormal for e = 0), times 2^63, times the block's factor
+// S * 2^63, is E2M1 * UE4M3 for every element code, position and scale code (field_value's
+// definitions), NaN for a NaN scale; both products are exact, so BF16 rounding changes nothing.
+TEST(Nvfp4Widen, EveryCodeAndScaleWidensExactly) {
+  const double pre = std::ldexp(1.0, 63);
+  ASSERT_EQ(double(bf16_to_float(kNvfp4WidenPre)), pre);
+  for (unsigned scale = 0; scale < 256; ++scale) {
+    const double factor = double(bf16_to_float(nvfp4_widen_factor(uint8_t(scale))));
+    const double s = field_value(scale & 0x7Fu, 4, 3, 7);
+    if ((scale & 0x7Fu) == 0x7Fu) {
+      EXPECT_TRUE(std::isnan(factor)) << scale;
+      continue;
+    }
+    ASSERT_EQ(factor, s * pre) << scale;
+    for (unsigned code = 0; code < 16; ++code) {
+      for (int k = 0; k < 8; ++k) {
+        const uint32_t word = uint32_t(code) << (4 * nvfp4_packed_nibble(k));
+        const uint32_t pair = nvfp4_widen_pair_bits(word, k / 2);
+        const uint16_t lane = uint16_t(k % 2 ? pair >> 16 : pair & 0xFFFFu);
+        const uint16_t other = uint16_t(k % 2 ? pair & 0xFFFFu : pair >> 16);
+        ASSERT_EQ(other, 0u) << "element " << k << " leaked into its neighbour";
+        const double widened = double(bf16_to_float(lane)) * pre * factor;
+        const double want = field_value(code, 2, 1, 1) * s;
+        ASSERT_EQ(widened, want) << "code " << code << " element " << k << " scale " << scale;
+        ASSERT_EQ(double(round_to_bf16(float(widened))), widened);  // exact in BF16
+        ASSERT_EQ(std::signbit(widened), (code & 8u) != 0) << code;
+      }
+    }
+  }
+}
+
+TEST(Nvfp4Widen, PackedNibblesAreAPermutationAndFactorsTileTheStage) {
+  bool seen[8] = {};
+  for (int k = 0; k < 8; ++k) seen[nvfp4_packed_nibble(k)] = true;
+  for (bool b : seen) EXPECT_TRUE(b);
+  // 256 rows: a stage's factors are 16 row blocks x 4, contiguous, the next k-block after them.
+  EXPECT_EQ(nvfp4_widen_factor_offset(256, 0, 1, 0), 16 * 4 * 2);
+  EXPECT_EQ(nvfp4_widen_factor_offset(256, 255, 0, 3), (15 * 4 + 3) * 2);
+  EXPECT_EQ(nvfp4_widen_factor_offset(256, 17, 2, 1), ((2 * 16 + 1) * 4 + 1) * 2);
 }

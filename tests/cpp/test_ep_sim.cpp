@@ -103,8 +103,8 @@ TEST_P(EpInvariance, EmptyRanksAndEmptyBatch) {
 }
 
 TEST_P(EpInvariance, QuantizedRecipes) {
-  for (OperandQuant q :
-       {OperandQuant::bf16, OperandQuant::fp8_block, OperandQuant::mxfp8, OperandQuant::nvfp4}) {
+  for (OperandQuant q : {OperandQuant::bf16, OperandQuant::fp8_block, OperandQuant::mxfp8,
+                         OperandQuant::nvfp4, OperandQuant::nvfp4_weights}) {
     Case k;
     k.ep = GetParam();
     k.seed = 9 + uint64_t(q);

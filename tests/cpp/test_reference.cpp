@@ -104,7 +104,7 @@ TEST(Reference, QuantizedRecipesStayWithinTheirBoundsOfFp64) {
   fp64.numerics = Numerics::fp64;
   const LayerRun exact = run_layer(f.c, f.p, f.b, f.d_out, fp64);
   for (OperandQuant q : {OperandQuant::none, OperandQuant::bf16, OperandQuant::fp8_block,
-                         OperandQuant::mxfp8, OperandQuant::nvfp4}) {
+                         OperandQuant::mxfp8, OperandQuant::nvfp4, OperandQuant::nvfp4_weights}) {
     ReferenceOptions o;
     o.quant = q;
     const LayerRun got = run_layer(f.c, f.p, f.b, f.d_out, o);

@@ -404,8 +404,14 @@ TEST_P(StandardShape, AgreesWithStagedCublasAndTheReference) {
   }
   MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(bf(x), T * H, 4, 1.0f, nullptr));
   MOK_CUDA_OK(mok::gpu::random_topk(ids.ptr, w.ptr, T, int(E), int(K), 5, nullptr));
-  const mok::gpu::DeviceLayerWeights weights{
-      S ? bf(sg) : nullptr, S ? bf(su) : nullptr, S ? bf(sd) : nullptr, bf(g), bf(u), bf(d), {}};
+  const mok::gpu::DeviceLayerWeights weights{S ? bf(sg) : nullptr,
+                                             S ? bf(su) : nullptr,
+                                             S ? bf(sd) : nullptr,
+                                             bf(g),
+                                             bf(u),
+                                             bf(d),
+                                             {},
+                                             {}};
   const mok::gpu::DeviceBatch batch{T, bf(x), ids.ptr, w.ptr};
   auto host = [](const DeviceBuffer<uint16_t>& b) { return from_bf16(b.to_host()); };
   std::vector<double> got;

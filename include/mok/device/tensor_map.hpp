@@ -23,4 +23,9 @@ CUtensorMap make_map_2d(Dtype dtype, const void* base, uint64_t rows, uint64_t c
 CUtensorMap make_map_3d(Dtype dtype, const void* base, uint64_t batches, uint64_t rows,
                         uint64_t cols, uint32_t box_rows);
 
+// Bytes [batches, rows, row_bytes], boxes of box_rows x box_bytes in one batch, unswizzled (packed
+// codes and scales a kernel unpacks itself). row_bytes and box_bytes multiples of 16.
+CUtensorMap make_byte_map_3d(const void* base, uint64_t batches, uint64_t rows, uint64_t row_bytes,
+                             uint32_t box_bytes, uint32_t box_rows);
+
 }  // namespace mok::dev

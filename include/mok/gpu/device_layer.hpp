@@ -1,5 +1,5 @@
 // A layer's weights and a batch in device memory, as the GPU forwards take them (BF16 operands,
-// layouts of mok/layer.hpp; the routed experts also in fp8_block).
+// layouts of mok/layer.hpp; the routed experts also in fp8_block or NVFP4).
 #pragma once
 #include <cuda_bf16.h>
 
@@ -27,6 +27,21 @@ struct Fp8BlockWeights {
   const float* down_t_scales = nullptr;  // [E, I / 128, H / 128]
 };
 
+// The routed experts' weights in NVFP4 as the GPU forward reads them (Nvfp4Experts writes them
+// from the BF16 ones): E2M1 codes packed 8 per 32-bit word along K, each 16x16 block's UE4M3
+// scale as a BF16 factor, each matrix's FP32 per-tensor factor (mok/formats/nvfp4_widen.hpp).
+struct Nvfp4Weights {
+  const uint8_t* gate = nullptr;           // [E, I, H / 2]
+  const uint8_t* up = nullptr;             // [E, I, H / 2]
+  const uint8_t* down = nullptr;           // [E, H, I / 2]
+  const uint16_t* gate_factors = nullptr;  // [E, H / 64, I / 16, 4]
+  const uint16_t* up_factors = nullptr;    // [E, H / 64, I / 16, 4]
+  const uint16_t* down_factors = nullptr;  // [E, I / 64, H / 16, 4]
+  const float* gate_s_dec = nullptr;       // [E]
+  const float* up_s_dec = nullptr;         // [E]
+  const float* down_s_dec = nullptr;       // [E]
+};
+
 struct DeviceLayerWeights {                    // BF16, layouts of mok/layer.hpp
   const __nv_bfloat16* shared_gate = nullptr;  // [S*Is, H]
   const __nv_bfloat16* shared_up = nullptr;    // [S*Is, H]
@@ -37,6 +52,8 @@ struct DeviceLayerWeights {                    // BF16, layouts of mok/layer.hpp
   // Precision::fp8_block: the routed experts' weights the forward reads (gate, up and down above
   // are then not read; the shared experts stay BF16).
   Fp8BlockWeights fp8_block;
+  // Precision::nvfp4: likewise, the routed experts' weights in NVFP4.
+  Nvfp4Weights nvfp4;
 };
 
 struct DeviceBatch {

@@ -32,6 +32,10 @@
 //   kStoreWarp, store_role(maps, p, ring),             the producer warpgroup's second warp
 //   end_stores(p, owed)                                stores what epilogues staged (TMA) until
 //                                                      the consumers' end
+//   kWidens, Staged (Nvfp4Stage), load_staged(in, slot, bar, kb), widen_stage(in, slot, b, warp,
+//   lane)                                              B tiles of narrow codes (Inputs::widen):
+//                                                      TMA into a staging slot, widened to BF16
+//                                                      by producer warps 1-3 (widen_sm90.cuh)
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -41,6 +45,7 @@
 #include "kernels/gemm/epilogue_sm90.cuh"
 #include "kernels/gemm/mainloop_sm90.cuh"
 #include "kernels/gemm/tile_geometry.cuh"
+#include "kernels/gemm/widen_sm90.cuh"
 #include "kernels/megakernel/engine_params.hpp"
 #include "kernels/megakernel/waits.cuh"
 #include "mok/device/cp_async.cuh"
@@ -124,6 +129,22 @@ __device__ __forceinline__ bool next_consumer_tile(const P& p, const TileQueue& 
 
 // ---- The GEMM producer
 
+// The staging ring of a Program that widens B tiles (Program::kWidens), and its shared memory
+// after the BF16 ring.
+template <class Program>
+constexpr int widen_slot_bytes() {
+  if constexpr (Program::kWidens)
+    return int(Program::Staged::kSlotBytes);
+  else
+    return 128;
+}
+template <class Program>
+using StagingRing = WidenRing<widen_slot_bytes<Program>()>;
+template <class Program>
+constexpr int widen_smem_bytes() {
+  return Program::kWidens ? kWidenSlots * widen_slot_bytes<Program>() : 0;
+}
+
 // With gathered A the whole producer warpgroup runs: warp w gathers rows [32w, 32w + 32) of the
 // tile into the stage's 128B-swizzled layout; a null source row is zero-filled. Per k-block a row
 // is one 128-byte line: lane l copies 16-byte chunk l % 8 of rows 32w + 4i + l / 8, i = 0..7, so
@@ -159,11 +180,14 @@ struct GatherRows {
 // uncounted extra one in the leader's lane alone overflowed the barrier for compute-sanitizer's
 // synccheck); the leader's arrive_expect_tx for B is the stage's one more arrival.
 // gathering_warpgroup: the CTA's producer runs as a whole warpgroup (some tiles gather).
+// A widened tile's B goes to a staging slot (its own full barrier), which the leader first waits
+// to be free; the converter warps (converter_role) then arrive on the stage's full barrier.
 template <class Program>
 __device__ __forceinline__ void producer_role(const typename Program::Maps& maps,
                                               const typename Program::Params& p,
                                               const SmemRing<Program::kBlockN>& ring,
-                                              const TileQueue& queue, bool gathering_warpgroup) {
+                                              const TileQueue& queue, bool gathering_warpgroup,
+                                              const StagingRing<Program>& staging) {
   constexpr int kBlockN = Program::kBlockN;
   const typename Program::Tiles tiles = Program::Tiles::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
@@ -171,7 +195,8 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
   const bool leader = threadIdx.x % 128 == 0;
   RoleTimer<Program::kTimings> timer(p);
   timer.on = timer.on && leader;
-  int64_t ahead = -1;  // kClaimAhead: the next tile's claim
+  int64_t ahead = -1;                   // kClaimAhead: the next tile's claim
+  dev::RingCursor<kWidenSlots> staged;  // kWidens: the next staging slot
   // The last counter this thread waited for and the count it reached (counters only grow): a
   // tile that waits for no more of the same counter skips the wait.
   const uint32_t* satisfied = nullptr;
@@ -234,12 +259,70 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
         dev::mbar_arrive(bar);
         continue;
       }
+      if constexpr (Program::kWidens) {
+        if (in.widen) {
+          if (!dev::mbar_wait(&staging.empty[staged.stage], staged.phase ^ 1u, p.wait_cycles)) {
+            record_fault(p, Program::kRoleRing, t);
+            ok = false;
+            break;
+          }
+          uint64_t* staged_full = &staging.full[staged.stage];
+          dev::mbar_arrive_expect_tx(staged_full, Program::Staged::kBytes);
+          Program::load_staged(in, staging.slot(staged.stage), staged_full, kb);
+          staged.advance();
+        }
+      }
       dev::mbar_arrive_expect_tx(bar, Program::stage_bytes(in, a_top_only, kb));
       Program::load_stage(in, ring.a(cursor.stage), ring.b(cursor.stage), bar, kb, a_top_only);
     }
     if (leader && ok)
       trace_event<Program::kTrace>(p, kTraceProducer, t, kTraceProducer, int(w.kind));
     if (!__all_sync(0xFFFFFFFFu, ok)) return;
+  }
+}
+
+// Producer warps 1-3 of a Program that widens: they walk the leader's tile sequence (reading the
+// tile queue) and, per stage, once it is free, widen a staged B tile into it, or only arrive for
+// tiles loaded whole by TMA (the full barrier counts them on every stage). The staging slot's
+// landing implies the stage is free: the leader waited for that before loading the slot.
+template <class Program>
+__device__ __forceinline__ void converter_role(const typename Program::Maps& maps,
+                                               const typename Program::Params& p,
+                                               const SmemRing<Program::kBlockN>& ring,
+                                               const TileQueue& queue,
+                                               const StagingRing<Program>& staging) {
+  constexpr int kBlockN = Program::kBlockN;
+  const typename Program::Tiles tiles = Program::Tiles::make(p);
+  dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
+  dev::RingCursor<kWidenSlots> staged;
+  const int warp = int(threadIdx.x % 128 / 32), lane = int(threadIdx.x % 32);
+  int64_t ahead = -1;
+  for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
+    const int64_t t = next_producer_tile<Program::kClaimAhead>(p, queue, q, tiles.count(), warp,
+                                                               Program::kRoleRing, ahead);
+    if (t < 0) return;
+    const typename Program::Work w = tiles.at(t, p);
+    const typename Program::Inputs in = Program::inputs(maps, p, tiles, w);
+    for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
+      bool ok = dev::mbar_wait(&ring.empty[cursor.stage], cursor.phase ^ 1u, p.wait_cycles);
+      if (ok && in.widen) {
+        ok = dev::mbar_wait(&staging.full[staged.stage], staged.phase, p.wait_cycles);
+        if (ok) {
+          Program::widen_stage(in, staging.slot(staged.stage), ring.b(cursor.stage), warp - 1,
+                               lane);
+          dev::fence_proxy_async_shared();  // the widened tile -> the consumers' wgmma
+        }
+      }
+      if (!__all_sync(0xFFFFFFFFu, ok)) {
+        if (lane == 0) record_fault(p, Program::kRoleRing, t);
+        return;
+      }
+      if (lane == 0) {
+        if (in.widen) dev::mbar_arrive(&staging.empty[staged.stage]);
+        dev::mbar_arrive(&ring.full[cursor.stage]);
+      }
+      if (in.widen) staged.advance();
+    }
   }
 }
 
@@ -372,14 +455,22 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
   __shared__ uint64_t full[TileShape<kBlockN>::kStages], empty[TileShape<kBlockN>::kStages];
   __shared__ int64_t queue_index[kTileQueueDepth];
   __shared__ uint64_t queue_full[kTileQueueDepth], queue_empty[kTileQueueDepth];
+  __shared__ uint64_t staging_full[kWidenSlots], staging_empty[kWidenSlots];
   // Producer: one warp (its lane 0 arrives), or when the program gathers rows the whole
-  // warpgroup (every thread arrives on every stage; warps 1-3 read the tile queue too).
+  // warpgroup (every thread arrives on every stage; warps 1-3 read the tile queue too), or when
+  // it widens B tiles, the leader and warps 1-3 (one arrival each per stage).
   const bool gather = Program::gathering_warpgroup(p);
-  const auto ring =
-      SmemRing<kBlockN>::make(smem_raw, full, empty, gather ? kGatherFullArrivals : 1);
+  const uint32_t full_arrivals = gather             ? kGatherFullArrivals
+                                 : Program::kWidens ? 1 + kWidenWarps
+                                                    : 1;
+  const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty, full_arrivals);
   const TileQueue queue{queue_index, queue_full, queue_empty};
+  const StagingRing<Program> staging{
+      ring.tiles_a + TileShape<kBlockN>::kStages * TileShape<kBlockN>::kStageBytes, staging_full,
+      staging_empty};
   if (threadIdx.x == 0) {
-    queue.init(gather ? kGatherWarps - 1 : 0);
+    queue.init(gather ? kGatherWarps - 1 : Program::kWidens ? kWidenWarps : 0);
+    if constexpr (Program::kWidens) staging.init();
     dev::mbar_fence_init();
   }
   Program::prepare_cta(p);
@@ -394,7 +485,9 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
           dev::fence_tensormap_acquire(m + i);
     }
     if (gather || threadIdx.x % 128 < 32) {
-      producer_role<Program>(maps, p, ring, queue, gather);
+      producer_role<Program>(maps, p, ring, queue, gather, staging);
+    } else if constexpr (Program::kWidens) {
+      converter_role<Program>(maps, p, ring, queue, staging);
     } else if constexpr (Program::kStoreWarp) {
       if (threadIdx.x % 128 < 64) Program::store_role(maps, p, ring);
     }

@@ -383,7 +383,7 @@ struct BackwardProgram {
   // One wgmma group in flight in the BF16 mainloops; not beside fp8_block's promoting one, where
   // ptxas then serialised every wgmma of the kernel (C7515).
   static constexpr bool kMmaInFlight = !kFp8Block;
-  static constexpr bool kStoreWarp = true;
+  static constexpr bool kStoreWarp = true, kWidens = false;
   __device__ static void prepare_cta(const Params& p) {
     fill_backward_table(p);
     if (threadIdx.x == 0)

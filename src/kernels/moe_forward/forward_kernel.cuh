@@ -46,17 +46,38 @@ __global__ void __launch_bounds__(kThreads, 1)
                  kFp8ConsumerRegs, kGroup>(launch);
 }
 
+// The routed experts' weights in NVFP4 (ForwardProgram's kNvfp4), inference: the consumers keep
+// the BF16 forward's 200 registers; the producer warpgroup, whose warps now also widen, gets the
+// rest (at 96 it spilled 20 bytes).
+constexpr int kNvfp4ProducerRegs = 104;
+static_assert(128 * kNvfp4ProducerRegs + kConsumers * 128 * kForwardConsumerRegs <= kThreads * 168,
+              "setmaxnreg budget");
+template <bool kGroup>
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_forward_nvfp4_kernel(const __grid_constant__ ForwardLaunch launch) {
+  run_megakernel<ForwardProgram<256, true, false, 0, false, true>, kNvfp4ProducerRegs,
+                 kForwardConsumerRegs, kGroup>(launch);
+}
+
+enum class RoutedWeights { bf16, fp8_block, nvfp4 };
+
 // One instantiation, prepared and launched.
 template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp = false, int kProbe = 0,
-          bool kGroup = false, bool kFp8Block = false>
+          bool kGroup = false, RoutedWeights kRouted = RoutedWeights::bf16>
 struct ForwardVariant {
   static constexpr auto kernel = [] {
-    if constexpr (kFp8Block)
+    if constexpr (kRouted == RoutedWeights::fp8_block)
       return moe_forward_fp8_block_kernel<kGroup, kKeepGateUp>;
+    else if constexpr (kRouted == RoutedWeights::nvfp4)
+      return moe_forward_nvfp4_kernel<kGroup>;
     else
       return moe_forward_kernel<kBlockN, kMmaInFlight, kKeepGateUp, kProbe, kGroup>;
   }();
-  static constexpr int smem = TileShape<kBlockN>::kSmemBytes;
+  // nvfp4: the staging slots after the ring (ForwardProgram<..., kNvfp4>::Staged).
+  static constexpr int smem =
+      TileShape<kBlockN>::kSmemBytes +
+      (kRouted == RoutedWeights::nvfp4 ? kWidenSlots * int(Nvfp4Stage<kBlockN>::kSlotBytes) : 0);
+  static_assert(smem + 4096 <= 232448, "dynamic shared memory beside the static arrays");
   static cudaError_t prepare(int* ctas_per_sm) {
     if (cudaError_t e =
             cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
@@ -75,9 +96,14 @@ template <bool kGroup, class F>
 bool with_production_variant(const ForwardKernel& k, F&& f) {
   if (k.probe != 0) return false;
   if (k.fp8_block) {  // 256-wide tiles, no group in flight; inference or training
-    if (k.block_n != 256 || k.mma_in_flight) return false;
-    k.keep_gate_up ? f(ForwardVariant<256, false, true, 0, kGroup, true>{})
-                   : f(ForwardVariant<256, false, false, 0, kGroup, true>{});
+    if (k.block_n != 256 || k.mma_in_flight || k.nvfp4) return false;
+    k.keep_gate_up ? f(ForwardVariant<256, false, true, 0, kGroup, RoutedWeights::fp8_block>{})
+                   : f(ForwardVariant<256, false, false, 0, kGroup, RoutedWeights::fp8_block>{});
+    return true;
+  }
+  if (k.nvfp4) {  // 256-wide tiles, a group in flight, inference
+    if (k.block_n != 256 || !k.mma_in_flight || k.keep_gate_up) return false;
+    f(ForwardVariant<256, true, false, 0, kGroup, RoutedWeights::nvfp4>{});
     return true;
   }
   auto pick = [&](auto block_n) {

@@ -47,6 +47,11 @@ struct ForwardMaps {
   CUtensorMap down;                    // [E, H, I], boxes of block_n rows
   CUtensorMap shared_gate, shared_up;  // [1, S, H]
   CUtensorMap shared_down;             // [1, H, S]
+  // nvfp4 (ForwardKernel::nvfp4): gate, up and down above then read the routed experts' packed
+  // codes (bytes, no swizzle: [E, N, K / 2], boxes of 32 bytes by block_n / 2 or block_n rows)
+  // and these their BF16 block factors ([E, K / 64, N / 2 bytes], one box per stage); the
+  // layouts of mok/formats/nvfp4_widen.hpp.
+  CUtensorMap gate_factors, up_factors, down_factors;
 };
 
 constexpr int kMaxRanks = 8;  // EP group sizes 1, 2, 4, 8
@@ -96,9 +101,11 @@ struct ForwardParams {
   const float* down_scales;              // [E, H / 128, I / 128]
   int routed_block_k;                    // K elements per ring stage of a routed tile: 64
                                          // (BF16) or 128 (fp8_block)
-  __nv_bfloat16* y_slots;                // [T * K, H]: expert output of each (token, k) slot
-  __nv_bfloat16* y_shared;               // [T, H]
-  __nv_bfloat16* out;                    // [T, H]
+  // nvfp4: each local expert matrix's FP32 per-tensor factor, applied to the accumulators.
+  const float *gate_s_dec, *up_s_dec, *down_s_dec;  // [E]
+  __nv_bfloat16* y_slots;   // [T * K, H]: expert output of each (token, k) slot
+  __nv_bfloat16* y_shared;  // [T, H]
+  __nv_bfloat16* out;       // [T, H]
   // Dataflow counters, zero at launch (one memset before each forward).
   uint32_t* x_ready;    // [capacity / 128]: 1 once dispatch wrote the row block
   uint32_t* act_ready;  // [capacity / 128]: +1 per warpgroup per gate/up tile; once complete the
@@ -162,6 +169,7 @@ struct ForwardKernel {
   bool mma_in_flight = false;
   bool keep_gate_up = false;  // a training forward: the SwiGLU inputs into ForwardParams::gate_up
   bool fp8_block = false;     // the routed experts in fp8_block (block_n 256, no group in flight)
+  bool nvfp4 = false;         // the routed experts' weights in NVFP4 (block_n 256, inference)
   int probe = 0;
 };
 

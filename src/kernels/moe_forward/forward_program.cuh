@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/gemm/widen_sm90.cuh"
 #include "kernels/megakernel/engine.cuh"
 #include "kernels/moe_forward/combine_role.cuh"
 #include "kernels/moe_forward/dispatch_role.cuh"
@@ -31,12 +32,14 @@ namespace mok::kern {
 struct TileInputs {
   const CUtensorMap* a_maps;
   const CUtensorMap *b_map, *b_up_map;
+  const CUtensorMap *b_factors, *b_up_factors;  // widen: B's block factors (nvfp4)
   int32_t a_row, b_row, b_batch;
   int k_block;  // K elements per stage: kBlockK, or 128 for fp8_block's routed tiles
   const uint32_t* ready;
   uint32_t needed;
   int role, timing;
   bool gather;     // the producer warpgroup gathers A (Program::gather_row)
+  bool widen;      // B comes as NVFP4 codes through a staging slot (engine's converter_role)
   long long what;  // the fault record's "what" for the ready wait
 };
 
@@ -154,13 +157,33 @@ __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, cons
   return {rows, w.kind == TileKind::routed_down};
 }
 
+// A routed tile's accumulators times its expert matrices' NVFP4 per-tensor factors (the gate
+// half of a gate/up tile by gate's, its up half by up's; a down tile by down's).
+template <int kBlockN>
+__device__ __forceinline__ void apply_nvfp4_factors(const ForwardParams& p, const TileWork& w,
+                                                    float (&d)[kBlockN / 2]) {
+  if (w.kind == TileKind::routed_down) {
+    const float s = __ldg(p.down_s_dec + w.expert);
+#pragma unroll
+    for (float& x : d) x *= s;
+    return;
+  }
+  const float g = __ldg(p.gate_s_dec + w.expert), u = __ldg(p.up_s_dec + w.expert);
+#pragma unroll
+  for (int i = 0; i < kBlockN / 2; ++i) d[i] *= i < kBlockN / 4 ? g : u;
+}
+
 // The program: kMmaInFlight (mma_tile), kKeepGateUp (store_gate_up), kProbe (a stage probe),
-// kFp8Block (the routed experts in fp8_block: fp8_block_tiles.cuh).
-template <int kBlockN_, bool kMmaInFlight_, bool kKeepGateUp, int kProbe, bool kFp8Block = false>
+// kFp8Block (the routed experts in fp8_block: fp8_block_tiles.cuh), kNvfp4 (the routed experts'
+// weights in NVFP4, widened to BF16 by the producer warpgroup: widen_sm90.cuh).
+template <int kBlockN_, bool kMmaInFlight_, bool kKeepGateUp, int kProbe, bool kFp8Block = false,
+          bool kNvfp4 = false>
 struct ForwardProgram {
   static_assert(!kFp8Block || (kBlockN_ == 256 && !kMmaInFlight_ && kProbe == 0),
                 "fp8_block: 256-wide tiles (one 1x128 block per gate/up row), promotion after "
                 "every k-block");
+  static_assert(!kNvfp4 || (kBlockN_ == 256 && !kFp8Block && !kKeepGateUp && kProbe == 0),
+                "nvfp4: 256-wide tiles, inference");
   using Params = ForwardParams;
   using Maps = ForwardMaps;
   using Work = TileWork;
@@ -175,7 +198,8 @@ struct ForwardProgram {
   static constexpr bool kTrace = (kProbe & kProbeTrace) != 0;
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
   static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
-  static constexpr bool kClaimAhead = false, kStoreWarp = false;
+  static constexpr bool kClaimAhead = false, kStoreWarp = false, kWidens = kNvfp4;
+  using Staged = Nvfp4Stage<kBlockN>;
   __device__ static void prepare_cta(const Params&) {}
 
   __device__ static bool dispatch(const Params& p, int cta, int ctas) {
@@ -189,9 +213,12 @@ struct ForwardProgram {
 
   // The producer warpgroup gathers routed gate/up rows (cp.async into the swizzled stage): this
   // rank's from x, peers' (EP > 1) from the token ring, where the dispatch CTAs copied them.
-  __device__ static bool gathering_warpgroup(const Params& p) { return p.gather_rows != 0; }
+  __device__ static bool gathering_warpgroup(const Params& p) {
+    return !kNvfp4 && p.gather_rows != 0;  // nvfp4's producer warps widen B instead
+  }
+  // Gathered or widened: written by producer threads, so the consumers fence the async proxy.
   __device__ static bool inputs_gathered(const Params& p, const Work& w) {
-    return gathers_rows(p, w);
+    return kNvfp4 ? is_routed(w) : gathers_rows(p, w);
   }
   __device__ static const __nv_bfloat16* gather_row(const Params& p, const Work& w, int32_t a_row,
                                                     int r) {
@@ -213,7 +240,8 @@ struct ForwardProgram {
   __device__ static Inputs inputs(const Maps& maps, const Params& p, const Tiles& tiles,
                                   const Work& w) {
     TileInputs in{};
-    in.gather = gathers_rows(p, w);
+    in.gather = !kNvfp4 && gathers_rows(p, w);
+    in.widen = kNvfp4 && is_routed(w);
     in.role = kRoleGateUpProducer;
     in.timing = kTimeGateUpWaitsDispatch;
     in.what = w.m_block;
@@ -226,6 +254,7 @@ struct ForwardProgram {
       case TileKind::routed_gate_up:
         in.a_maps = maps.routed_x;
         in.b_map = &maps.gate, in.b_up_map = &maps.up;
+        in.b_factors = &maps.gate_factors, in.b_up_factors = &maps.up_factors;
         // Gathering at EP = 1 needs no dispatch; under EP the peers' rows come through the ring.
         if (!in.gather || p.ep_size > 1)
           in.ready = p.x_ready + w.m_block, in.needed = sched::kRingFilled;
@@ -240,6 +269,7 @@ struct ForwardProgram {
       case TileKind::routed_down:
         in.a_maps = maps.act;
         in.b_map = &maps.down;
+        in.b_factors = &maps.down_factors;
         in.ready = p.act_ready + w.m_block;
         in.needed = uint32_t(kConsumers * tiles.gate_up_tiles);
         in.role = kRoleDownProducer, in.timing = kTimeDownWaitsGateUp;
@@ -259,14 +289,15 @@ struct ForwardProgram {
     return (in.gather    ? 0u
             : a_top_only ? kTileBytesA / 2
                          : kTileBytesA) +
-           TileShape<kBlockN>::kBytesB;
+           (in.widen ? 0u : TileShape<kBlockN>::kBytesB);
   }
   // One k-block: A (unless gathered; its first 64 rows only when the rest is padding), then B
-  // (gate/up: block_n / 2 gate rows, then the up rows of the same outputs).
+  // (gate/up: block_n / 2 gate rows, then the up rows of the same outputs; widened B: staged).
   __device__ static void load_stage(const Inputs& in, uint8_t* tile_a, uint8_t* tile_b,
                                     uint64_t* bar, int kb, bool a_top_only) {
     const int k = kb * in.k_block;
     if (!in.gather) dev::tma_load_2d(tile_a, in.a_maps + (a_top_only ? 1 : 0), bar, k, in.a_row);
+    if (in.widen) return;
     if (in.b_up_map) {
       dev::tma_load_3d(tile_b, in.b_map, bar, k, in.b_row, in.b_batch);
       dev::tma_load_3d(tile_b + TileShape<kBlockN>::kBytesB / 2, in.b_up_map, bar, k, in.b_row,
@@ -275,6 +306,25 @@ struct ForwardProgram {
       dev::tma_load_3d(tile_b, in.b_map, bar, k, in.b_row, in.b_batch);
     }
   }
+  // A widened B tile's stage kb into a staging slot: its codes (gate/up: the gate rows', then the
+  // up rows'), then its block factors in the same row order (Nvfp4Stage).
+  __device__ static void load_staged(const Inputs& in, uint8_t* slot, uint64_t* bar, int kb) {
+    const int code_x = kb * (kBlockK / 2), factor_x = in.b_row / 16 * 8;
+    uint8_t* factors = slot + Staged::kCodeBytes;
+    dev::tma_load_3d(slot, in.b_map, bar, code_x, in.b_row, in.b_batch);
+    dev::tma_load_3d(factors, in.b_factors, bar, factor_x, kb, in.b_batch);
+    if (in.b_up_map) {
+      dev::tma_load_3d(slot + Staged::kCodeBytes / 2, in.b_up_map, bar, code_x, in.b_row,
+                       in.b_batch);
+      dev::tma_load_3d(factors + Staged::kFactorBytes / 2, in.b_up_factors, bar, factor_x, kb,
+                       in.b_batch);
+    }
+  }
+  __device__ static void widen_stage(const Inputs&, const uint8_t* slot, uint8_t* tile_b, int warp,
+                                     int lane) {
+    widen_nvfp4_tile<kBlockN>(slot, tile_b, warp, lane);
+  }
+
   template <class Times>
   __device__ static bool mainloop(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
                                   dev::RingCursor<TileShape<kBlockN>::kStages>& cursor,
@@ -289,9 +339,13 @@ struct ForwardProgram {
                                            &times.starved, &times.starved_first);
       }
     }
-    return mma_tile<kBlockN, kMmaInFlight, kMultiply>(d, ring, cursor, w.k_blocks, wg,
-                                                      p.wait_cycles, times.timer.on, &times.starved,
-                                                      gathered, &times.starved_first);
+    const bool ok = mma_tile<kBlockN, kMmaInFlight, kMultiply>(
+        d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on, &times.starved, gathered,
+        &times.starved_first);
+    if constexpr (kNvfp4) {
+      if (ok && is_routed(w)) apply_nvfp4_factors<kBlockN>(p, w, d);
+    }
+    return ok;
   }
 
   // A down tile's row destinations, loaded before its mainloop.

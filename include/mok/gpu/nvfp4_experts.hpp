@@ -1,0 +1,48 @@
+// The routed experts' weights in NVFP4 on the device (precision nvfp4, Hopper's recipe: NVFP4
+// weights, BF16 activations): quantized from their BF16 weights by GPU kernels (each matrix as
+// quantize_nvfp4(..., {16, 16}) quantizes it: the same codes, scales and per-tensor factor), then
+// packed into the layout the forward widens from (mok/formats/nvfp4_widen.hpp). A quarter of the
+// BF16 weights' bytes, plus 1/128 for the factors.
+#pragma once
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "mok/config.hpp"
+#include "mok/gpu/device_layer.hpp"
+
+namespace mok::gpu {
+
+class Nvfp4Experts {
+ public:
+  // For the rank's local experts of c. Throws mok::Error unless H and I are multiples of 64, and
+  // for allocation failures.
+  explicit Nvfp4Experts(const Config& c);
+  ~Nvfp4Experts();
+  Nvfp4Experts(const Nvfp4Experts&) = delete;
+  Nvfp4Experts& operator=(const Nvfp4Experts&) = delete;
+
+  // From w.gate, w.up and w.down (BF16), asynchronous on `stream`; throws for null or misaligned
+  // weights. Run again after every optimizer step.
+  void quantize(const DeviceLayerWeights& w, cudaStream_t stream);
+  // What DeviceLayerWeights::nvfp4 takes.
+  Nvfp4Weights weights() const;
+  // w with its nvfp4 weights set to these.
+  DeviceLayerWeights with(const DeviceLayerWeights& w) const;
+
+  // The quantizer's own output for one matrix set (0 gate, 1 up, 2 down), as quantize_nvfp4_weights
+  // writes it (codes [E, rows, cols / 2], element 2i in the low nibble; scales [E, rows / 16,
+  // cols / 16] UE4M3): for tests that check the packing against the host quantizer.
+  const uint8_t* quantized_codes(int matrix) const;
+  const uint8_t* quantized_scales(int matrix) const;
+
+ private:
+  int64_t experts_, hidden_, intermediate_;
+  uint8_t* codes_ = nullptr;     // packed gate | up | down, then the quantizer's gate | up | down
+  uint8_t* scales_ = nullptr;    // the quantizer's UE4M3 scales, gate | up | down
+  uint16_t* factors_ = nullptr;  // gate | up | down
+  float* s_dec_ = nullptr;       // gate | up | down, [E] each
+  uint32_t* amax_ = nullptr;     // the quantizer's scratch, [E]
+};
+
+}  // namespace mok::gpu

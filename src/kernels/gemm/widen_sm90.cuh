@@ -1,0 +1,84 @@
+// Narrow weights widened in shared memory on their way to BF16 wgmma (Hopper has no FP4 MMA): the
+// producer's TMA leader loads a stage's packed codes and block factors into a staging slot, three
+// converter warps of the producer warpgroup expand them into the BF16 B tile of the ring stage
+// (128B-swizzled, K-major, as TMA would have written it), then arrive on the stage's full barrier
+// beside the leader. The consumers' mainloop is the BF16 one. NVFP4 (mok/formats/nvfp4_widen.hpp):
+// per 8 elements one 32-bit code word, one BF16 factor, two bf16x2 products per element pair.
+#pragma once
+#include <cstdint>
+
+#include "kernels/gemm/tile_geometry.cuh"
+#include "mok/device/mbarrier.cuh"
+#include "mok/device/sync.cuh"
+#include "mok/device/tma.cuh"
+#include "mok/formats/nvfp4_widen.hpp"
+
+namespace mok::kern {
+
+// d = a * b on bf16x2 bit patterns (sm_90's mul.bf16x2: round to nearest, subnormals kept; the
+// widening's products are exact).
+__device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
+constexpr int kWidenWarps = 3;  // producer warps 1-3; warp 0's lane 0 issues the TMA loads
+constexpr int kWidenSlots = 3;  // staging slots: the TMA runs two stages ahead of the converters
+
+// One staging slot of a kRows-row B tile of NVFP4: codes [kRows][32 bytes], then the factors
+// [kRows / 16][4] BF16.
+template <int kRows>
+struct Nvfp4Stage {
+  static_assert(kRows % 16 == 0 && kRows <= 256, "whole 16-row scale blocks, one TMA box");
+  static_assert(fmt::kNvfp4WidenK == kBlockK, "one staging slot per BF16 ring stage");
+  static constexpr uint32_t kCodeBytes = uint32_t(kRows) * (kBlockK / 2);
+  static constexpr uint32_t kFactorBytes = uint32_t(kRows / 16) * 4 * 2;
+  static constexpr uint32_t kBytes = kCodeBytes + kFactorBytes;  // the TMA transaction bytes
+  static constexpr uint32_t kSlotBytes = (kBytes + 127) / 128 * 128;
+  static_assert(kFactorBytes % 16 == 0, "TMA boxes are whole 16-byte units");
+};
+
+// The staging ring: slots after the BF16 ring in dynamic shared memory, a full barrier per slot
+// (the leader's arrive_expect_tx and the TMA bytes) and an empty one (each converter warp).
+template <int kSlotBytes>
+struct WidenRing {
+  uint8_t* slots;
+  uint64_t* full;
+  uint64_t* empty;
+  __device__ uint8_t* slot(int s) const { return slots + s * kSlotBytes; }
+  // By thread 0, before the CTA's first __syncthreads.
+  __device__ void init() const {
+    for (int s = 0; s < kWidenSlots; ++s) {
+      dev::mbar_init(&full[s], 1);
+      dev::mbar_init(&empty[s], kWidenWarps);
+    }
+  }
+};
+
+// Converter warp `warp` (0-2) widens its share of a staged kRows x 64 NVFP4 tile into the BF16 B
+// tile: lane l takes 16-byte chunk l % 8 of rows 4 g + l / 8 for g = warp, warp + 3, ... (a warp
+// reads 128 contiguous code bytes and writes four whole swizzled rows per step).
+template <int kRows>
+__device__ __forceinline__ void widen_nvfp4_tile(const uint8_t* slot, uint8_t* tile_b, int warp,
+                                                 int lane) {
+  using Stage = Nvfp4Stage<kRows>;
+  const uint32_t chunk = uint32_t(lane % 8);
+  const uint16_t* factors = reinterpret_cast<const uint16_t*>(slot + Stage::kCodeBytes);
+  const uint32_t pre = uint32_t(fmt::kNvfp4WidenPre) * 0x10001u;
+#pragma unroll 2
+  for (int g = warp; g < kRows / 4; g += kWidenWarps) {
+    const uint32_t row = uint32_t(4 * g + lane / 8);
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(slot + row * 32u + chunk * 4u);
+    const uint32_t f = factors[(row / 16u) * 4u + chunk / 2u];
+    const uint32_t factor = f * 0x10001u;
+    uint32_t out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      out[j] = mul_bf16x2(mul_bf16x2(fmt::nvfp4_widen_pair_bits(word, j), pre), factor);
+    *reinterpret_cast<uint4*>(tile_b + dev::swizzle128_offset(row, chunk * 16u)) =
+        make_uint4(out[0], out[1], out[2], out[3]);
+  }
+}
+
+}  // namespace mok::kern

@@ -1,0 +1,131 @@
+#include "mok/gpu/nvfp4_experts.hpp"
+
+#include <string>
+
+#include "layer/forward_schedule.hpp"
+#include "layer/rank_forward.hpp"
+#include "mok/error.hpp"
+#include "mok/formats/nvfp4_widen.hpp"
+#include "mok/gpu/formats_gpu.hpp"
+
+namespace mok::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+// Element k of each 8-element word (nibble k in the quantizer's layout) to its packed nibble.
+__global__ void pack_codes_kernel(const uint32_t* in, uint32_t* out, int64_t words) {
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const uint32_t w = in[i];
+    uint32_t packed = 0;
+#pragma unroll
+    for (int k = 0; k < 8; ++k)
+      packed |= ((w >> (4 * k)) & 0xFu) << (4 * fmt::nvfp4_packed_nibble(k));
+    out[i] = packed;
+  }
+}
+
+// factors [E, cols / 64, rows / 16, 4] from scales [E, rows / 16, cols / 16].
+__global__ void pack_factors_kernel(const uint8_t* scales, uint16_t* factors, int64_t experts,
+                                    int64_t rows, int64_t cols) {
+  const int64_t row_blocks = rows / 16, k_blocks = cols / fmt::kNvfp4WidenK;
+  const int64_t n = experts * k_blocks * row_blocks * 4;
+  for (int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; f < n;
+       f += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(f % 4);
+    const int64_t rb = f / 4 % row_blocks, kb = f / 4 / row_blocks % k_blocks,
+                  e = f / 4 / row_blocks / k_blocks;
+    factors[f] = fmt::nvfp4_widen_factor(scales[(e * row_blocks + rb) * (cols / 16) + kb * 4 + c]);
+  }
+}
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return unsigned(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+}  // namespace
+
+Nvfp4Experts::Nvfp4Experts(const Config& c)
+    : experts_(c.experts_per_rank()), hidden_(c.hidden), intermediate_(c.intermediate) {
+  detail::require(hidden_ % 64 == 0 && intermediate_ % 64 == 0 && experts_ > 0,
+                  ErrorCode::unsupported,
+                  "nvfp4 packs the weights 64 columns per GEMM stage in 16x16 blocks: hidden and "
+                  "intermediate must be multiples of 64, got H = " +
+                      std::to_string(hidden_) + ", I = " + std::to_string(intermediate_));
+  const size_t matrix = size_t(hidden_ * intermediate_), per_set = size_t(experts_) * matrix;
+  const char* what = "cudaMalloc (nvfp4 expert weights)";
+  try {
+    codes_ = detail::device_alloc<uint8_t>(2 * 3 * per_set / 2, what);
+    scales_ = detail::device_alloc<uint8_t>(3 * per_set / 256, what);
+    factors_ = detail::device_alloc<uint16_t>(3 * per_set / 256, what);
+    s_dec_ = detail::device_alloc<float>(3 * size_t(experts_), what);
+    amax_ = detail::device_alloc<uint32_t>(size_t(experts_), what);
+  } catch (...) {  // the destructor does not run for a constructor that throws
+    for (void* p : {(void*)codes_, (void*)scales_, (void*)factors_, (void*)s_dec_}) cudaFree(p);
+    throw;
+  }
+}
+
+Nvfp4Experts::~Nvfp4Experts() {
+  for (void* p : {(void*)codes_, (void*)scales_, (void*)factors_, (void*)s_dec_, (void*)amax_})
+    cudaFree(p);
+}
+
+Nvfp4Weights Nvfp4Experts::weights() const {
+  const int64_t codes = experts_ * hidden_ * intermediate_ / 2,
+                factors = experts_ * hidden_ * intermediate_ / 256;
+  return {codes_,   codes_ + codes,     codes_ + 2 * codes,
+          factors_, factors_ + factors, factors_ + 2 * factors,
+          s_dec_,   s_dec_ + experts_,  s_dec_ + 2 * experts_};
+}
+
+const uint8_t* Nvfp4Experts::quantized_codes(int matrix) const {
+  return codes_ + (3 + matrix) * (experts_ * hidden_ * intermediate_ / 2);
+}
+
+const uint8_t* Nvfp4Experts::quantized_scales(int matrix) const {
+  return scales_ + matrix * (experts_ * hidden_ * intermediate_ / 256);
+}
+
+DeviceLayerWeights Nvfp4Experts::with(const DeviceLayerWeights& w) const {
+  DeviceLayerWeights out = w;
+  out.nvfp4 = weights();
+  return out;
+}
+
+void Nvfp4Experts::quantize(const DeviceLayerWeights& w, cudaStream_t stream) {
+  detail::require_operand(w.gate, "gate weights");
+  detail::require_operand(w.up, "up weights");
+  detail::require_operand(w.down, "down weights");
+  const Nvfp4Weights q = weights();
+  const struct {
+    const __nv_bfloat16* from;
+    int64_t rows, cols;
+    const uint8_t* packed;
+    const uint16_t* factors;
+    const float* s_dec;
+  } parts[3] = {{w.gate, intermediate_, hidden_, q.gate, q.gate_factors, q.gate_s_dec},
+                {w.up, intermediate_, hidden_, q.up, q.up_factors, q.up_s_dec},
+                {w.down, hidden_, intermediate_, q.down, q.down_factors, q.down_s_dec}};
+  const int64_t words = experts_ * hidden_ * intermediate_ / 8;
+  for (int m = 0; m < 3; ++m) {
+    const auto& part = parts[m];
+    uint8_t* codes = const_cast<uint8_t*>(quantized_codes(m));
+    uint8_t* scales = const_cast<uint8_t*>(quantized_scales(m));
+    detail::check_cuda(
+        quantize_nvfp4_weights(part.from, experts_, part.rows, part.cols, false, codes, scales,
+                               const_cast<float*>(part.s_dec), amax_, stream),
+        "quantizing the expert weights to nvfp4");
+    pack_codes_kernel<<<blocks_for(words), kThreads, 0, stream>>>(
+        reinterpret_cast<const uint32_t*>(codes),
+        reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(part.packed)), words);
+    pack_factors_kernel<<<blocks_for(experts_ * hidden_ * intermediate_ / 256), kThreads, 0,
+                          stream>>>(scales, const_cast<uint16_t*>(part.factors), experts_,
+                                    part.rows, part.cols);
+    detail::check_cuda(cudaGetLastError(), "packing the nvfp4 expert weights");
+  }
+}
+
+}  // namespace mok::gpu
