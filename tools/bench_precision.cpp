@@ -15,6 +15,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstring>
+#include <memory>
 #include <utility>
 
 #include "bench_layer.hpp"
@@ -24,6 +25,7 @@
 #include "mok/compare.hpp"
 #include "mok/formats/codecs.hpp"
 #include "mok/gpu/fp8_block_experts.hpp"
+#include "mok/gpu/nvfp4_experts.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/random_fill.hpp"
@@ -205,9 +207,14 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
 
 int bench_precision_command(const BenchOptions& o) {
   const Precision precision = parse_precision(o.layer.precision);
-  if (precision != Precision::fp8_block)
-    throw Error(ErrorCode::unsupported, std::string("mok bench --precision ") + o.layer.precision +
-                                            ": the GPU forward runs bf16 and fp8_block for now");
+  if (precision != Precision::fp8_block && precision != Precision::nvfp4)
+    throw Error(ErrorCode::unsupported,
+                std::string("mok bench --precision ") + o.layer.precision +
+                    ": the GPU forward runs bf16, fp8_block and nvfp4 for now");
+  if (precision == Precision::nvfp4 && o.direction != "forward")
+    throw Error(ErrorCode::unsupported,
+                "mok bench --precision nvfp4: the GPU runs its forward only for now (--direction "
+                "forward)");
   if (o.ep > 1) throw UsageError("mok bench --precision: EP = 1 only (no --ep)");
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
@@ -228,7 +235,7 @@ int bench_precision_command(const BenchOptions& o) {
       o.layer.precision.c_str(), o.layer.precision.c_str());
   gpu::ForwardOptions fo = bench_forward_options(o);
   gpu::ForwardOptions fq = fo;
-  fq.row_path = gpu::RowPath::automatic;  // fp8_block quantizes x in the dispatch copy
+  fq.row_path = gpu::RowPath::automatic;  // fp8_block and nvfp4 take the dispatch copy
   std::vector<std::pair<std::string, gpu::detail::ForwardProfile>> profiles;
   for (const auto& [name, shape, tokens] : bench_shapes(o)) {
     Config c = shape;
@@ -242,13 +249,23 @@ int bench_precision_command(const BenchOptions& o) {
     const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice());
     DeviceArray<__nv_bfloat16> out_q(size_t(tokens * c.hidden));
     gpu::MoeForward bf16(c, fo), low(q, fq);
-    gpu::Fp8BlockExperts experts(q);
+    std::unique_ptr<gpu::Fp8BlockExperts> fp8;
+    std::unique_ptr<gpu::Nvfp4Experts> fp4;
+    if (precision == Precision::nvfp4)
+      fp4 = std::make_unique<gpu::Nvfp4Experts>(q);
+    else
+      fp8 = std::make_unique<gpu::Fp8BlockExperts>(q);
     const gpu::DeviceLayerWeights weights = data.weights();
-    const gpu::DeviceLayerWeights quantized = experts.with(weights);
+    const gpu::DeviceLayerWeights quantized = fp4 ? fp4->with(weights) : fp8->with(weights);
     const gpu::DeviceBatch batch = data.batch();
     auto run_bf16 = [&] { bf16.forward(batch, weights, data.out.ptr, nullptr); };
     auto run_low = [&] { low.forward(batch, quantized, out_q.ptr, nullptr); };
-    auto quantize = [&] { experts.quantize(weights, nullptr); };
+    auto quantize = [&] {
+      if (fp4)
+        fp4->quantize(weights, nullptr);
+      else
+        fp8->quantize(weights, nullptr);
+    };
     median_ms(quantize, 3);
     median_ms(run_bf16, 3);
     median_ms(run_low, 3);

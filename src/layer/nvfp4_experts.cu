@@ -26,17 +26,17 @@ __global__ void pack_codes_kernel(const uint32_t* in, uint32_t* out, int64_t wor
   }
 }
 
-// factors [E, cols / 64, rows / 16, 4] from scales [E, rows / 16, cols / 16].
+// The factors of each matrix (fmt::nvfp4_widen_factor_offset's layout) from its scales
+// [E, rows / 16, cols / 16], one thread per scale.
 __global__ void pack_factors_kernel(const uint8_t* scales, uint16_t* factors, int64_t experts,
                                     int64_t rows, int64_t cols) {
-  const int64_t row_blocks = rows / 16, k_blocks = cols / fmt::kNvfp4WidenK;
-  const int64_t n = experts * k_blocks * row_blocks * 4;
-  for (int64_t f = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; f < n;
-       f += int64_t(gridDim.x) * blockDim.x) {
-    const int c = int(f % 4);
-    const int64_t rb = f / 4 % row_blocks, kb = f / 4 / row_blocks % k_blocks,
-                  e = f / 4 / row_blocks / k_blocks;
-    factors[f] = fmt::nvfp4_widen_factor(scales[(e * row_blocks + rb) * (cols / 16) + kb * 4 + c]);
+  const int64_t per_row_block = cols / 16, per_matrix = rows / 16 * per_row_block;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < experts * per_matrix;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t e = i / per_matrix, rb = i % per_matrix / per_row_block,
+                  block = i % per_row_block;  // the 16-column block along K
+    const int64_t at = fmt::nvfp4_widen_factor_offset(rows, 16 * rb, block / 4, int(block % 4));
+    factors[e * per_matrix + at / 2] = fmt::nvfp4_widen_factor(scales[i]);
   }
 }
 

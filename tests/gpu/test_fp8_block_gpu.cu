@@ -358,7 +358,7 @@ TEST(Fp8BlockGpu, ConfigurationsItDoesNotTakeAreClearErrors) {
   mok::Config mx = c;
   mx.precision = mok::Precision::mxfp8;
   expect_error([&] { MoeForward f(mx); }, mok::ErrorCode::unsupported,
-               "precision mxfp8: the GPU forward runs bf16 and fp8_block for now");
+               "precision mxfp8: the GPU forward runs bf16, fp8_block and nvfp4 for now");
 
   const mok::LayerParams p = mok::tools::random_params(c, 81);
   const mok::Batch b = mok::tools::random_batch(c, 64, 82);

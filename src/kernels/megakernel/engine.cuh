@@ -317,6 +317,7 @@ __device__ __forceinline__ void converter_role(const typename Program::Maps& map
         if (lane == 0) record_fault(p, Program::kRoleRing, t);
         return;
       }
+      __syncwarp();  // memory order: every lane's writes and fence before lane 0's arrivals
       if (lane == 0) {
         if (in.widen) dev::mbar_arrive(&staging.empty[staged.stage]);
         dev::mbar_arrive(&ring.full[cursor.stage]);
