@@ -235,12 +235,13 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
     maps.gate = dev::make_byte_map_3d(q.gate, El, I, H / 2, k_bytes, bn / 2);
     maps.up = dev::make_byte_map_3d(q.up, El, I, H / 2, k_bytes, bn / 2);
     maps.down = dev::make_byte_map_3d(q.down, El, H, I / 2, k_bytes, bn);
-    // A stage's factors: rows / 16 blocks of 4 BF16 (8 bytes), one row of the map per k-block.
+    // A stage's factors: rows / 16 blocks of 4 BF16 (8 bytes), one row of the map per k-block,
+    // boxes of block_n / 2 rows (kern::Nvfp4Stage's halves).
     const uint64_t k_stages_h = H / uint64_t(kern::kBlockK),
                    k_stages_i = I / uint64_t(kern::kBlockK);
     maps.gate_factors = dev::make_byte_map_3d(q.gate_factors, El, k_stages_h, I / 2, bn / 4, 1);
     maps.up_factors = dev::make_byte_map_3d(q.up_factors, El, k_stages_h, I / 2, bn / 4, 1);
-    maps.down_factors = dev::make_byte_map_3d(q.down_factors, El, k_stages_i, H / 2, bn / 2, 1);
+    maps.down_factors = dev::make_byte_map_3d(q.down_factors, El, k_stages_i, H / 2, bn / 4, 1);
   } else {
     maps.gate = dev::make_map_3d(bf16, wt.gate, El, I, H, bn / 2);
     maps.up = dev::make_map_3d(bf16, wt.up, El, I, H, bn / 2);

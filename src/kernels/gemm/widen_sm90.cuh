@@ -26,17 +26,23 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
 constexpr int kWidenWarps = 3;  // producer warps 1-3; warp 0's lane 0 issues the TMA loads
 constexpr int kWidenSlots = 3;  // staging slots: the TMA runs two stages ahead of the converters
 
-// One staging slot of a kRows-row B tile of NVFP4: codes [kRows][32 bytes], then the factors
-// [kRows / 16][4] BF16.
+// One staging slot of a kRows-row B tile of NVFP4 (a gate/up tile: gate rows, then up rows):
+// codes [kRows][32 bytes], then per half of the rows its factors [kRows / 32][4] BF16, each half
+// one TMA box at a 128-byte boundary (TMA's shared-memory alignment).
 template <int kRows>
 struct Nvfp4Stage {
-  static_assert(kRows % 16 == 0 && kRows <= 256, "whole 16-row scale blocks, one TMA box");
+  static_assert(kRows % 32 == 0 && kRows <= 256, "halves of whole 16-row scale blocks");
   static_assert(fmt::kNvfp4WidenK == kBlockK, "one staging slot per BF16 ring stage");
   static constexpr uint32_t kCodeBytes = uint32_t(kRows) * (kBlockK / 2);
-  static constexpr uint32_t kFactorBytes = uint32_t(kRows / 16) * 4 * 2;
-  static constexpr uint32_t kBytes = kCodeBytes + kFactorBytes;  // the TMA transaction bytes
-  static constexpr uint32_t kSlotBytes = (kBytes + 127) / 128 * 128;
-  static_assert(kFactorBytes % 16 == 0, "TMA boxes are whole 16-byte units");
+  static constexpr uint32_t kHalfFactorBytes = uint32_t(kRows / 2 / 16) * 4 * 2;
+  static constexpr uint32_t kBytes = kCodeBytes + 2 * kHalfFactorBytes;  // TMA transaction bytes
+  static constexpr uint32_t kSlotBytes = kCodeBytes + 2 * 128;
+  static_assert(kCodeBytes % 128 == 0 && kHalfFactorBytes <= 128 && kHalfFactorBytes % 16 == 0,
+                "boxes at 128-byte boundaries, whole 16-byte units");
+  // Offset of the factor of row r's 16-column block b (0-3) in the slot.
+  __device__ static uint32_t factor_offset(uint32_t r, uint32_t b) {
+    return kCodeBytes + r / (kRows / 2) * 128u + r % (kRows / 2) / 16u * 8u + b * 2u;
+  }
 };
 
 // The staging ring: slots after the BF16 ring in dynamic shared memory, a full barrier per slot
@@ -64,13 +70,13 @@ __device__ __forceinline__ void widen_nvfp4_tile(const uint8_t* slot, uint8_t* t
                                                  int lane) {
   using Stage = Nvfp4Stage<kRows>;
   const uint32_t chunk = uint32_t(lane % 8);
-  const uint16_t* factors = reinterpret_cast<const uint16_t*>(slot + Stage::kCodeBytes);
   const uint32_t pre = uint32_t(fmt::kNvfp4WidenPre) * 0x10001u;
 #pragma unroll 2
   for (int g = warp; g < kRows / 4; g += kWidenWarps) {
     const uint32_t row = uint32_t(4 * g + lane / 8);
     const uint32_t word = *reinterpret_cast<const uint32_t*>(slot + row * 32u + chunk * 4u);
-    const uint32_t f = factors[(row / 16u) * 4u + chunk / 2u];
+    const uint32_t f =
+        *reinterpret_cast<const uint16_t*>(slot + Stage::factor_offset(row, chunk / 2));
     const uint32_t factor = f * 0x10001u;
     uint32_t out[4];
 #pragma unroll

@@ -306,18 +306,21 @@ struct ForwardProgram {
       dev::tma_load_3d(tile_b, in.b_map, bar, k, in.b_row, in.b_batch);
     }
   }
-  // A widened B tile's stage kb into a staging slot: its codes (gate/up: the gate rows', then the
-  // up rows'), then its block factors in the same row order (Nvfp4Stage).
+  // A widened B tile's stage kb into a staging slot (Nvfp4Stage): its codes (gate/up: the gate
+  // rows', then the up rows'), then the block factors of each half of its rows.
   __device__ static void load_staged(const Inputs& in, uint8_t* slot, uint64_t* bar, int kb) {
+    constexpr int kHalf = kBlockN / 2;
     const int code_x = kb * (kBlockK / 2), factor_x = in.b_row / 16 * 8;
-    uint8_t* factors = slot + Staged::kCodeBytes;
+    uint8_t* second = slot + Staged::factor_offset(kHalf, 0);
     dev::tma_load_3d(slot, in.b_map, bar, code_x, in.b_row, in.b_batch);
-    dev::tma_load_3d(factors, in.b_factors, bar, factor_x, kb, in.b_batch);
+    dev::tma_load_3d(slot + Staged::factor_offset(0, 0), in.b_factors, bar, factor_x, kb,
+                     in.b_batch);
     if (in.b_up_map) {
       dev::tma_load_3d(slot + Staged::kCodeBytes / 2, in.b_up_map, bar, code_x, in.b_row,
                        in.b_batch);
-      dev::tma_load_3d(factors + Staged::kFactorBytes / 2, in.b_up_factors, bar, factor_x, kb,
-                       in.b_batch);
+      dev::tma_load_3d(second, in.b_up_factors, bar, factor_x, kb, in.b_batch);
+    } else {  // down: one box of codes, the factors of rows b_row + kHalf on in a second box
+      dev::tma_load_3d(second, in.b_factors, bar, factor_x + kHalf / 16 * 8, kb, in.b_batch);
     }
   }
   __device__ static void widen_stage(const Inputs&, const uint8_t* slot, uint8_t* tile_b, int warp,
