@@ -6,6 +6,8 @@
 # MOK_LAG_WAVES, the store warp with two tiles in flight) against this tree, alternating; the
 # 128-wide fp8_block mainloop in one slice (this tree) against two (.device/slice.diff's base).
 set -uo pipefail
+# (Unrunnable as written since session 33: .device/exp was not kept, and exp/s30-lag-store did not
+# survive into later checkouts; its other parts moved into session 33's s33a.sh.)
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
 t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
