@@ -14,6 +14,7 @@
 #include "layer/layer_runner.hpp"
 #include "mok/formats.hpp"
 #include "mok/formats/nvfp4_widen.hpp"
+#include "kernels/gemm/widen_sm90.cuh"
 #include "mok/gpu/emulated_ep_forward.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
@@ -89,7 +90,65 @@ std::vector<T> fetch(const T* p, size_t n) {
   return v;
 }
 
+// One staging slot through widen_nvfp4_tile as the converter warps run it (96 threads), into a
+// B tile in shared memory, copied out as it lies (128B-swizzled).
+__global__ void widen_kernel(const uint8_t* slot_in, uint8_t* tile_out) {
+  using Stage = mok::kern::Nvfp4Stage<256>;
+  __shared__ alignas(128) uint8_t slot[Stage::kSlotBytes];
+  __shared__ alignas(1024) uint8_t tile[256 * 128];
+  for (uint32_t i = threadIdx.x; i < Stage::kSlotBytes; i += blockDim.x) slot[i] = slot_in[i];
+  __syncthreads();
+  mok::kern::widen_nvfp4_tile<256>(slot, tile, int(threadIdx.x / 32), int(threadIdx.x % 32));
+  __syncthreads();
+  for (uint32_t i = threadIdx.x; i < sizeof(tile); i += blockDim.x) tile_out[i] = tile[i];
+}
+
 }  // namespace
+
+// The widening alone: every E2M1 code at every position of a 256 x 64 stage and every UE4M3 scale
+// (NaN too) across its blocks, widened by the hardware's mul.bf16x2 (BF16 subnormals on the way),
+// equals E2M1 * UE4M3 exactly, each element where TMA's 128B swizzle would have put it.
+TEST(Nvfp4Gpu, WideningIsExactForEveryCodeAndScale) {
+  MOK_REQUIRE_GPU();
+  using Stage = mok::kern::Nvfp4Stage<256>;
+  std::vector<uint8_t> slot(Stage::kSlotBytes, 0);
+  std::mt19937_64 rng(3);
+  std::vector<uint8_t> codes(256 * 64), scales(16 * 4);  // element codes; scale per 16x16 block
+  for (size_t i = 0; i < codes.size(); ++i) codes[i] = uint8_t(i % 16 == 0 ? rng() % 16 : i % 16);
+  for (size_t b = 0; b < scales.size(); ++b) scales[b] = uint8_t(b * 2 + 1);  // 1, 3, ..., 127
+  for (int r = 0; r < 256; ++r)
+    for (int w = 0; w < 8; ++w) {
+      uint32_t word = 0;
+      for (int k = 0; k < 8; ++k)
+        word |= uint32_t(codes[size_t(r * 64 + 8 * w + k)])
+                << (4 * mok::fmt::nvfp4_packed_nibble(k));
+      std::memcpy(&slot[size_t(r * 32 + w * 4)], &word, 4);
+    }
+  for (int r = 0; r < 256; r += 16)
+    for (int b = 0; b < 4; ++b) {
+      const uint16_t f = mok::fmt::nvfp4_widen_factor(scales[size_t(r / 16 * 4 + b)]);
+      std::memcpy(&slot[Stage::factor_offset(uint32_t(r), uint32_t(b))], &f, 2);
+    }
+  DeviceBuffer<uint8_t> in(slot), out(size_t(256 * 128), 0);
+  widen_kernel<<<1, 96>>>(in.ptr, out.ptr);
+  MOK_CUDA_OK(cudaDeviceSynchronize());
+  const std::vector<uint8_t> tile = out.to_host();
+  for (uint32_t r = 0; r < 256; ++r)
+    for (uint32_t k = 0; k < 64; ++k) {
+      uint16_t got = 0;
+      std::memcpy(&got, &tile[mok::dev::swizzle128_offset(r, k * 2)], 2);
+      const uint8_t scale = scales[r / 16 * 4 + k / 16];
+      const float want =
+          mok::fmt::e2m1_to_float(codes[r * 64 + k]) * mok::fmt::ue4m3_to_float(scale);
+      if ((scale & 0x7F) == 0x7F) {
+        ASSERT_TRUE(std::isnan(mok::fmt::bf16_to_float(got))) << r << "," << k;
+      } else {
+        ASSERT_EQ(mok::fmt::bf16_to_float(got), want)
+            << "row " << r << " column " << k << " code " << int(codes[r * 64 + k]);
+        ASSERT_EQ(std::signbit(mok::fmt::bf16_to_float(got)), (codes[r * 64 + k] & 8) != 0);
+      }
+    }
+}
 
 TEST(Nvfp4Gpu, ExpertsPackTheHostQuantizersCodesScalesAndFactors) {
   MOK_REQUIRE_GPU();

@@ -40,7 +40,7 @@ struct Nvfp4Stage {
   static_assert(kCodeBytes % 128 == 0 && kHalfFactorBytes <= 128 && kHalfFactorBytes % 16 == 0,
                 "boxes at 128-byte boundaries, whole 16-byte units");
   // Offset of the factor of row r's 16-column block b (0-3) in the slot.
-  __device__ static uint32_t factor_offset(uint32_t r, uint32_t b) {
+  __host__ __device__ static constexpr uint32_t factor_offset(uint32_t r, uint32_t b) {
     return kCodeBytes + r / (kRows / 2) * 128u + r % (kRows / 2) / 16u * 8u + b * 2u;
   }
 };
