@@ -49,14 +49,17 @@ __device__ __forceinline__ void store_tile(const float (&d)[kBlockN / 2], int ro
 // consecutive columns of a row between them, 2 each; an exchange over 4 column groups (3
 // xor-shuffles per row) gives each lane all 8 columns of one group. Same bits as store_tile.
 // lo / hi: this thread's rows (Fragment::row_lo and + 8) at the tile's first column, or nullptr
-// (not stored); `valid` must be a multiple of 32.
-template <int kBlockN>
+// (not stored); `valid` must be a multiple of 32. kScaled: every value times `scale` first (a
+// factor the mainloop could not apply: writing the accumulators between wgmma pipelines makes
+// ptxas serialise them, C7515).
+template <int kBlockN, bool kScaled = false>
 __device__ __forceinline__ void store_rows_vec16(const float (&d)[kBlockN / 2], __nv_bfloat16* lo,
-                                                 __nv_bfloat16* hi, int valid) {
+                                                 __nv_bfloat16* hi, int valid, float scale = 1.0f) {
   static_assert(kBlockN % 32 == 0, "whole 32-column groups");
   const int q = int(threadIdx.x % 4);
-  auto pack = [](float a, float b) {
-    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+  auto pack = [scale](float a, float b) {
+    const __nv_bfloat162 v =
+        kScaled ? __floats2bfloat162_rn(a * scale, b * scale) : __floats2bfloat162_rn(a, b);
     return *reinterpret_cast<const uint32_t*>(&v);
   };
   auto pick = [](const uint32_t(&v)[4], int i) {
@@ -93,12 +96,16 @@ __device__ __forceinline__ void store_rows_vec16(const float (&d)[kBlockN / 2], 
 // the same outputs, so one thread holds both (registers 4j+q and 4(j + kBlockN/16)+q); the
 // products form a kBlockN/2-wide fragment in the same layout, stored 16 bytes at a time.
 // out_lo / out_hi: this thread's two destination rows, already offset to the tile's first column.
-template <int kBlockN>
+// kScaled: the gate half times gate_scale and the up half times up_scale first.
+template <int kBlockN, bool kScaled = false>
 __device__ __forceinline__ void swiglu_tile(const float (&d)[kBlockN / 2], __nv_bfloat16* out_lo,
-                                            __nv_bfloat16* out_hi) {
+                                            __nv_bfloat16* out_hi, float gate_scale = 1.0f,
+                                            float up_scale = 1.0f) {
   float h[kBlockN / 4];
 #pragma unroll
-  for (int i = 0; i < kBlockN / 4; ++i) h[i] = silu(d[i]) * d[i + kBlockN / 4];
+  for (int i = 0; i < kBlockN / 4; ++i)
+    h[i] = kScaled ? silu(d[i] * gate_scale) * (d[i + kBlockN / 4] * up_scale)
+                   : silu(d[i]) * d[i + kBlockN / 4];
   store_rows_vec16<kBlockN / 2>(h, out_lo, out_hi, kBlockN / 2);
 }
 

@@ -72,8 +72,9 @@ __device__ __forceinline__ void store_pre_activations(const float (&d)[kBlockN /
 // Gate/up epilogue of 64 rows from row0: SwiGLU into act (or act_shared); kKeepGateUp (a training
 // forward, its own instantiation: in the inference kernel the extra stores made ptxas spill) also
 // stores the pre-activations into gate_up (gate_up_shared): the tile's gate half at the row's
-// column n_tile * kBlockN / 2, its up half `width` columns further.
-template <int kBlockN, bool kKeepGateUp>
+// column n_tile * kBlockN / 2, its up half `width` columns further. kNvfp4: a routed tile's gate
+// half times its expert's gate per-tensor factor, its up half times up's, before SwiGLU.
+template <int kBlockN, bool kKeepGateUp, bool kNvfp4 = false>
 __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const TileWork& w,
                                               const float (&d)[kBlockN / 2], int row0) {
   const int r = Fragment::mine().row_lo;
@@ -81,7 +82,11 @@ __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const Tile
   const int64_t width = routed ? p.intermediate : p.shared_width;
   const int64_t col0 = int64_t(w.n_tile) * (kBlockN / 2);
   __nv_bfloat16* out = (routed ? p.act : p.act_shared) + row0 * width + col0;
-  swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
+  if (kNvfp4 && routed)
+    swiglu_tile<kBlockN, true>(d, out + r * width, out + (r + 8) * width,
+                               __ldg(p.gate_s_dec + w.expert), __ldg(p.up_s_dec + w.expert));
+  else
+    swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
   if constexpr (kKeepGateUp)
     store_pre_activations<kBlockN>(
         d, (routed ? p.gate_up : p.gate_up_shared) + (row0 + r) * 2 * width + col0, width);
@@ -141,8 +146,9 @@ struct DownRowCounts {
 
 // Down epilogue of this thread's rows (down_rows): each row into its (token, k) slot on its
 // source rank (shared rows: y_shared). Returns the token counts the rows then owe (a row lives in
-// one quad of lanes: all its stores, and its count by the quad's first lane).
-template <int kBlockN>
+// one quad of lanes: all its stores, and its count by the quad's first lane). kNvfp4: a routed
+// tile times its expert's down per-tensor factor.
+template <int kBlockN, bool kNvfp4 = false>
 __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, const TileWork& w,
                                                     const float (&d)[kBlockN / 2], DownRows rows) {
   const int64_t col0 = int64_t(w.n_tile) * kBlockN;
@@ -153,24 +159,13 @@ __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, cons
     return base + sched::RowDestination::slot(destination) * p.hidden + col0;
   };
   static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
-  store_rows_vec16<kBlockN>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0));
-  return {rows, w.kind == TileKind::routed_down};
-}
-
-// A routed tile's accumulators times its expert matrices' NVFP4 per-tensor factors (the gate
-// half of a gate/up tile by gate's, its up half by up's; a down tile by down's).
-template <int kBlockN>
-__device__ __forceinline__ void apply_nvfp4_factors(const ForwardParams& p, const TileWork& w,
-                                                    float (&d)[kBlockN / 2]) {
-  if (w.kind == TileKind::routed_down) {
-    const float s = __ldg(p.down_s_dec + w.expert);
-#pragma unroll
-    for (float& x : d) x *= s;
-    return;
-  }
-  const float g = __ldg(p.gate_s_dec + w.expert), u = __ldg(p.up_s_dec + w.expert);
-#pragma unroll
-  for (int i = 0; i < kBlockN / 2; ++i) d[i] *= i < kBlockN / 4 ? g : u;
+  const bool routed = w.kind == TileKind::routed_down;
+  if (kNvfp4 && routed)
+    store_rows_vec16<kBlockN, true>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0),
+                                    __ldg(p.down_s_dec + w.expert));
+  else
+    store_rows_vec16<kBlockN>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0));
+  return {rows, routed};
 }
 
 // The program: kMmaInFlight (mma_tile), kKeepGateUp (store_gate_up), kProbe (a stage probe),
@@ -342,13 +337,9 @@ struct ForwardProgram {
                                            &times.starved, &times.starved_first);
       }
     }
-    const bool ok = mma_tile<kBlockN, kMmaInFlight, kMultiply>(
-        d, ring, cursor, w.k_blocks, wg, p.wait_cycles, times.timer.on, &times.starved, gathered,
-        &times.starved_first);
-    if constexpr (kNvfp4) {
-      if (ok && is_routed(w)) apply_nvfp4_factors<kBlockN>(p, w, d);
-    }
-    return ok;
+    return mma_tile<kBlockN, kMmaInFlight, kMultiply>(d, ring, cursor, w.k_blocks, wg,
+                                                      p.wait_cycles, times.timer.on, &times.starved,
+                                                      gathered, &times.starved_first);
   }
 
   // A down tile's row destinations, loaded before its mainloop.
@@ -375,12 +366,12 @@ struct ForwardProgram {
           stored = true;
         }
       }
-      if (!stored) store_gate_up<kBlockN, kKeepGateUp>(p, w, d, row0);
+      if (!stored) store_gate_up<kBlockN, kKeepGateUp, kNvfp4>(p, w, d, row0);
       const uint64_t publish_since = timer.now();
       publish_warpgroup(act_counter(p, w), wg);
       timer.add(kTimeConsumerPublish, publish_since);
     } else {
-      owed = store_down<kBlockN>(p, w, d, destinations);
+      owed = store_down<kBlockN, kNvfp4>(p, w, d, destinations);
       timer.add(kTimeConsumerEpilogueDown, since);
     }
   }
