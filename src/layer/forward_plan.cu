@@ -128,8 +128,9 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   // producer gather).
   // fp8_block promotes each k-block's partial accumulators, so no group stays in flight.
   plan.kernel.mma_in_flight = plan.row_path == RowPath::dispatch_copy && !fp8;
-  plan.kernel.fp8_block = fp8;
-  plan.kernel.nvfp4 = nvfp4;
+  plan.kernel.routed = fp8     ? kern::RoutedWeights::fp8_block
+                       : nvfp4 ? kern::RoutedWeights::nvfp4
+                               : kern::RoutedWeights::bf16;
   plan.kernel.probe = h.probe();
   require((!fp8 && !nvfp4) || (plan.kernel.probe == 0 && !h.without_dispatch_copy),
           ErrorCode::invalid_argument,

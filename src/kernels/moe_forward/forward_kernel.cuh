@@ -42,8 +42,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <bool kGroup, bool kKeepGateUp>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_fp8_block_kernel(const __grid_constant__ ForwardLaunch launch) {
-  run_megakernel<ForwardProgram<256, false, kKeepGateUp, 0, true>, kFp8ProducerRegs,
-                 kFp8ConsumerRegs, kGroup>(launch);
+  run_megakernel<ForwardProgram<256, false, kKeepGateUp, 0, RoutedWeights::fp8_block>,
+                 kFp8ProducerRegs, kFp8ConsumerRegs, kGroup>(launch);
 }
 
 // The routed experts' weights in NVFP4 (ForwardProgram's kNvfp4), inference: the consumers keep
@@ -55,11 +55,9 @@ static_assert(128 * kNvfp4ProducerRegs + kConsumers * 128 * kForwardConsumerRegs
 template <bool kGroup>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_nvfp4_kernel(const __grid_constant__ ForwardLaunch launch) {
-  run_megakernel<ForwardProgram<256, true, false, 0, false, true>, kNvfp4ProducerRegs,
+  run_megakernel<ForwardProgram<256, true, false, 0, RoutedWeights::nvfp4>, kNvfp4ProducerRegs,
                  kForwardConsumerRegs, kGroup>(launch);
 }
-
-enum class RoutedWeights { bf16, fp8_block, nvfp4 };
 
 // One instantiation, prepared and launched.
 template <int kBlockN, bool kMmaInFlight, bool kKeepGateUp = false, int kProbe = 0,
@@ -95,13 +93,13 @@ struct ForwardVariant {
 template <bool kGroup, class F>
 bool with_production_variant(const ForwardKernel& k, F&& f) {
   if (k.probe != 0) return false;
-  if (k.fp8_block) {  // 256-wide tiles, no group in flight; inference or training
-    if (k.block_n != 256 || k.mma_in_flight || k.nvfp4) return false;
+  if (k.routed == RoutedWeights::fp8_block) {  // 256 wide, no group in flight; inference, training
+    if (k.block_n != 256 || k.mma_in_flight) return false;
     k.keep_gate_up ? f(ForwardVariant<256, false, true, 0, kGroup, RoutedWeights::fp8_block>{})
                    : f(ForwardVariant<256, false, false, 0, kGroup, RoutedWeights::fp8_block>{});
     return true;
   }
-  if (k.nvfp4) {  // 256-wide tiles, a group in flight, inference
+  if (k.routed == RoutedWeights::nvfp4) {  // 256-wide tiles, a group in flight, inference
     if (k.block_n != 256 || !k.mma_in_flight || k.keep_gate_up) return false;
     f(ForwardVariant<256, true, false, 0, kGroup, RoutedWeights::nvfp4>{});
     return true;

@@ -160,6 +160,11 @@ constexpr int kProfileNoDispatchCopy = 1, kProfileNoCombine = 2;
 // (kern::trace_event; `mok trace`), which the production kernels do not carry at all.
 constexpr int kProbeNoGemmLoads = 1, kProbeNoMma = 2, kProbeTrace = 4;
 
+// The routed experts' weights as the GEMMs read them: BF16; fp8_block (E4M3 wgmma, promoted per
+// 128 of K; x and act quantized to E4M3); nvfp4 and mxfp8 (narrow codes widened exactly to BF16 in
+// shared memory by the producer warps; mxfp8 also rounds x and act to MX values).
+enum class RoutedWeights : int { bf16, fp8_block, nvfp4, mxfp8 };
+
 // Which instantiation of the megakernel runs: tile width 128 or 256, whether one wgmma group stays
 // in flight across k-blocks (mma_tile; chosen with the dispatch copy, where the rows come by TMA),
 // and a stage probe (benchmarks only: a set of its own, forward_probes.hpp).
@@ -168,8 +173,9 @@ struct ForwardKernel {
   bool group = false;  // the ranks' shares in device memory (ForwardLaunch::group)
   bool mma_in_flight = false;
   bool keep_gate_up = false;  // a training forward: the SwiGLU inputs into ForwardParams::gate_up
-  bool fp8_block = false;     // the routed experts in fp8_block (block_n 256, no group in flight)
-  bool nvfp4 = false;         // the routed experts' weights in NVFP4 (block_n 256, inference)
+  // fp8_block: block_n 256, no group in flight; nvfp4: block_n 256, inference; mxfp8: block_n
+  // 128, inference.
+  RoutedWeights routed = RoutedWeights::bf16;
   int probe = 0;
 };
 

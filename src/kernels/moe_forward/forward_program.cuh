@@ -171,9 +171,11 @@ __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, cons
 // The program: kMmaInFlight (mma_tile), kKeepGateUp (store_gate_up), kProbe (a stage probe),
 // kFp8Block (the routed experts in fp8_block: fp8_block_tiles.cuh), kNvfp4 (the routed experts'
 // weights in NVFP4, widened to BF16 by the producer warpgroup: widen_sm90.cuh).
-template <int kBlockN_, bool kMmaInFlight_, bool kKeepGateUp, int kProbe, bool kFp8Block = false,
-          bool kNvfp4 = false>
+template <int kBlockN_, bool kMmaInFlight_, bool kKeepGateUp, int kProbe,
+          RoutedWeights kRouted = RoutedWeights::bf16>
 struct ForwardProgram {
+  static constexpr bool kFp8Block = kRouted == RoutedWeights::fp8_block;
+  static constexpr bool kNvfp4 = kRouted == RoutedWeights::nvfp4;
   static_assert(!kFp8Block || (kBlockN_ == 256 && !kMmaInFlight_ && kProbe == 0),
                 "fp8_block: 256-wide tiles (one 1x128 block per gate/up row), promotion after "
                 "every k-block");

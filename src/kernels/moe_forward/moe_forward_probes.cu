@@ -18,7 +18,7 @@ void with_probe(bool mma_in_flight, F&& f) {
 struct Probes {
   template <class F>
   static bool with_variant(const ForwardKernel& k, F&& f) {
-    if (k.keep_gate_up || k.group || k.fp8_block || k.nvfp4) return false;
+    if (k.keep_gate_up || k.group || k.routed != RoutedWeights::bf16) return false;
     if (k.probe == kProbeTrace) {
       if (k.block_n == 128)
         k.mma_in_flight ? f(ForwardVariant<128, true, false, kProbeTrace>{})
