@@ -91,7 +91,7 @@ struct BenchLayer {
   }
   gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
   gpu::DeviceLayerWeights weights() const {
-    return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr, {}, {}};
+    return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr, {}, {}, {}};
   }
 };
 

@@ -25,6 +25,7 @@
 #include "mok/compare.hpp"
 #include "mok/formats/codecs.hpp"
 #include "mok/gpu/fp8_block_experts.hpp"
+#include "mok/gpu/mxfp8_experts.hpp"
 #include "mok/gpu/nvfp4_experts.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
@@ -203,18 +204,39 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
   return 0;
 }
 
+// The routed experts' weights in q's precision, made from `bf16` by quantize().
+struct LowPrecisionWeights {
+  std::unique_ptr<gpu::Fp8BlockExperts> fp8_block;
+  std::unique_ptr<gpu::Nvfp4Experts> nvfp4;
+  std::unique_ptr<gpu::Mxfp8Experts> mxfp8;
+  gpu::DeviceLayerWeights weights;
+  LowPrecisionWeights(const Config& q, const gpu::DeviceLayerWeights& bf16) {
+    if (q.precision == Precision::nvfp4) {
+      nvfp4 = std::make_unique<gpu::Nvfp4Experts>(q);
+      weights = nvfp4->with(bf16);
+    } else if (q.precision == Precision::mxfp8) {
+      mxfp8 = std::make_unique<gpu::Mxfp8Experts>(q);
+      weights = mxfp8->with(bf16);
+    } else {
+      fp8_block = std::make_unique<gpu::Fp8BlockExperts>(q);
+      weights = fp8_block->with(bf16);
+    }
+  }
+  void quantize(const gpu::DeviceLayerWeights& bf16) const {
+    if (nvfp4) nvfp4->quantize(bf16, nullptr);
+    if (mxfp8) mxfp8->quantize(bf16, nullptr);
+    if (fp8_block) fp8_block->quantize(bf16, nullptr);
+  }
+};
+
 }  // namespace
 
 int bench_precision_command(const BenchOptions& o) {
   const Precision precision = parse_precision(o.layer.precision);
-  if (precision != Precision::fp8_block && precision != Precision::nvfp4)
-    throw Error(ErrorCode::unsupported,
-                std::string("mok bench --precision ") + o.layer.precision +
-                    ": the GPU forward runs bf16, fp8_block and nvfp4 for now");
-  if (precision == Precision::nvfp4 && o.direction != "forward")
-    throw Error(ErrorCode::unsupported,
-                "mok bench --precision nvfp4: the GPU runs its forward only for now (--direction "
-                "forward)");
+  if (precision != Precision::fp8_block && o.direction != "forward")
+    throw Error(ErrorCode::unsupported, std::string("mok bench --precision ") + o.layer.precision +
+                                            ": the GPU runs its forward only for now "
+                                            "(--direction forward)");
   if (o.ep > 1) throw UsageError("mok bench --precision: EP = 1 only (no --ep)");
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
@@ -235,7 +257,7 @@ int bench_precision_command(const BenchOptions& o) {
       o.layer.precision.c_str(), o.layer.precision.c_str());
   gpu::ForwardOptions fo = bench_forward_options(o);
   gpu::ForwardOptions fq = fo;
-  fq.row_path = gpu::RowPath::automatic;  // fp8_block and nvfp4 take the dispatch copy
+  fq.row_path = gpu::RowPath::automatic;  // the low precisions take the dispatch copy
   std::vector<std::pair<std::string, gpu::detail::ForwardProfile>> profiles;
   for (const auto& [name, shape, tokens] : bench_shapes(o)) {
     Config c = shape;
@@ -249,23 +271,13 @@ int bench_precision_command(const BenchOptions& o) {
     const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice());
     DeviceArray<__nv_bfloat16> out_q(size_t(tokens * c.hidden));
     gpu::MoeForward bf16(c, fo), low(q, fq);
-    std::unique_ptr<gpu::Fp8BlockExperts> fp8;
-    std::unique_ptr<gpu::Nvfp4Experts> fp4;
-    if (precision == Precision::nvfp4)
-      fp4 = std::make_unique<gpu::Nvfp4Experts>(q);
-    else
-      fp8 = std::make_unique<gpu::Fp8BlockExperts>(q);
     const gpu::DeviceLayerWeights weights = data.weights();
-    const gpu::DeviceLayerWeights quantized = fp4 ? fp4->with(weights) : fp8->with(weights);
+    const LowPrecisionWeights experts(q, weights);
+    const gpu::DeviceLayerWeights quantized = experts.weights;
     const gpu::DeviceBatch batch = data.batch();
     auto run_bf16 = [&] { bf16.forward(batch, weights, data.out.ptr, nullptr); };
     auto run_low = [&] { low.forward(batch, quantized, out_q.ptr, nullptr); };
-    auto quantize = [&] {
-      if (fp4)
-        fp4->quantize(weights, nullptr);
-      else
-        fp8->quantize(weights, nullptr);
-    };
+    auto quantize = [&] { experts.quantize(weights); };
     median_ms(quantize, 3);
     median_ms(run_bf16, 3);
     median_ms(run_low, 3);

@@ -88,7 +88,7 @@ struct Layer {
   mok::gpu::DeviceLayerWeights weights(int rank = 0, int ranks = 1) const {
     const int64_t H = c.hidden, I = c.intermediate, El = c.num_experts / ranks;
     return {sg, su, sd, g + rank * El * I * H, u + rank * El * I * H, d + rank * El * H * I,
-            {}, {}};
+            {}, {}, {}};
   }
 };
 

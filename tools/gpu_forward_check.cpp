@@ -14,6 +14,7 @@
 #include "cuda_util.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/fp8_block_experts.hpp"
+#include "mok/gpu/mxfp8_experts.hpp"
 #include "mok/gpu/nvfp4_experts.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #endif
@@ -139,21 +140,26 @@ GpuForwardReport gpu_forward_check(const Config& c, const LayerParams& p, const 
   const DeviceArray<float> w(std::vector<float>(b.topk_weights.begin(), b.topk_weights.end()));
   const DeviceArray<uint16_t> out(
       std::vector<uint16_t>(size_t(b.tokens * c.hidden), 0xFFFF));  // NaN poison
-  const gpu::DeviceLayerWeights weights{as_bf16(sg), as_bf16(su), as_bf16(sd), as_bf16(g),
-                                        as_bf16(u),  as_bf16(d),  {},          {}};
+  const gpu::DeviceLayerWeights weights{
+      as_bf16(sg), as_bf16(su), as_bf16(sd), as_bf16(g), as_bf16(u), as_bf16(d), {}, {}, {}};
   const gpu::DeviceBatch batch{b.tokens, as_bf16(x), ids.ptr, w.ptr};
-  // fp8_block, nvfp4: the routed experts' weights quantized on the GPU first.
-  std::unique_ptr<gpu::Fp8BlockExperts> experts;
+  // fp8_block, nvfp4, mxfp8: the routed experts' weights quantized on the GPU first.
+  std::unique_ptr<gpu::Fp8BlockExperts> fp8_experts;
   std::unique_ptr<gpu::Nvfp4Experts> nvfp4_experts;
+  std::unique_ptr<gpu::Mxfp8Experts> mxfp8_experts;
   gpu::DeviceLayerWeights forward_weights = weights;
   if (c.precision == Precision::fp8_block) {
-    experts = std::make_unique<gpu::Fp8BlockExperts>(c);
-    experts->quantize(weights, nullptr);
-    forward_weights = experts->with(weights);
+    fp8_experts = std::make_unique<gpu::Fp8BlockExperts>(c);
+    fp8_experts->quantize(weights, nullptr);
+    forward_weights = fp8_experts->with(weights);
   } else if (c.precision == Precision::nvfp4) {
     nvfp4_experts = std::make_unique<gpu::Nvfp4Experts>(c);
     nvfp4_experts->quantize(weights, nullptr);
     forward_weights = nvfp4_experts->with(weights);
+  } else if (c.precision == Precision::mxfp8) {
+    mxfp8_experts = std::make_unique<gpu::Mxfp8Experts>(c);
+    mxfp8_experts->quantize(weights, nullptr);
+    forward_weights = mxfp8_experts->with(weights);
   }
   auto run = [&] {
     f->forward(batch, forward_weights, reinterpret_cast<__nv_bfloat16*>(out.ptr), nullptr);

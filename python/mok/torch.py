@@ -177,7 +177,7 @@ class MoE(nn.Module):
     recompute: the backward recomputes the gate/up activations instead of keeping them (less
     memory, about 1.2-1.3x the backward's time; the same bits). precision: "bf16"; "fp8_block",
     "mxfp8" and "nvfp4" run their quantized recipes on CPU tensors (the reference) and are refused
-    on the GPU until their backward kernels exist (the C++ fp8_block forward runs inference).
+    on the GPU for now (the C++ API runs their GPU forwards, and fp8_block's backward).
     On the GPU, x is BF16 and the parameters BF16 (BF16 gradients) or FP32 (master weights:
     rounded to BF16 for the GEMMs, FP32 gradients from the backward's FP32 accumulators);
     autograd adds them into .grad. Each module

@@ -79,6 +79,12 @@ class GpuLayer {
            std::optional<nb::bytes> unique_id)
       : c_(mok_py::config_from(config)), operands_(c_, 0) {
     c_.validate();
+    if (c_.precision != mok::Precision::bf16)
+      throw mok::Error(mok::ErrorCode::unsupported,
+                       std::string("mok.torch runs precision bf16 on the GPU for now; precision ") +
+                           mok::precision_name(c_.precision) +
+                           " runs on CPU tensors (the reference), its GPU kernels through the C++ "
+                           "API (docs/recipes.md)");
     int gpus = 0;
     if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
       throw mok::Error(mok::ErrorCode::unsupported,

@@ -139,7 +139,7 @@ mok::gpu::DeviceLayerWeights RankOperands::params(const std::string& who,
     require_tensor(who, kParamNames[i], t, Dtype::bf16, param_shape(i), kParamDims[i], device_);
     v[i] = ptr<const __nv_bfloat16>(t);
   }
-  return {v[0], v[1], v[2], v[3], v[4], v[5], {}, {}};
+  return {v[0], v[1], v[2], v[3], v[4], v[5], {}, {}, {}};
 }
 
 mok::gpu::DeviceGradients RankOperands::grads(const std::string& who, int64_t T, const Tensor& d_x,

@@ -51,14 +51,18 @@ double resolve_wait_seconds(double seconds) {
 ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const ForwardHooks& h,
                          Transport transport, const char* who) {
   const std::string name(who);
-  const bool fp8 = c.precision == Precision::fp8_block, nvfp4 = c.precision == Precision::nvfp4;
-  require(c.precision == Precision::bf16 || fp8 || nvfp4, ErrorCode::unsupported,
-          std::string("precision ") + precision_name(c.precision) +
-              ": the GPU forward runs bf16, fp8_block and nvfp4 for now");
-  require(!nvfp4 || transport != Transport::nccl, ErrorCode::unsupported,
-          name +
-              ": precision nvfp4 runs on one GPU and on emulated EP groups for now, not over "
-              "NCCL");
+  const bool fp8 = c.precision == Precision::fp8_block, nvfp4 = c.precision == Precision::nvfp4,
+             mxfp8 = c.precision == Precision::mxfp8;
+  require(!(nvfp4 || mxfp8) || transport != Transport::nccl, ErrorCode::unsupported,
+          name + ": precision " + precision_name(c.precision) +
+              " runs on one GPU and on emulated EP groups for now, not over NCCL");
+  require(
+      !mxfp8 || (o.row_path != RowPath::producer_gather && (o.block_n == 0 || o.block_n == 128)),
+      ErrorCode::invalid_argument,
+      name +
+          ": precision mxfp8 rounds x to MX values in the dispatch copy and widens the "
+          "weights with 128-wide tiles: row_path producer_gather and block_n 256 are not "
+          "available");
   require(!nvfp4 || (c.intermediate % 128 == 0 && c.shared_width() % 128 == 0),
           ErrorCode::unsupported,
           "precision nvfp4 runs 256-wide tiles: intermediate and the shared width must be "
@@ -109,14 +113,14 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   const bool expert_parallel = transport != Transport::local;
   const bool needs_dispatch = o.dispatch_ctas != 0 || h.needs_dispatch_role();
   const bool wide_ok = I % 128 == 0 && S % 128 == 0;
-  plan.kernel.block_n = o.block_n == 0 ? (wide_ok ? 256 : 128) : o.block_n;
+  plan.kernel.block_n = o.block_n == 0 ? (wide_ok && !mxfp8 ? 256 : 128) : o.block_n;
   require(plan.kernel.block_n == 128 || (plan.kernel.block_n == 256 && wide_ok),
           ErrorCode::invalid_argument,
           "block_n = " + std::to_string(o.block_n) +
               ": allowed 0 (automatic), 128, or 256 when I and S are multiples of 128");
-  plan.row_path =
-      fp8 || nvfp4 ? RowPath::dispatch_copy
-                   : resolve_row_path(c, o, plan.kernel.block_n, expert_parallel, needs_dispatch);
+  plan.row_path = fp8 || nvfp4 || mxfp8 ? RowPath::dispatch_copy
+                                        : resolve_row_path(c, o, plan.kernel.block_n,
+                                                           expert_parallel, needs_dispatch);
   require(expert_parallel || plan.row_path != RowPath::producer_gather || !needs_dispatch,
           ErrorCode::invalid_argument,
           name +
@@ -130,9 +134,11 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   plan.kernel.mma_in_flight = plan.row_path == RowPath::dispatch_copy && !fp8;
   plan.kernel.routed = fp8     ? kern::RoutedWeights::fp8_block
                        : nvfp4 ? kern::RoutedWeights::nvfp4
+                       : mxfp8 ? kern::RoutedWeights::mxfp8
                                : kern::RoutedWeights::bf16;
   plan.kernel.probe = h.probe();
-  require((!fp8 && !nvfp4) || (plan.kernel.probe == 0 && !h.without_dispatch_copy),
+  require(plan.kernel.routed == kern::RoutedWeights::bf16 ||
+              (plan.kernel.probe == 0 && !h.without_dispatch_copy),
           ErrorCode::invalid_argument,
           name + ": the stage probes and the dispatch-copy probe run bf16 forwards only");
   plan.kernel.group = plan.ranks_in_launch > 1;
@@ -149,8 +155,8 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   int per_sm = 0;
   check_cuda(plan.kernels->prepare(plan.kernel, &per_sm), "preparing the forward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
-  if (plan.kernel.probe == 0 &&
-      !nvfp4) {  // the training instantiation, for forwards given a context
+  if (plan.kernel.probe == 0 && !nvfp4 &&
+      !mxfp8) {  // the training instantiation, for forwards given a context
     kern::ForwardKernel training = plan.kernel;
     training.keep_gate_up = true;
     check_cuda(plan.kernels->prepare(training, &per_sm), "preparing the training forward kernel");
@@ -164,7 +170,9 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
       c.ep_size > 1 || plan.row_path != RowPath::producer_gather || needs_dispatch;
   // fp8_block's dispatch quantizes as it copies, at about half the copy's rate: twice the CTAs
   // (measured: qwen3-30b 8k 2.14 -> 1.44 ms, dsv3 8k 16.2 -> 11.9 ms; lever index).
-  const int automatic = fp8 ? std::min(2 * num_dispatch_ctas(share, c.intermediate), share / 3)
+  // mxfp8's dispatch rounds to MX values as it copies: the same (unmeasured).
+  const int automatic = fp8 || mxfp8
+                            ? std::min(2 * num_dispatch_ctas(share, c.intermediate), share / 3)
                             : num_dispatch_ctas(share, c.intermediate);
   // Automatic: at least one GEMM CTA beside them on a small grid (max_ctas).
   plan.dispatch_ctas = !with_dispatch        ? 0

@@ -242,6 +242,19 @@ kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceB
     maps.gate_factors = dev::make_byte_map_3d(q.gate_factors, El, k_stages_h, I / 2, bn / 4, 1);
     maps.up_factors = dev::make_byte_map_3d(q.up_factors, El, k_stages_h, I / 2, bn / 4, 1);
     maps.down_factors = dev::make_byte_map_3d(q.down_factors, El, k_stages_i, H / 2, bn / 4, 1);
+  } else if (c.precision == Precision::mxfp8) {  // codes and block factors (bytes)
+    const Mxfp8Weights& q = wt.mxfp8;
+    const uint32_t k_bytes = uint32_t(kern::kBlockK);
+    maps.gate = dev::make_byte_map_3d(q.gate, El, I, H, k_bytes, bn / 2);
+    maps.up = dev::make_byte_map_3d(q.up, El, I, H, k_bytes, bn / 2);
+    maps.down = dev::make_byte_map_3d(q.down, El, H, I, k_bytes, bn);
+    // A stage's factors: per row two BF16 (4 bytes), one row of the map per k-block, boxes of
+    // block_n / 2 rows (kern::Mxfp8Stage's halves).
+    const uint64_t k_stages_h = H / uint64_t(kern::kBlockK),
+                   k_stages_i = I / uint64_t(kern::kBlockK);
+    maps.gate_factors = dev::make_byte_map_3d(q.gate_factors, El, k_stages_h, I * 4, bn * 2, 1);
+    maps.up_factors = dev::make_byte_map_3d(q.up_factors, El, k_stages_h, I * 4, bn * 2, 1);
+    maps.down_factors = dev::make_byte_map_3d(q.down_factors, El, k_stages_i, H * 4, bn * 2, 1);
   } else {
     maps.gate = dev::make_map_3d(bf16, wt.gate, El, I, H, bn / 2);
     maps.up = dev::make_map_3d(bf16, wt.up, El, I, H, bn / 2);
@@ -302,6 +315,15 @@ void require_forward_operands(const Config& c, const DeviceBatch& b, const Devic
     require_operand(q.gate_s_dec, "nvfp4 gate per-tensor factors", 4);
     require_operand(q.up_s_dec, "nvfp4 up per-tensor factors", 4);
     require_operand(q.down_s_dec, "nvfp4 down per-tensor factors", 4);
+  } else if (c.precision == Precision::mxfp8) {
+    const Mxfp8Weights& q = wt.mxfp8;
+    const char* hint = " (mxfp8: DeviceLayerWeights::mxfp8, from Mxfp8Experts)";
+    require_operand(q.gate, std::string("mxfp8 gate weights") + hint);
+    require_operand(q.up, std::string("mxfp8 up weights") + hint);
+    require_operand(q.down, std::string("mxfp8 down weights") + hint);
+    require_operand(q.gate_factors, "mxfp8 gate factors");
+    require_operand(q.up_factors, "mxfp8 up factors");
+    require_operand(q.down_factors, "mxfp8 down factors");
   } else {
     require_operand(wt.gate, "gate weights");
     require_operand(wt.up, "up weights");

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "mok/formats/codecs.hpp"
+#include "mok/formats/mxfp8_widen.hpp"
 #include "mok/formats/nvfp4_widen.hpp"
 
 using namespace mok::fmt;
@@ -195,4 +196,41 @@ TEST(Nvfp4Widen, PackedNibblesAreAPermutationAndFactorsTileTheStage) {
   EXPECT_EQ(nvfp4_widen_factor_offset(256, 0, 1, 0), 16 * 4 * 2);
   EXPECT_EQ(nvfp4_widen_factor_offset(256, 255, 0, 3), (15 * 4 + 3) * 2);
   EXPECT_EQ(nvfp4_widen_factor_offset(256, 17, 2, 1), ((2 * 16 + 1) * 4 + 1) * 2);
+}
+
+// The MXFP8 widening (mxfp8_widen.hpp) in exact arithmetic: each pair's bits read as BF16 (value *
+// 2^-120, subnormal for E4M3's subnormals), times 2^120, times the block's factor 2^(scale - 127),
+// is the E4M3 value times the scale for every finite code, byte position and scale whose product
+// stays in BF16's normal range, where both products are exact; NaN for the NaN scale.
+TEST(Mxfp8Widen, EveryFiniteCodeAndScaleWidensExactly) {
+  const double pre = std::ldexp(1.0, 120);
+  ASSERT_EQ(double(bf16_to_float(kMxfp8WidenPre)), pre);
+  for (unsigned scale = 0; scale < 256; ++scale) {
+    const double factor = double(bf16_to_float(mxfp8_widen_factor(uint8_t(scale))));
+    if (scale == 255) {
+      EXPECT_TRUE(std::isnan(factor));
+      continue;
+    }
+    ASSERT_EQ(factor, std::ldexp(1.0, int(scale) - 127)) << scale;
+    for (unsigned code = 0; code < 256; ++code) {
+      if ((code & 0x7Fu) == 0x7Fu) continue;  // NaN: only in NaN-scale blocks
+      for (int k = 0; k < 4; ++k) {
+        const uint32_t word = uint32_t(code) << (8 * k);
+        const uint32_t pair = mxfp8_widen_pair_bits(word, k / 2);
+        const uint16_t lane = uint16_t(k % 2 ? pair >> 16 : pair & 0xFFFFu);
+        ASSERT_EQ(uint16_t(k % 2 ? pair & 0xFFFFu : pair >> 16), 0u) << "byte " << k << " leaked";
+        const double value = field_value(code, 4, 3, 7);
+        ASSERT_EQ(double(bf16_to_float(lane)) * pre, value) << "code " << code;
+        const double want = value * factor;
+        const double a = std::fabs(want);
+        if (a != 0 && (a < std::ldexp(1.0, -126) || a > 3.3895313892515355e38)) continue;
+        const double widened = double(round_to_bf16(float(double(bf16_to_float(lane)) * pre))) *
+                               factor;
+        ASSERT_EQ(double(round_to_bf16(float(widened))), want) << code << " " << scale;
+        ASSERT_EQ(std::signbit(widened), (code & 0x80u) != 0) << code;
+      }
+    }
+  }
+  EXPECT_EQ(mxfp8_widen_factor_offset(128, 0, 1, 0), 128 * 2 * 2);
+  EXPECT_EQ(mxfp8_widen_factor_offset(128, 5, 0, 1), (5 * 2 + 1) * 2);
 }

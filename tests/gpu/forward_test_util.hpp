@@ -55,7 +55,7 @@ struct GpuLayer {
     auto bf = [](const DeviceBuffer<uint16_t>& b) {
       return reinterpret_cast<const __nv_bfloat16*>(b.ptr);
     };
-    return {bf(sg), bf(su), bf(sd), bf(g), bf(u), bf(d), {}, {}};
+    return {bf(sg), bf(su), bf(sd), bf(g), bf(u), bf(d), {}, {}, {}};
   }
 };
 

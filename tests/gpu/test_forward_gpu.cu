@@ -201,7 +201,7 @@ TYPED_TEST(ForwardGpu, StandardShapeAgreesWithTheCublasPipeline) {
   MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(bf(x), T * H, 4, 1.0f, nullptr));
   MOK_CUDA_OK(mok::gpu::random_topk(ids.ptr, w.ptr, T, int(E), int(K), 5, nullptr));
   const mok::gpu::DeviceLayerWeights weights{nullptr, nullptr, nullptr, bf(g),
-                                             bf(u),   bf(d),   {},      {}};
+                                             bf(u),   bf(d),   {},      {}, {}};
   const mok::gpu::DeviceBatch batch{T, bf(x), ids.ptr, w.ptr};
   TypeParam f(c);
   f.forward(batch, weights, bf(out), nullptr);

@@ -42,6 +42,18 @@ struct Nvfp4Weights {
   const float* down_s_dec = nullptr;       // [E]
 };
 
+// The routed experts' weights in MXFP8 as the GPU forward reads them (Mxfp8Experts writes them
+// from the BF16 ones): E4M3 codes in the BF16 layouts, each 1x32 block's E8M0 scale along K as a
+// BF16 factor (mok/formats/mxfp8_widen.hpp).
+struct Mxfp8Weights {
+  const uint8_t* gate = nullptr;           // [E, I, H]
+  const uint8_t* up = nullptr;             // [E, I, H]
+  const uint8_t* down = nullptr;           // [E, H, I]
+  const uint16_t* gate_factors = nullptr;  // [E, H / 64, I, 2]
+  const uint16_t* up_factors = nullptr;    // [E, H / 64, I, 2]
+  const uint16_t* down_factors = nullptr;  // [E, I / 64, H, 2]
+};
+
 struct DeviceLayerWeights {                    // BF16, layouts of mok/layer.hpp
   const __nv_bfloat16* shared_gate = nullptr;  // [S*Is, H]
   const __nv_bfloat16* shared_up = nullptr;    // [S*Is, H]
@@ -52,8 +64,9 @@ struct DeviceLayerWeights {                    // BF16, layouts of mok/layer.hpp
   // Precision::fp8_block: the routed experts' weights the forward reads (gate, up and down above
   // are then not read; the shared experts stay BF16).
   Fp8BlockWeights fp8_block;
-  // Precision::nvfp4: likewise, the routed experts' weights in NVFP4.
+  // Precision::nvfp4, mxfp8: likewise, the routed experts' weights in NVFP4 or MXFP8.
   Nvfp4Weights nvfp4;
+  Mxfp8Weights mxfp8;
 };
 
 struct DeviceBatch {

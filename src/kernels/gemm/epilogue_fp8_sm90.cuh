@@ -1,10 +1,12 @@
-// fp8_block's SwiGLU epilogue: the activations leave the gate/up tile already quantized for the
-// down GEMM, E4M3 with one FP32 scale per 128 columns of a row (block_scale.hpp's rule).
+// The low-precision SwiGLU epilogues: fp8_block's activations leave the gate/up tile already
+// quantized for the down GEMM, E4M3 with one FP32 scale per 128 columns of a row; mxfp8's as
+// their MX values (1x32 blocks) in BF16 (block_scale.hpp's rules).
 #pragma once
 #include <cstdint>
 
 #include "kernels/gemm/epilogue_sm90.cuh"
 #include "mok/formats/fp8_block_device.cuh"
+#include "mok/formats/mx_device.cuh"
 
 namespace mok::kern {
 
@@ -69,6 +71,34 @@ __device__ __forceinline__ void swiglu_fp8_block_tile(const float (&d)[kBlockN /
   };
   row(0, out_lo, scale_lo);
   row(1, out_hi, scale_hi);
+}
+
+// mxfp8: SwiGLU, then each 32-column block of a row rounded to its MX values (a quad of lanes holds
+// a row's block, 8 values each: fragments 4b .. 4b + 3), stored as BF16 like swiglu_tile's.
+template <int kBlockN>
+__device__ __forceinline__ void swiglu_mx_tile(const float (&d)[kBlockN / 2], __nv_bfloat16* out_lo,
+                                               __nv_bfloat16* out_hi) {
+  constexpr int kOut = kBlockN / 4;  // registers 4j + q: rows lo (q = 0, 1) and hi (2, 3)
+  static_assert(kOut % 16 == 0, "whole 32-column blocks per row");
+  float h[kOut];
+#pragma unroll
+  for (int i = 0; i < kOut; ++i) h[i] = silu(d[i]) * d[i + kOut];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int b = 0; b < kOut / 16; ++b) {
+      float v[8];
+      fmt::BlockAmax a;
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        v[i] = h[4 * (4 * b + i / 2) + 2 * r + i % 2];
+        a.add(v[i]);
+      }
+      fmt::mx_round_values(v, fmt::reduce_block_amax(a, 3));
+#pragma unroll
+      for (int i = 0; i < 8; ++i) h[4 * (4 * b + i / 2) + 2 * r + i % 2] = v[i];
+    }
+  store_rows_vec16<kBlockN / 2>(h, out_lo, out_hi, kBlockN / 2);
 }
 
 }  // namespace mok::kern

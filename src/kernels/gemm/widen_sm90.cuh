@@ -1,9 +1,11 @@
-// Narrow weights widened in shared memory on their way to BF16 wgmma (Hopper has no FP4 MMA): the
+// Narrow weights widened in shared memory on their way to BF16 wgmma (Hopper has no FP4 MMA and no
+// block-scaled one): the
 // producer's TMA leader loads a stage's packed codes and block factors into a staging slot, three
 // converter warps of the producer warpgroup expand them into the BF16 B tile of the ring stage
 // (128B-swizzled, K-major, as TMA would have written it), then arrive on the stage's full barrier
 // beside the leader. The consumers' mainloop is the BF16 one. NVFP4 (mok/formats/nvfp4_widen.hpp):
 // per 8 elements one 32-bit code word, one BF16 factor, two bf16x2 products per element pair.
+// MXFP8 (mok/formats/mxfp8_widen.hpp): per 8 elements two code words, likewise.
 #pragma once
 #include <cstdint>
 
@@ -11,6 +13,7 @@
 #include "mok/device/mbarrier.cuh"
 #include "mok/device/sync.cuh"
 #include "mok/device/tma.cuh"
+#include "mok/formats/mxfp8_widen.hpp"
 #include "mok/formats/nvfp4_widen.hpp"
 
 namespace mok::kern {
@@ -33,7 +36,8 @@ template <int kRows>
 struct Nvfp4Stage {
   static_assert(kRows % 32 == 0 && kRows <= 256, "halves of whole 16-row scale blocks");
   static_assert(fmt::kNvfp4WidenK == kBlockK, "one staging slot per BF16 ring stage");
-  static constexpr uint32_t kCodeBytes = uint32_t(kRows) * (kBlockK / 2);
+  static constexpr uint32_t kRowCodeBytes = kBlockK / 2;  // a row's codes per stage
+  static constexpr uint32_t kCodeBytes = uint32_t(kRows) * kRowCodeBytes;
   static constexpr uint32_t kHalfFactorBytes = uint32_t(kRows / 2 / 16) * 4 * 2;
   static constexpr uint32_t kBytes = kCodeBytes + 2 * kHalfFactorBytes;  // TMA transaction bytes
   static constexpr uint32_t kSlotBytes = kCodeBytes + 2 * 128;
@@ -43,6 +47,29 @@ struct Nvfp4Stage {
   __host__ __device__ static constexpr uint32_t factor_offset(uint32_t r, uint32_t b) {
     return kCodeBytes + r / (kRows / 2) * 128u + r % (kRows / 2) / 16u * 8u + b * 2u;
   }
+  // Byte coordinate of row `row`'s factors in a stage's row of the factor map.
+  __host__ __device__ static constexpr int factor_x(int row) { return row / 16 * 8; }
+};
+
+// One staging slot of a kRows-row B tile of MXFP8: codes [kRows][64 bytes], then per half of the
+// rows its factors [kRows / 2][2] BF16 (one per 32-column block), each half one TMA box at a
+// 128-byte boundary.
+template <int kRows>
+struct Mxfp8Stage {
+  static_assert(kRows % 8 == 0 && kRows <= 256, "halves of whole warp steps, one TMA box");
+  static_assert(fmt::kMxfp8WidenK == kBlockK, "one staging slot per BF16 ring stage");
+  static constexpr uint32_t kRowCodeBytes = kBlockK;
+  static constexpr uint32_t kCodeBytes = uint32_t(kRows) * kRowCodeBytes;
+  static constexpr uint32_t kHalfFactorBytes = uint32_t(kRows / 2) * 2 * 2;
+  static constexpr uint32_t kHalfStride = (kHalfFactorBytes + 127) / 128 * 128;
+  static constexpr uint32_t kBytes = kCodeBytes + 2 * kHalfFactorBytes;  // TMA transaction bytes
+  static constexpr uint32_t kSlotBytes = kCodeBytes + 2 * kHalfStride;
+  static_assert(kCodeBytes % 128 == 0 && kHalfFactorBytes % 16 == 0 && kHalfFactorBytes <= 256,
+                "boxes at 128-byte boundaries, whole 16-byte units, at most 256 bytes wide");
+  __host__ __device__ static constexpr uint32_t factor_offset(uint32_t r, uint32_t b) {
+    return kCodeBytes + r / (kRows / 2) * kHalfStride + r % (kRows / 2) * 4u + b * 2u;
+  }
+  __host__ __device__ static constexpr int factor_x(int row) { return row * 4; }
 };
 
 // The staging ring: slots after the BF16 ring in dynamic shared memory, a full barrier per slot
@@ -82,6 +109,32 @@ __device__ __forceinline__ void widen_nvfp4_tile(const uint8_t* slot, uint8_t* t
 #pragma unroll
     for (int j = 0; j < 4; ++j)
       out[j] = mul_bf16x2(mul_bf16x2(fmt::nvfp4_widen_pair_bits(word, j), pre), factor);
+    *reinterpret_cast<uint4*>(tile_b + dev::swizzle128_offset(row, chunk * 16u)) =
+        make_uint4(out[0], out[1], out[2], out[3]);
+  }
+}
+
+// Converter warp `warp` (0-2) widens its share of a staged kRows x 64 MXFP8 tile into the BF16 B
+// tile: lane l takes 16-byte output chunk l % 8 (8 codes, one 32-column block's factor) of rows
+// 4 g + l / 8 for g = warp, warp + 3, ... (a warp reads 256 contiguous code bytes per step).
+template <int kRows>
+__device__ __forceinline__ void widen_mxfp8_tile(const uint8_t* slot, uint8_t* tile_b, int warp,
+                                                 int lane) {
+  using Stage = Mxfp8Stage<kRows>;
+  const uint32_t chunk = uint32_t(lane % 8);
+  const uint32_t pre = uint32_t(fmt::kMxfp8WidenPre) * 0x10001u;
+#pragma unroll 2
+  for (int g = warp; g < kRows / 4; g += kWidenWarps) {
+    const uint32_t row = uint32_t(4 * g + lane / 8);
+    const uint2 words = *reinterpret_cast<const uint2*>(slot + row * 64u + chunk * 8u);
+    const uint32_t factor =
+        uint32_t(*reinterpret_cast<const uint16_t*>(slot + Stage::factor_offset(row, chunk / 4))) *
+        0x10001u;
+    uint32_t out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      out[j] = mul_bf16x2(
+          mul_bf16x2(fmt::mxfp8_widen_pair_bits(j < 2 ? words.x : words.y, j % 2), pre), factor);
     *reinterpret_cast<uint4*>(tile_b + dev::swizzle128_offset(row, chunk * 16u)) =
         make_uint4(out[0], out[1], out[2], out[3]);
   }

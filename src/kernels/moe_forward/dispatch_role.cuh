@@ -13,6 +13,7 @@
 
 #include "kernels/moe_forward/tile_schedule.cuh"
 #include "mok/formats/fp8_block_device.cuh"
+#include "mok/formats/mx_device.cuh"
 #include "mok/schedule/routing_layout.hpp"
 
 namespace mok::kern {
@@ -60,6 +61,13 @@ struct ForwardDispatchRowsFp8Block : ForwardDispatchRows<kBlockN> {
   static constexpr bool kQuantized = true;
   __device__ static uint8_t* ring_codes(const ForwardParams& p) { return p.routed_x_e4m3; }
   __device__ static float* ring_scales(const ForwardParams& p) { return p.routed_x_scales; }
+};
+
+// mxfp8: the same rows into the BF16 token ring as their MX values (1x32 blocks, RCEIL), which the
+// BF16 GEMM then multiplies exactly (mx_round_block).
+template <int kBlockN>
+struct ForwardDispatchRowsMx : ForwardDispatchRows<kBlockN> {
+  static constexpr bool kMxRounded = true;
 };
 
 // Before gathering block b, dispatch may have to wait for the GEMMs to free its place in the
@@ -192,11 +200,65 @@ __device__ __forceinline__ void quantize_block(const ForwardParams& p, int64_t b
   __syncthreads();  // every thread's stores precede the release (it is cumulative)
 }
 
-// One block of a Rows policy into its ring: copied, or quantized (Rows::kQuantized).
+// mxfp8: x rows into the BF16 token ring as MX values (block_scale.hpp's 1x32 RCEIL rule; the
+// values of dequantize(quantize_mxfp8(row)) bit for bit). As quantize_block: half a warp per row,
+// 16 bytes of BF16 per lane of each 128-column chunk; a quad of lanes holds one 32-column block.
+template <class Rows>
+__device__ __forceinline__ void mx_round_block(const ForwardParams& p, int64_t b,
+                                               const uint4** row_source, bool* row_copied) {
+  if (p.profile_flags & kProfileNoDispatchCopy) return;
+  resolve_block_rows<Rows>(p, b, row_source, row_copied);  // every row: mxfp8 never gathers
+  static_assert(kBlockM % 2 == 0 && kThreads % 32 == 0,
+                "a warp's two halves take rows 2i and 2i + 1: both below kBlockM or neither");
+  const int chunks = (p.hidden + 127) / 128;  // per row; H % 128 == 64 ends in a half chunk
+  const int half = int(threadIdx.x / 16), halves = int(blockDim.x / 16);
+  const int lane = int(threadIdx.x % 16);
+  const int64_t row_vecs = p.hidden / 8;
+  uint4* const ring = Rows::ring(p) + sched::ring_tile(b, token_ring(p)) * kBlockM * row_vecs;
+  for (int row = half; row < kBlockM; row += halves) {  // a warp's halves: rows 2i, 2i + 1
+    const uint4* src = row_source[row];
+    uint4* const dst = ring + row * row_vecs;
+    for (int first = 0; first < chunks; first += kQuantizeUnroll) {
+      uint4 v[kQuantizeUnroll];
+#pragma unroll
+      for (int u = 0; u < kQuantizeUnroll; ++u) {
+        const int64_t vec = int64_t(first + u) * 16 + lane;
+        v[u] = src && vec < row_vecs ? __ldg(src + vec) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kQuantizeUnroll; ++u) {
+        if (first + u >= chunks) break;  // the same for both halves of the warp
+        float x[8];
+        const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        fmt::BlockAmax a;
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          x[e] = bits_float(e % 2 ? w[e / 2] & 0xFFFF0000u : w[e / 2] << 16);
+          a.add(x[e]);
+        }
+        fmt::mx_round_values(x, fmt::reduce_block_amax(a, 3));
+        uint32_t out[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const __nv_bfloat162 pair = __floats2bfloat162_rn(x[2 * e], x[2 * e + 1]);
+          out[e] = *reinterpret_cast<const uint32_t*>(&pair);
+        }
+        const int64_t vec = int64_t(first + u) * 16 + lane;
+        if (vec < row_vecs) dst[vec] = make_uint4(out[0], out[1], out[2], out[3]);
+      }
+    }
+  }
+  __syncthreads();  // every thread's stores precede the release (it is cumulative)
+}
+
+// One block of a Rows policy into its ring: copied, quantized (Rows::kQuantized), or MX-rounded
+// (Rows::kMxRounded).
 template <class Rows>
 __device__ __forceinline__ void move_block(const ForwardParams& p, int64_t b,
                                            const uint4** row_source, bool* row_copied) {
-  if constexpr (Rows::kQuantized)
+  if constexpr (requires { requires Rows::kMxRounded; })
+    mx_round_block<Rows>(p, b, row_source, row_copied);
+  else if constexpr (Rows::kQuantized)
     quantize_block<Rows>(p, b, row_source, row_copied);
   else
     copy_block<Rows>(p, b, row_source, row_copied);

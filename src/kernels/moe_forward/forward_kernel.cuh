@@ -46,16 +46,16 @@ __global__ void __launch_bounds__(kThreads, 1)
                  kFp8ProducerRegs, kFp8ConsumerRegs, kGroup>(launch);
 }
 
-// The routed experts' weights in NVFP4 (ForwardProgram's kNvfp4), inference: the consumers keep
-// the BF16 forward's 200 registers; the producer warpgroup, whose warps now also widen, gets the
-// rest (at 96 it spilled 20 bytes).
-constexpr int kNvfp4ProducerRegs = 104;
-static_assert(128 * kNvfp4ProducerRegs + kConsumers * 128 * kForwardConsumerRegs <= kThreads * 168,
+// The routed experts' weights in NVFP4 (256-wide tiles) or MXFP8 (128-wide), widened by the
+// producer warps, inference: the consumers keep the BF16 forward's 200 registers; the producer
+// warpgroup, whose warps now also widen, gets the rest (at 96 nvfp4's spilled 20 bytes).
+constexpr int kWidenProducerRegs = 104;
+static_assert(128 * kWidenProducerRegs + kConsumers * 128 * kForwardConsumerRegs <= kThreads * 168,
               "setmaxnreg budget");
-template <bool kGroup>
+template <int kBlockN, RoutedWeights kRouted, bool kGroup>
 __global__ void __launch_bounds__(kThreads, 1)
-    moe_forward_nvfp4_kernel(const __grid_constant__ ForwardLaunch launch) {
-  run_megakernel<ForwardProgram<256, true, false, 0, RoutedWeights::nvfp4>, kNvfp4ProducerRegs,
+    moe_forward_widened_kernel(const __grid_constant__ ForwardLaunch launch) {
+  run_megakernel<ForwardProgram<kBlockN, true, false, 0, kRouted>, kWidenProducerRegs,
                  kForwardConsumerRegs, kGroup>(launch);
 }
 
@@ -66,15 +66,20 @@ struct ForwardVariant {
   static constexpr auto kernel = [] {
     if constexpr (kRouted == RoutedWeights::fp8_block)
       return moe_forward_fp8_block_kernel<kGroup, kKeepGateUp>;
-    else if constexpr (kRouted == RoutedWeights::nvfp4)
-      return moe_forward_nvfp4_kernel<kGroup>;
+    else if constexpr (kRouted == RoutedWeights::nvfp4 || kRouted == RoutedWeights::mxfp8)
+      return moe_forward_widened_kernel<kBlockN, kRouted, kGroup>;
     else
       return moe_forward_kernel<kBlockN, kMmaInFlight, kKeepGateUp, kProbe, kGroup>;
   }();
-  // nvfp4: the staging slots after the ring (ForwardProgram<..., kNvfp4>::Staged).
-  static constexpr int smem =
-      TileShape<kBlockN>::kSmemBytes +
-      (kRouted == RoutedWeights::nvfp4 ? kWidenSlots * int(Nvfp4Stage<kBlockN>::kSlotBytes) : 0);
+  // nvfp4, mxfp8: the staging slots after the ring (ForwardProgram::Staged).
+  static constexpr int smem = [] {
+    if constexpr (kRouted == RoutedWeights::nvfp4)
+      return TileShape<kBlockN>::kSmemBytes + kWidenSlots * int(Nvfp4Stage<kBlockN>::kSlotBytes);
+    else if constexpr (kRouted == RoutedWeights::mxfp8)
+      return TileShape<kBlockN>::kSmemBytes + kWidenSlots * int(Mxfp8Stage<kBlockN>::kSlotBytes);
+    else
+      return TileShape<kBlockN>::kSmemBytes;
+  }();
   static_assert(smem + 4096 <= 232448, "dynamic shared memory beside the static arrays");
   static cudaError_t prepare(int* ctas_per_sm) {
     if (cudaError_t e =
@@ -102,6 +107,11 @@ bool with_production_variant(const ForwardKernel& k, F&& f) {
   if (k.routed == RoutedWeights::nvfp4) {  // 256-wide tiles, a group in flight, inference
     if (k.block_n != 256 || !k.mma_in_flight || k.keep_gate_up) return false;
     f(ForwardVariant<256, true, false, 0, kGroup, RoutedWeights::nvfp4>{});
+    return true;
+  }
+  if (k.routed == RoutedWeights::mxfp8) {  // 128-wide tiles, a group in flight, inference
+    if (k.block_n != 128 || !k.mma_in_flight || k.keep_gate_up) return false;
+    f(ForwardVariant<128, true, false, 0, kGroup, RoutedWeights::mxfp8>{});
     return true;
   }
   auto pick = [&](auto block_n) {

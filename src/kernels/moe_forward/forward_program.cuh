@@ -72,9 +72,10 @@ __device__ __forceinline__ void store_pre_activations(const float (&d)[kBlockN /
 // Gate/up epilogue of 64 rows from row0: SwiGLU into act (or act_shared); kKeepGateUp (a training
 // forward, its own instantiation: in the inference kernel the extra stores made ptxas spill) also
 // stores the pre-activations into gate_up (gate_up_shared): the tile's gate half at the row's
-// column n_tile * kBlockN / 2, its up half `width` columns further. kNvfp4: a routed tile's gate
-// half times its expert's gate per-tensor factor, its up half times up's, before SwiGLU.
-template <int kBlockN, bool kKeepGateUp, bool kNvfp4 = false>
+// column n_tile * kBlockN / 2, its up half `width` columns further. A routed tile under nvfp4: the
+// gate half times its expert's gate per-tensor factor, the up half times up's, before SwiGLU;
+// under mxfp8: the activations rounded to their MX values.
+template <int kBlockN, bool kKeepGateUp, RoutedWeights kRouted = RoutedWeights::bf16>
 __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const TileWork& w,
                                               const float (&d)[kBlockN / 2], int row0) {
   const int r = Fragment::mine().row_lo;
@@ -82,9 +83,11 @@ __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const Tile
   const int64_t width = routed ? p.intermediate : p.shared_width;
   const int64_t col0 = int64_t(w.n_tile) * (kBlockN / 2);
   __nv_bfloat16* out = (routed ? p.act : p.act_shared) + row0 * width + col0;
-  if (kNvfp4 && routed)
+  if (kRouted == RoutedWeights::nvfp4 && routed)
     swiglu_tile<kBlockN, true>(d, out + r * width, out + (r + 8) * width,
                                __ldg(p.gate_s_dec + w.expert), __ldg(p.up_s_dec + w.expert));
+  else if (kRouted == RoutedWeights::mxfp8 && routed)
+    swiglu_mx_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
   else
     swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
   if constexpr (kKeepGateUp)
@@ -146,9 +149,9 @@ struct DownRowCounts {
 
 // Down epilogue of this thread's rows (down_rows): each row into its (token, k) slot on its
 // source rank (shared rows: y_shared). Returns the token counts the rows then owe (a row lives in
-// one quad of lanes: all its stores, and its count by the quad's first lane). kNvfp4: a routed
-// tile times its expert's down per-tensor factor.
-template <int kBlockN, bool kNvfp4 = false>
+// one quad of lanes: all its stores, and its count by the quad's first lane). A routed tile under
+// nvfp4: times its expert's down per-tensor factor.
+template <int kBlockN, RoutedWeights kRouted = RoutedWeights::bf16>
 __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, const TileWork& w,
                                                     const float (&d)[kBlockN / 2], DownRows rows) {
   const int64_t col0 = int64_t(w.n_tile) * kBlockN;
@@ -160,7 +163,7 @@ __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, cons
   };
   static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
   const bool routed = w.kind == TileKind::routed_down;
-  if (kNvfp4 && routed)
+  if (kRouted == RoutedWeights::nvfp4 && routed)
     store_rows_vec16<kBlockN, true>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0),
                                     __ldg(p.down_s_dec + w.expert));
   else
@@ -169,18 +172,22 @@ __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, cons
 }
 
 // The program: kMmaInFlight (mma_tile), kKeepGateUp (store_gate_up), kProbe (a stage probe),
-// kFp8Block (the routed experts in fp8_block: fp8_block_tiles.cuh), kNvfp4 (the routed experts'
-// weights in NVFP4, widened to BF16 by the producer warpgroup: widen_sm90.cuh).
+// kRouted (the routed experts' weights: fp8_block, fp8_block_tiles.cuh; nvfp4 and mxfp8, widened
+// to BF16 by the producer warpgroup, widen_sm90.cuh, mxfp8's x and act rounded to MX values).
 template <int kBlockN_, bool kMmaInFlight_, bool kKeepGateUp, int kProbe,
           RoutedWeights kRouted = RoutedWeights::bf16>
 struct ForwardProgram {
   static constexpr bool kFp8Block = kRouted == RoutedWeights::fp8_block;
   static constexpr bool kNvfp4 = kRouted == RoutedWeights::nvfp4;
+  static constexpr bool kMxfp8 = kRouted == RoutedWeights::mxfp8;
+  static constexpr bool kWidens = kNvfp4 || kMxfp8;
   static_assert(!kFp8Block || (kBlockN_ == 256 && !kMmaInFlight_ && kProbe == 0),
                 "fp8_block: 256-wide tiles (one 1x128 block per gate/up row), promotion after "
                 "every k-block");
-  static_assert(!kNvfp4 || (kBlockN_ == 256 && !kFp8Block && !kKeepGateUp && kProbe == 0),
+  static_assert(!kNvfp4 || (kBlockN_ == 256 && !kKeepGateUp && kProbe == 0),
                 "nvfp4: 256-wide tiles, inference");
+  static_assert(!kMxfp8 || (kBlockN_ == 128 && !kKeepGateUp && kProbe == 0),
+                "mxfp8: 128-wide tiles (their staging slots fit beside the ring), inference");
   using Params = ForwardParams;
   using Maps = ForwardMaps;
   using Work = TileWork;
@@ -195,13 +202,14 @@ struct ForwardProgram {
   static constexpr bool kTrace = (kProbe & kProbeTrace) != 0;
   static constexpr int kTimings = kForwardTimes, kDispatchJoinedSlot = kDispatchCtasJoined;
   static constexpr int kRoleRing = kRoleProducerRing, kRoleConsumer = kern::kRoleConsumer;
-  static constexpr bool kClaimAhead = false, kStoreWarp = false, kWidens = kNvfp4;
-  using Staged = Nvfp4Stage<kBlockN>;
+  static constexpr bool kClaimAhead = false, kStoreWarp = false;
+  using Staged = std::conditional_t<kMxfp8, Mxfp8Stage<kBlockN>, Nvfp4Stage<kBlockN>>;
   __device__ static void prepare_cta(const Params&) {}
 
   __device__ static bool dispatch(const Params& p, int cta, int ctas) {
-    using Rows = std::conditional_t<kFp8Block, ForwardDispatchRowsFp8Block<kBlockN>,
-                                    ForwardDispatchRows<kBlockN>>;
+    using Rows = std::conditional_t<
+        kFp8Block, ForwardDispatchRowsFp8Block<kBlockN>,
+        std::conditional_t<kMxfp8, ForwardDispatchRowsMx<kBlockN>, ForwardDispatchRows<kBlockN>>>;
     return !batch_ok(p) || dispatch_role<kBlockN, Rows>(p, cta, ctas);
   }
   __device__ static void combine(const Params& p) {
@@ -211,11 +219,11 @@ struct ForwardProgram {
   // The producer warpgroup gathers routed gate/up rows (cp.async into the swizzled stage): this
   // rank's from x, peers' (EP > 1) from the token ring, where the dispatch CTAs copied them.
   __device__ static bool gathering_warpgroup(const Params& p) {
-    return !kNvfp4 && p.gather_rows != 0;  // nvfp4's producer warps widen B instead
+    return !kWidens && p.gather_rows != 0;  // the producer warps widen B instead
   }
   // Gathered or widened: written by producer threads, so the consumers fence the async proxy.
   __device__ static bool inputs_gathered(const Params& p, const Work& w) {
-    return kNvfp4 ? is_routed(w) : gathers_rows(p, w);
+    return kWidens ? is_routed(w) : gathers_rows(p, w);
   }
   __device__ static const __nv_bfloat16* gather_row(const Params& p, const Work& w, int32_t a_row,
                                                     int r) {
@@ -237,8 +245,8 @@ struct ForwardProgram {
   __device__ static Inputs inputs(const Maps& maps, const Params& p, const Tiles& tiles,
                                   const Work& w) {
     TileInputs in{};
-    in.gather = !kNvfp4 && gathers_rows(p, w);
-    in.widen = kNvfp4 && is_routed(w);
+    in.gather = !kWidens && gathers_rows(p, w);
+    in.widen = kWidens && is_routed(w);
     in.role = kRoleGateUpProducer;
     in.timing = kTimeGateUpWaitsDispatch;
     in.what = w.m_block;
@@ -307,7 +315,7 @@ struct ForwardProgram {
   // rows', then the up rows'), then the block factors of each half of its rows.
   __device__ static void load_staged(const Inputs& in, uint8_t* slot, uint64_t* bar, int kb) {
     constexpr int kHalf = kBlockN / 2;
-    const int code_x = kb * (kBlockK / 2), factor_x = in.b_row / 16 * 8;
+    const int code_x = kb * int(Staged::kRowCodeBytes), factor_x = Staged::factor_x(in.b_row);
     uint8_t* second = slot + Staged::factor_offset(kHalf, 0);
     dev::tma_load_3d(slot, in.b_map, bar, code_x, in.b_row, in.b_batch);
     dev::tma_load_3d(slot + Staged::factor_offset(0, 0), in.b_factors, bar, factor_x, kb,
@@ -317,12 +325,16 @@ struct ForwardProgram {
                        in.b_batch);
       dev::tma_load_3d(second, in.b_up_factors, bar, factor_x, kb, in.b_batch);
     } else {  // down: one box of codes, the factors of rows b_row + kHalf on in a second box
-      dev::tma_load_3d(second, in.b_factors, bar, factor_x + kHalf / 16 * 8, kb, in.b_batch);
+      dev::tma_load_3d(second, in.b_factors, bar, Staged::factor_x(in.b_row + kHalf), kb,
+                       in.b_batch);
     }
   }
   __device__ static void widen_stage(const Inputs&, const uint8_t* slot, uint8_t* tile_b, int warp,
                                      int lane) {
-    widen_nvfp4_tile<kBlockN>(slot, tile_b, warp, lane);
+    if constexpr (kMxfp8)
+      widen_mxfp8_tile<kBlockN>(slot, tile_b, warp, lane);
+    else
+      widen_nvfp4_tile<kBlockN>(slot, tile_b, warp, lane);
   }
 
   template <class Times>
@@ -368,12 +380,12 @@ struct ForwardProgram {
           stored = true;
         }
       }
-      if (!stored) store_gate_up<kBlockN, kKeepGateUp, kNvfp4>(p, w, d, row0);
+      if (!stored) store_gate_up<kBlockN, kKeepGateUp, kRouted>(p, w, d, row0);
       const uint64_t publish_since = timer.now();
       publish_warpgroup(act_counter(p, w), wg);
       timer.add(kTimeConsumerPublish, publish_since);
     } else {
-      owed = store_down<kBlockN, kNvfp4>(p, w, d, destinations);
+      owed = store_down<kBlockN, kRouted>(p, w, d, destinations);
       timer.add(kTimeConsumerEpilogueDown, since);
     }
   }

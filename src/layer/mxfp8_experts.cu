@@ -1,0 +1,101 @@
+#include "mok/gpu/mxfp8_experts.hpp"
+
+#include <string>
+
+#include "layer/forward_schedule.hpp"
+#include "layer/rank_forward.hpp"
+#include "mok/error.hpp"
+#include "mok/formats/mxfp8_widen.hpp"
+#include "mok/gpu/formats_gpu.hpp"
+
+namespace mok::gpu {
+namespace {
+
+constexpr int kThreads = 256;
+
+// The factors of each matrix (fmt::mxfp8_widen_factor_offset's layout) from its scales
+// [E, rows, cols / 32], one thread per scale.
+__global__ void pack_factors_kernel(const uint8_t* scales, uint16_t* factors, int64_t experts,
+                                    int64_t rows, int64_t cols) {
+  const int64_t per_row = cols / 32, per_matrix = rows * per_row;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < experts * per_matrix;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t e = i / per_matrix, r = i % per_matrix / per_row, block = i % per_row;
+    const int64_t at = fmt::mxfp8_widen_factor_offset(rows, r, block / 2, int(block % 2));
+    factors[e * per_matrix + at / 2] = fmt::mxfp8_widen_factor(scales[i]);
+  }
+}
+
+unsigned blocks_for(int64_t n) {
+  const int64_t b = (n + kThreads - 1) / kThreads;
+  return unsigned(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+}  // namespace
+
+Mxfp8Experts::Mxfp8Experts(const Config& c)
+    : experts_(c.experts_per_rank()), hidden_(c.hidden), intermediate_(c.intermediate) {
+  detail::require(hidden_ % 64 == 0 && intermediate_ % 64 == 0 && experts_ > 0,
+                  ErrorCode::unsupported,
+                  "mxfp8 packs the weights 64 columns (two 1x32 blocks) per GEMM stage: hidden "
+                  "and intermediate must be multiples of 64, got H = " +
+                      std::to_string(hidden_) + ", I = " + std::to_string(intermediate_));
+  const size_t per_set = size_t(experts_) * size_t(hidden_ * intermediate_);
+  const char* what = "cudaMalloc (mxfp8 expert weights)";
+  try {
+    codes_ = detail::device_alloc<uint8_t>(3 * per_set, what);
+    scales_ = detail::device_alloc<uint8_t>(3 * per_set / 32, what);
+    factors_ = detail::device_alloc<uint16_t>(3 * per_set / 32, what);
+  } catch (...) {  // the destructor does not run for a constructor that throws
+    for (void* p : {(void*)codes_, (void*)scales_}) cudaFree(p);
+    throw;
+  }
+}
+
+Mxfp8Experts::~Mxfp8Experts() {
+  for (void* p : {(void*)codes_, (void*)scales_, (void*)factors_}) cudaFree(p);
+}
+
+Mxfp8Weights Mxfp8Experts::weights() const {
+  const int64_t codes = experts_ * hidden_ * intermediate_, factors = codes / 32;
+  return {codes_,   codes_ + codes,     codes_ + 2 * codes,
+          factors_, factors_ + factors, factors_ + 2 * factors};
+}
+
+const uint8_t* Mxfp8Experts::quantized_scales(int matrix) const {
+  return scales_ + matrix * (experts_ * hidden_ * intermediate_ / 32);
+}
+
+DeviceLayerWeights Mxfp8Experts::with(const DeviceLayerWeights& w) const {
+  DeviceLayerWeights out = w;
+  out.mxfp8 = weights();
+  return out;
+}
+
+void Mxfp8Experts::quantize(const DeviceLayerWeights& w, cudaStream_t stream) {
+  detail::require_operand(w.gate, "gate weights");
+  detail::require_operand(w.up, "up weights");
+  detail::require_operand(w.down, "down weights");
+  const Mxfp8Weights q = weights();
+  const struct {
+    const __nv_bfloat16* from;
+    int64_t rows, cols;
+    const uint8_t* codes;
+    const uint16_t* factors;
+  } parts[3] = {{w.gate, intermediate_, hidden_, q.gate, q.gate_factors},
+                {w.up, intermediate_, hidden_, q.up, q.up_factors},
+                {w.down, hidden_, intermediate_, q.down, q.down_factors}};
+  for (int m = 0; m < 3; ++m) {
+    const auto& part = parts[m];
+    uint8_t* scales = const_cast<uint8_t*>(quantized_scales(m));
+    detail::check_cuda(
+        quantize_mxfp8_weights(part.from, experts_, part.rows, part.cols, MxScaleRule::rceil, false,
+                               const_cast<uint8_t*>(part.codes), scales, stream),
+        "quantizing the expert weights to mxfp8");
+    pack_factors_kernel<<<blocks_for(experts_ * part.rows * part.cols / 32), kThreads, 0, stream>>>(
+        scales, const_cast<uint16_t*>(part.factors), experts_, part.rows, part.cols);
+    detail::check_cuda(cudaGetLastError(), "packing the mxfp8 expert weights");
+  }
+}
+
+}  // namespace mok::gpu
