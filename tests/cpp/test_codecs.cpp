@@ -224,8 +224,8 @@ TEST(Mxfp8Widen, EveryFiniteCodeAndScaleWidensExactly) {
         const double want = value * factor;
         const double a = std::fabs(want);
         if (a != 0 && (a < std::ldexp(1.0, -126) || a > 3.3895313892515355e38)) continue;
-        const double widened = double(round_to_bf16(float(double(bf16_to_float(lane)) * pre))) *
-                               factor;
+        const double widened =
+            double(round_to_bf16(float(double(bf16_to_float(lane)) * pre))) * factor;
         ASSERT_EQ(double(round_to_bf16(float(widened))), want) << code << " " << scale;
         ASSERT_EQ(std::signbit(widened), (code & 0x80u) != 0) << code;
       }
