@@ -200,8 +200,8 @@ TYPED_TEST(ForwardGpu, StandardShapeAgreesWithTheCublasPipeline) {
       mok::gpu::fill_uniform_bf16(bf(d), E * I * H, 3, 1.0f / std::sqrt(float(I)), nullptr));
   MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(bf(x), T * H, 4, 1.0f, nullptr));
   MOK_CUDA_OK(mok::gpu::random_topk(ids.ptr, w.ptr, T, int(E), int(K), 5, nullptr));
-  const mok::gpu::DeviceLayerWeights weights{nullptr, nullptr, nullptr, bf(g),
-                                             bf(u),   bf(d),   {},      {}, {}};
+  const mok::gpu::DeviceLayerWeights weights{nullptr, nullptr, nullptr, bf(g), bf(u),
+                                             bf(d),   {},      {},      {}};
   const mok::gpu::DeviceBatch batch{T, bf(x), ids.ptr, w.ptr};
   TypeParam f(c);
   f.forward(batch, weights, bf(out), nullptr);

@@ -411,7 +411,8 @@ TEST_P(StandardShape, AgreesWithStagedCublasAndTheReference) {
                                              bf(u),
                                              bf(d),
                                              {},
-                                             {}, {}};
+                                             {},
+                                             {}};
   const mok::gpu::DeviceBatch batch{T, bf(x), ids.ptr, w.ptr};
   auto host = [](const DeviceBuffer<uint16_t>& b) { return from_bf16(b.to_host()); };
   std::vector<double> got;
