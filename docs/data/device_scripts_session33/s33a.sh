@@ -3,8 +3,8 @@
 #   mkdir -p .device && cp -r /usr/src/googletest .device/googletest):
 # what sessions 32-33 landed unrun: the nvfp4 and mxfp8 forwards (their GPU tests, then `mok bench
 # --precision nvfp4|mxfp8` beside BF16 on the standard shapes), the engine's converter role as a
-# regression for the
-# BF16 kernels (their suites and forward_digests against e7fbf6e's listing), the GPU quantizers
+# regression for the BF16 kernels (their suites and forward_digests against e7fbf6e's listing),
+# the GPU quantizers
 # (test_formats_gpu, unrun since session 29), the forward's timeline and row-path tests, and the
 # fp8_block backward's --breakdown (s32a's question: where its time goes).
 set -uo pipefail
