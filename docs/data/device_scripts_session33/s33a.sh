@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # Session 33, for the next device call (one GPU; carry [".device"] after
 #   mkdir -p .device && cp -r /usr/src/googletest .device/googletest):
-# what sessions 32-33 landed unrun: the nvfp4 and mxfp8 forwards (their GPU tests, then `mok bench
-# --precision nvfp4|mxfp8` beside BF16 on the standard shapes), the engine's converter role as a
-# regression for the BF16 kernels (their suites and forward_digests against e7fbf6e's listing),
-# the GPU quantizers
-# (test_formats_gpu, unrun since session 29), the forward's timeline and row-path tests, and the
-# fp8_block backward's --breakdown (s32a's question: where its time goes).
+# what sessions 32-33 landed unrun, part 1: the nvfp4 and mxfp8 forwards (their GPU tests, the GPU
+# quantizers they build on, unrun since session 29, and the BF16 forward's bits through the
+# engine's new converter role: forward_digests against e7fbf6e's listing), then `mok bench
+# --precision nvfp4|mxfp8` beside BF16 and PyTorch's FP8 forward (bench/torch_moe_fp8.py) on the
+# standard shapes. Part 2 is s33b.sh.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
@@ -29,24 +28,18 @@ grep -F "[ nvfp4 ]" /tmp/run.txt
 run mxfp8 200 $T/test_mxfp8_gpu
 grep -F "[ mxfp8 ]" /tmp/run.txt
 run formats 150 $T/test_formats_gpu
-run forward 150 $T/test_forward_gpu
-run moe_forward 200 $T/test_moe_forward_gpu
-run fp8_forward 150 $T/test_fp8_block_gpu
-run emulated_fwd 120 $T/test_emulated_ep_gpu
-run moe_backward 200 $T/test_moe_backward_gpu
 build-gpu/forward_digests > $OUT/digests_s33a.txt 2>&1
 diff -q $OUT/digests_s33a.txt docs/data/session20/digests_e7fbf6e.txt >/dev/null \
   && echo "DIGESTS IDENTICAL to e7fbf6e" || echo "DIGESTS DIFFER"
 echo "before bench $(el)s"
 for q in nvfp4 mxfp8; do
-  timeout 150 build-gpu/mok bench --precision $q --iterations 20 \
+  timeout 120 build-gpu/mok bench --precision $q --iterations 20 \
     --json $OUT/bench_$q.json > $OUT/bench_$q.txt 2>&1
   echo "$q bench rc=$? $(el)s"
   grep '^|' $OUT/bench_$q.txt
 done
-[ $(el) -lt 400 ] && timeout $(( 560 - $(el) )) build-gpu/mok bench --precision fp8_block \
-  --direction backward --breakdown 1 --iterations 10 --json $OUT/bench_fp8_backward.json \
-  > $OUT/bench_fp8_backward.txt 2>&1
-echo "fp8 backward bench rc=$? $(el)s"
-grep '^|' $OUT/bench_fp8_backward.txt | head -30
+[ $(el) -lt 480 ] && timeout $(( 580 - $(el) )) python3 bench/torch_moe_fp8.py --iterations 20 \
+  > $OUT/torch_fp8.txt 2>&1
+echo "torch fp8 rc=$? $(el)s"
+grep '^|' $OUT/torch_fp8.txt
 echo "end $(el)s"

@@ -1,0 +1,101 @@
+"""The FP8 MoE forward a PyTorch user writes on Hopper (issue 30's PyTorch FP8 baseline), beside
+the BF16 one of torch_moe_forward.py, on the standard shapes of design.md:
+
+sort rows by expert -> gather -> E4M3 with one FP32 scale per row -> torch._scaled_grouped_mm
+(gate|up; weights E4M3 with one scale per output row, quantized once, untimed) -> silu(gate) * up
+-> E4M3 per row -> torch._scaled_grouped_mm (down) -> scale by the routing weight -> index_add
+into the shared expert's output (BF16). Row-wise scaling is what PyTorch's FP8 grouped GEMM takes
+on SM90 (no 1x128 blocks there). Medians after warm-up, TFLOP/s by design.md's formula, and the
+output's relative L2 difference from the BF16 forward. Run on the GPU machine:
+    python3 bench/torch_moe_fp8.py [--shape all|dsv3|...] [--iterations 20]
+A shape PyTorch refuses (an alignment, an unsupported build) prints its error in the row.
+"""
+import argparse
+
+import torch
+import torch.nn.functional as F
+
+from torch_moe_forward import forward as forward_bf16
+from torch_moe_forward import median_ms
+from torch_shapes import add_shape_arguments, selected_shapes, forward_flops, make_layer
+
+E4M3_MAX = 448.0
+
+
+def rowwise_e4m3(a):
+    """a [..., K] BF16 -> (E4M3 codes, FP32 dequantization scale per row)."""
+    amax = a.abs().amax(dim=-1, keepdim=True).float().clamp(min=1e-12)
+    scale = amax / E4M3_MAX
+    q = (a.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return q, scale.squeeze(-1)
+
+
+def quantize_weights(p):
+    """The routed weights in E4M3 with a scale per output row, laid out as the GEMM's B
+    ([E, K, N] column-major: each expert's [N, K] row-major matrix, transposed)."""
+    w13, s13 = rowwise_e4m3(p["w13"])
+    w2, s2 = rowwise_e4m3(p["w2"])
+    return {"w13": w13.transpose(-2, -1), "s13": s13, "w2": w2.transpose(-2, -1), "s2": s2}
+
+
+def forward_fp8(p, q, x, ids, w, k):
+    flat = ids.view(-1)
+    order = torch.argsort(flat, stable=True)
+    token = order // k
+    offs = torch.cumsum(torch.bincount(flat, minlength=q["w13"].shape[0]), 0).to(torch.int32)
+    xq, xs = rowwise_e4m3(x[token])
+    hgu = torch._scaled_grouped_mm(xq, q["w13"], xs, q["s13"], offs=offs, out_dtype=torch.bfloat16)
+    g, u = hgu.chunk(2, dim=-1)
+    aq, as_ = rowwise_e4m3(F.silu(g) * u)
+    y = torch._scaled_grouped_mm(aq, q["w2"], as_, q["s2"], offs=offs, out_dtype=torch.bfloat16)
+    y = y * w.view(-1)[order].unsqueeze(-1).to(y.dtype)
+    if "s13" in p:
+        sg, su = (x @ p["s13"].T).chunk(2, dim=-1)
+        out = (F.silu(sg) * su) @ p["s2"].T
+    else:
+        out = torch.zeros_like(x)
+    return out.index_add_(0, token, y)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_shape_arguments(ap)
+    ap.add_argument("--iterations", type=int, default=20)
+    args = ap.parse_args()
+    shapes = selected_shapes(ap, args)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: the unfused MoE "
+          "forward in BF16 and in FP8 (row-wise scales, torch._scaled_grouped_mm)")
+    print("| shape | T | BF16 ms | BF16 TFLOP/s | FP8 ms | FP8 TFLOP/s | speed-up | FP8 output "
+          "differs from BF16 by |\n|---|---|---|---|---|---|---|---|")
+    for name, (h, i, e, k, s, t) in shapes:
+        p, x, ids, w = make_layer(h, i, e, k, s, t, gen)
+        ids = ids.to(torch.int32)
+        flops = forward_flops(h, i, k, s, t)
+        run_bf16 = lambda: forward_bf16(p, x, ids, w, k)  # noqa: E731
+        for _ in range(5):
+            run_bf16()
+        torch.cuda.synchronize()
+        ms_bf16 = median_ms(run_bf16, args.iterations)
+        try:
+            q = quantize_weights(p)
+            run_fp8 = lambda: forward_fp8(p, q, x, ids, w, k)  # noqa: E731
+            for _ in range(5):
+                run_fp8()
+            torch.cuda.synchronize()
+            ms_fp8 = median_ms(run_fp8, args.iterations)
+            a, b = run_fp8().float(), run_bf16().float()
+            diff = ((a - b).norm() / b.norm()).item()
+            print(f"| {name} | {t} | {ms_bf16:.3f} | {flops / ms_bf16 * 1e-9:.0f} | {ms_fp8:.3f} | "
+                  f"{flops / ms_fp8 * 1e-9:.0f} | {ms_bf16 / ms_fp8:.2f} | {diff:.1e} |", flush=True)
+            del q
+        except (RuntimeError, AttributeError, TypeError) as err:
+            reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+            print(f"| {name} | {t} | {ms_bf16:.3f} | {flops / ms_bf16 * 1e-9:.0f} | PyTorch refused: "
+                  f"{reason} | | | |", flush=True)
+        del p, x, ids, w
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
