@@ -1,8 +1,10 @@
 // MXFP8 weights as the Hopper GEMMs read them (no block-scaled MMA here): E4M3 codes and their
 // 1x32 blocks' E8M0 scales are widened exactly to BF16 in shared memory on the way to BF16 wgmma
-// (E4M3 * 2^k is exact in BF16 while it stays in BF16's range), so the GEMM computes the MX
-// values with FP32 accumulation, as a block-scaled MMA does up to summation order. Shared by the
-// widening kernel code, the weight packer (gpu::Mxfp8Experts) and the host tests.
+// (E4M3 * 2^k is exact in BF16 while it is a normal BF16 number: every block but those with
+// scales 0-2, amax below ~1e-35, whose smallest values BF16's subnormals round), so the GEMM
+// computes the MX values with FP32 accumulation, as a block-scaled MMA does up to summation
+// order. Shared by the widening kernel code, the weight packer (gpu::Mxfp8Experts) and the host
+// tests.
 //
 // Codes stay as the quantizer writes them ([N, K] bytes). Factors: per 64 of K (one ring stage),
 // per row, its two blocks' 2^(scale - 127) as BF16 ([E][K / 64][N][2]).

@@ -19,7 +19,8 @@
 namespace mok::kern {
 
 // d = a * b on bf16x2 bit patterns (sm_90's mul.bf16x2: round to nearest, subnormals kept; the
-// widening's products are exact).
+// widening's products are exact, but for MXFP8 blocks whose values fall below BF16's normal range,
+// scales 0-2: there BF16's subnormals round them).
 __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   uint32_t d;
   asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));

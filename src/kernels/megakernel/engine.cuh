@@ -32,10 +32,9 @@
 //   kStoreWarp, store_role(maps, p, ring),             the producer warpgroup's second warp
 //   end_stores(p, owed)                                stores what epilogues staged (TMA) until
 //                                                      the consumers' end
-//   kWidens, Staged (Nvfp4Stage), load_staged(in, slot, bar, kb), widen_stage(in, slot, b, warp,
-//   lane)                                              B tiles of narrow codes (Inputs::widen):
-//                                                      TMA into a staging slot, widened to BF16
-//                                                      by producer warps 1-3 (widen_sm90.cuh)
+//   kWidens, Staged (kBytes, kSlotBytes)               B tiles of narrow codes (Inputs::widen):
+//   load_staged(in, slot, bar, kb)                     TMA into a staging slot, widened to BF16
+//   widen_stage(in, slot, b, warp, lane)               by producer warps 1-3 (widen_sm90.cuh)
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>

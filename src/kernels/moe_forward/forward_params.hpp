@@ -47,10 +47,11 @@ struct ForwardMaps {
   CUtensorMap down;                    // [E, H, I], boxes of block_n rows
   CUtensorMap shared_gate, shared_up;  // [1, S, H]
   CUtensorMap shared_down;             // [1, H, S]
-  // nvfp4 (ForwardKernel::nvfp4): gate, up and down above then read the routed experts' packed
-  // codes (bytes, no swizzle: [E, N, K / 2], boxes of 32 bytes by block_n / 2 or block_n rows)
-  // and these their BF16 block factors ([E, K / 64, N / 2 bytes], one box per stage); the
-  // layouts of mok/formats/nvfp4_widen.hpp.
+  // nvfp4, mxfp8 (ForwardKernel::routed): gate, up and down above then read the routed experts'
+  // codes (bytes, no swizzle: [E, N, K / 2] packed E2M1 or [E, N, K] E4M3, boxes of one stage's
+  // bytes by block_n / 2 or block_n rows) and these their BF16 block factors (one row per stage:
+  // [E, K / 64, N / 2] or [E, K / 64, 4 N] bytes, boxes of block_n / 2 rows' factors, two per
+  // stage); the layouts of mok/formats/nvfp4_widen.hpp and mxfp8_widen.hpp.
   CUtensorMap gate_factors, up_factors, down_factors;
 };
 

@@ -32,14 +32,14 @@ namespace mok::kern {
 struct TileInputs {
   const CUtensorMap* a_maps;
   const CUtensorMap *b_map, *b_up_map;
-  const CUtensorMap *b_factors, *b_up_factors;  // widen: B's block factors (nvfp4)
+  const CUtensorMap *b_factors, *b_up_factors;  // widen: B's block factors
   int32_t a_row, b_row, b_batch;
   int k_block;  // K elements per stage: kBlockK, or 128 for fp8_block's routed tiles
   const uint32_t* ready;
   uint32_t needed;
   int role, timing;
   bool gather;     // the producer warpgroup gathers A (Program::gather_row)
-  bool widen;      // B comes as NVFP4 codes through a staging slot (engine's converter_role)
+  bool widen;      // B comes as narrow codes through a staging slot (engine's converter_role)
   long long what;  // the fault record's "what" for the ready wait
 };
 
@@ -221,9 +221,10 @@ struct ForwardProgram {
   __device__ static bool gathering_warpgroup(const Params& p) {
     return !kWidens && p.gather_rows != 0;  // the producer warps widen B instead
   }
-  // Gathered or widened: written by producer threads, so the consumers fence the async proxy.
+  // Gathered A: written by cp.async, so the consumers fence the async proxy. (Widened B: the
+  // converter warps fence before they arrive.)
   __device__ static bool inputs_gathered(const Params& p, const Work& w) {
-    return kWidens ? is_routed(w) : gathers_rows(p, w);
+    return !kWidens && gathers_rows(p, w);
   }
   __device__ static const __nv_bfloat16* gather_row(const Params& p, const Work& w, int32_t a_row,
                                                     int r) {
@@ -311,8 +312,10 @@ struct ForwardProgram {
       dev::tma_load_3d(tile_b, in.b_map, bar, k, in.b_row, in.b_batch);
     }
   }
-  // A widened B tile's stage kb into a staging slot (Nvfp4Stage): its codes (gate/up: the gate
-  // rows', then the up rows'), then the block factors of each half of its rows.
+  // A widened B tile's stage kb into a staging slot (Staged: Nvfp4Stage or Mxfp8Stage): its codes
+  // (gate/up: the gate rows', then the up rows'), then the block factors of each half of its rows.
+  // A down tile at the end of H may load its second half's factors from wholly past the map's
+  // end: TMA fills the box with zeros and counts its bytes, and those rows' outputs are dropped.
   __device__ static void load_staged(const Inputs& in, uint8_t* slot, uint64_t* bar, int kb) {
     constexpr int kHalf = kBlockN / 2;
     const int code_x = kb * int(Staged::kRowCodeBytes), factor_x = Staged::factor_x(in.b_row);
