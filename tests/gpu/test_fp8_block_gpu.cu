@@ -11,7 +11,7 @@
 #include <cstring>
 #include <random>
 
-#include "forward_test_util.hpp"
+#include "quantized_forward_util.hpp"
 #include "layer/layer_runner.hpp"
 #include "mok/formats.hpp"
 #include "mok/formats/fp8_block_device.cuh"
@@ -51,66 +51,13 @@ __global__ void e4m3_pairs_kernel(uint64_t begin, uint64_t end, Mismatch* m) {
 // ---- Layers --------------------------------------------------------------------------------
 
 mok::Config fp8_config(int H, int I, int E, int K, int shared, int max_tokens) {
-  mok::Config c;
-  c.hidden = H;
-  c.intermediate = I;
-  c.num_experts = E;
-  c.top_k = K;
-  c.num_shared_experts = shared;
-  c.shared_intermediate = 128;
-  c.max_tokens_per_rank = max_tokens;
-  c.precision = mok::Precision::fp8_block;
-  return c;
+  return quantized_config(mok::Precision::fp8_block, H, I, E, K, shared, max_tokens);
 }
-
-// A layer on the device in BF16 and its routed experts quantized (for ranks of `ranks`).
-struct Fp8Layer {
-  GpuLayer bf16;
-  std::vector<std::unique_ptr<Fp8BlockExperts>> experts;  // per rank
-  Fp8Layer(const mok::Config& c, const mok::LayerParams& p, int ranks = 1) : bf16(p) {
-    mok::Config rc = c;
-    rc.ep_size = ranks;
-    for (int r = 0; r < ranks; ++r) {
-      experts.push_back(std::make_unique<Fp8BlockExperts>(rc));
-      experts.back()->quantize(weights(c, r, ranks, false), nullptr);
-    }
-  }
-  mok::gpu::DeviceLayerWeights weights(const mok::Config& c, int r, int ranks,
-                                       bool quantized = true) const {
-    const int64_t H = c.hidden, I = c.intermediate, El = c.num_experts / ranks;
-    mok::gpu::DeviceLayerWeights w = bf16.weights();
-    w.gate += r * El * I * H;
-    w.up += r * El * I * H;
-    w.down += r * El * H * I;
-    return quantized ? experts[size_t(r)]->with(w) : w;
-  }
-};
+using Fp8Layer = QuantizedLayer<Fp8BlockExperts>;
 
 mok::Config ue8m0(mok::Config c) {
   c.fp8_ue8m0 = true;
   return c;
-}
-
-std::vector<double> reference_out(const mok::Config& c, const mok::LayerParams& p,
-                                  const mok::Batch& b, mok::OperandQuant quant) {
-  mok::ReferenceOptions o;
-  o.quant = quant;
-  o.fp8_ue8m0 = c.fp8_ue8m0;
-  return mok::reference_forward(c, p, b, o).out;
-}
-
-// Routing variants: random (softmax top-k), skewed (most rows on two experts), and one that
-// leaves every odd expert empty.
-mok::Batch routed_batch(const mok::Config& c, int64_t tokens, uint64_t seed, int routing) {
-  mok::Batch b = mok::tools::random_batch(c, tokens, seed);
-  std::mt19937_64 rng(seed ^ 0x5bd1e995);
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int k = 0; k < c.top_k; ++k) {
-      int32_t& id = b.topk_ids[size_t(t * c.top_k + k)];
-      if (routing == 1) id = int32_t((k + (rng() % 8 == 0 ? t : 0)) % c.num_experts);
-      if (routing == 2) id = int32_t((2 * ((t + k) % (c.num_experts / 2))) % c.num_experts);
-    }
-  return b;
 }
 
 }  // namespace
@@ -248,12 +195,7 @@ TEST(Fp8BlockGpu, DispatchWritesTheCpuCodesAndScalesOfEveryRoutedRow) {
 
 TEST(Fp8BlockGpu, ForwardMatchesTheQuantizedReference) {
   MOK_REQUIRE_GPU();
-  struct Case {
-    mok::Config c;
-    int64_t tokens;
-    int routing;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<QuantizedCase> cases = {
       {fp8_config(256, 256, 8, 2, 1, 300), 300, 0},         // T not a multiple of 128
       {fp8_config(384, 256, 8, 2, 1, 257), 257, 1},         // skewed; H ends in a half down tile
       {fp8_config(512, 384, 16, 4, 0, 200), 200, 2},        // no shared expert, odd experts empty
@@ -262,88 +204,24 @@ TEST(Fp8BlockGpu, ForwardMatchesTheQuantizedReference) {
       {ue8m0(fp8_config(384, 256, 8, 2, 1, 257)), 257, 1},  // power-of-two scales (UE8M0)
       {ue8m0(fp8_config(1024, 512, 32, 8, 1, 700)), 700, 0},
   };
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& k = cases[i];
-    SCOPED_TRACE("case " + std::to_string(i));
-    const mok::LayerParams p = mok::tools::random_params(k.c, 30 + i);
-    const mok::Batch b = routed_batch(k.c, k.tokens, 40 + i, k.routing);
-    const Fp8Layer layer(k.c, p);
-    MoeForward f(k.c);
-    const std::vector<double> got = gpu_forward(f, k.c, layer.weights(k.c, 0, 1), b);
-    for (size_t j = 0; j < got.size(); ++j) ASSERT_FALSE(std::isnan(got[j])) << "unwritten " << j;
-    // Against the same quantization in FP64: the GPU also rounds y and out to BF16 (2^-9) and
-    // quantizes its own FP32 activations, whose block amax and rounding may differ from the
-    // reference's in an element now and then: well inside 1e-2. Against the unquantized layer:
-    // the recipe's own error, recipes.md's bound (0.12); a BF16 computation would pass that one
-    // but not the first.
-    const double quantized =
-        mok::relative_l2_error(got, reference_out(k.c, p, b, mok::OperandQuant::fp8_block));
-    const double exact =
-        mok::relative_l2_error(got, reference_out(k.c, p, b, mok::OperandQuant::none));
-    EXPECT_LT(quantized, 1e-2) << "against the quantized reference";
-    EXPECT_LT(exact, 0.12) << "against the unquantized layer";
-    std::printf("[ fp8_block ] case %zu: relative L2 %.2e (quantized reference), %.2e (exact)\n", i,
-                quantized, exact);
-  }
+  // Against the same quantization in FP64: the GPU also rounds y and out to BF16 (2^-9) and
+  // quantizes its own FP32 activations, whose block amax and rounding may differ from the
+  // reference's in an element now and then: well inside 1e-2. Against the unquantized layer: the
+  // recipe's own error, recipes.md's bound (0.12); a BF16 computation would pass that one but not
+  // the first.
+  expect_forward_matches_quantized_reference<Fp8BlockExperts>(
+      cases, mok::OperandQuant::fp8_block, 1e-2, mok::OperandQuant::none, 0.0, 0.12);
 }
 
 TEST(Fp8BlockGpu, BitsRepeatUnderDelaysAndAcrossEpSizes) {
   MOK_REQUIRE_GPU();
   const mok::Config c = fp8_config(512, 256, 16, 4, 1, 256);
   const mok::LayerParams p = mok::tools::random_params(c, 71);
-  const int64_t total = 4 * 256;
-  mok::Config global = c;
-  global.max_tokens_per_rank = int(total);
-  const mok::Batch b = routed_batch(global, total, 72, 0);
-  const Fp8Layer layer(global, p, 1);
-  MoeForward plain(global);
-  const std::vector<double> want = gpu_forward(plain, global, layer.weights(global, 0, 1), b);
-  mok::gpu::detail::ForwardHooks delayed;
-  delayed.dispatch_delay_ns = 30'000, delayed.delay_seed = 3;
-  MoeForward late(global, {}, delayed);
-  EXPECT_TRUE(same_bits(gpu_forward(late, global, layer.weights(global, 0, 1), b), want));
-  EXPECT_TRUE(same_bits(gpu_forward(plain, global, layer.weights(global, 0, 1), b), want));
-
-  for (int ranks : {2, 4}) {
-    SCOPED_TRACE("EP " + std::to_string(ranks));
-    mok::Config rc = c;
-    rc.ep_size = ranks;
-    rc.max_tokens_per_rank = int(total / ranks);
-    const Fp8Layer split(global, p, ranks);
-    mok::gpu::EmulatedEpForward ep(rc);
-    const int64_t H = c.hidden, t = total / ranks;
-    DeviceBuffer<uint16_t> x(to_bf16(b.x));
-    DeviceBuffer<int32_t> ids(b.topk_ids);
-    std::vector<float> wf(b.topk_weights.begin(), b.topk_weights.end());
-    DeviceBuffer<float> w(wf);
-    DeviceBuffer<uint16_t> out(size_t(total * H), 0xFF);
-    std::vector<mok::gpu::DeviceBatch> batches;
-    std::vector<mok::gpu::DeviceLayerWeights> weights;
-    std::vector<__nv_bfloat16*> outs;
-    for (int r = 0; r < ranks; ++r) {
-      batches.push_back({t, reinterpret_cast<const __nv_bfloat16*>(x.ptr) + r * t * H,
-                         ids.ptr + r * t * c.top_k, w.ptr + r * t * c.top_k});
-      weights.push_back(split.weights(global, r, ranks));
-      outs.push_back(reinterpret_cast<__nv_bfloat16*>(out.ptr) + r * t * H);
-    }
-    ep.forward(batches, weights, outs, nullptr);
-    ep.check(nullptr);
-    MOK_CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(same_bits(from_bf16(out.to_host()), want));
-  }
+  expect_bits_repeat_under_delays_and_across_ep_sizes<Fp8BlockExperts>(c, p);
 }
 
 TEST(Fp8BlockGpu, ConfigurationsItDoesNotTakeAreClearErrors) {
   MOK_REQUIRE_GPU();
-  auto expect_error = [](auto&& make, mok::ErrorCode code, const std::string& text) {
-    try {
-      make();
-      ADD_FAILURE() << "no error";
-    } catch (const mok::Error& e) {
-      EXPECT_EQ(e.code(), code);
-      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-    }
-  };
   mok::Config c = fp8_config(320, 256, 8, 2, 1, 64);  // H not a multiple of 128
   expect_error([&] { MoeForward f(c); }, mok::ErrorCode::unsupported,
                "precision fp8_block needs hidden, intermediate and the shared width to be "
@@ -360,13 +238,9 @@ TEST(Fp8BlockGpu, ConfigurationsItDoesNotTakeAreClearErrors) {
   const mok::Batch b = mok::tools::random_batch(c, 64, 82);
   const Fp8Layer layer(c, p);
   MoeForward f(c);
-  DeviceBuffer<uint16_t> x(to_bf16(b.x)), out(size_t(64 * c.hidden), 0xFF);
-  DeviceBuffer<int32_t> ids(b.topk_ids);
-  std::vector<float> wf(b.topk_weights.begin(), b.topk_weights.end());
-  DeviceBuffer<float> w(wf);
-  const mok::gpu::DeviceBatch batch{64, reinterpret_cast<const __nv_bfloat16*>(x.ptr), ids.ptr,
-                                    w.ptr};
-  auto* o = reinterpret_cast<__nv_bfloat16*>(out.ptr);
+  const SmallBatch small(c, b);
+  const mok::gpu::DeviceBatch batch = small.batch(64);
+  __nv_bfloat16* o = small.output();
   expect_error([&] { f.forward(batch, layer.weights(c, 0, 1, false), o, nullptr); },
                mok::ErrorCode::invalid_argument, "fp8_block gate weights");
   mok::gpu::Schedule s(c);

@@ -9,14 +9,11 @@
 // errors.
 #include <cmath>
 #include <cstring>
-#include <random>
 
-#include "forward_test_util.hpp"
+#include "quantized_forward_util.hpp"
 #include "kernels/gemm/widen_sm90.cuh"
-#include "layer/layer_runner.hpp"
 #include "mok/formats.hpp"
 #include "mok/formats/mxfp8_widen.hpp"
-#include "mok/gpu/emulated_ep_forward.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/mxfp8_experts.hpp"
@@ -29,68 +26,9 @@ using mok::gpu::Mxfp8Experts;
 namespace {
 
 mok::Config mxfp8_config(int H, int I, int E, int K, int shared, int max_tokens) {
-  mok::Config c;
-  c.hidden = H;
-  c.intermediate = I;
-  c.num_experts = E;
-  c.top_k = K;
-  c.num_shared_experts = shared;
-  c.shared_intermediate = 128;
-  c.max_tokens_per_rank = max_tokens;
-  c.precision = mok::Precision::mxfp8;
-  return c;
+  return quantized_config(mok::Precision::mxfp8, H, I, E, K, shared, max_tokens);
 }
-
-// A layer on the device in BF16 and its routed experts in MXFP8 (for ranks of `ranks`).
-struct Mxfp8Layer {
-  GpuLayer bf16;
-  std::vector<std::unique_ptr<Mxfp8Experts>> experts;  // per rank
-  Mxfp8Layer(const mok::Config& c, const mok::LayerParams& p, int ranks = 1) : bf16(p) {
-    mok::Config rc = c;
-    rc.ep_size = ranks;
-    for (int r = 0; r < ranks; ++r) {
-      experts.push_back(std::make_unique<Mxfp8Experts>(rc));
-      experts.back()->quantize(weights(c, r, ranks, false), nullptr);
-    }
-  }
-  mok::gpu::DeviceLayerWeights weights(const mok::Config& c, int r, int ranks,
-                                       bool quantized = true) const {
-    const int64_t H = c.hidden, I = c.intermediate, El = c.num_experts / ranks;
-    mok::gpu::DeviceLayerWeights w = bf16.weights();
-    w.gate += r * El * I * H;
-    w.up += r * El * I * H;
-    w.down += r * El * H * I;
-    return quantized ? experts[size_t(r)]->with(w) : w;
-  }
-};
-
-std::vector<double> reference_out(const mok::Config& c, const mok::LayerParams& p,
-                                  const mok::Batch& b, mok::OperandQuant quant) {
-  mok::ReferenceOptions o;
-  o.quant = quant;
-  return mok::reference_forward(c, p, b, o).out;
-}
-
-// Routing variants: random (softmax top-k), skewed (most rows on two experts), and one that
-// leaves every odd expert empty.
-mok::Batch routed_batch(const mok::Config& c, int64_t tokens, uint64_t seed, int routing) {
-  mok::Batch b = mok::tools::random_batch(c, tokens, seed);
-  std::mt19937_64 rng(seed ^ 0x5bd1e995);
-  for (int64_t t = 0; t < tokens; ++t)
-    for (int k = 0; k < c.top_k; ++k) {
-      int32_t& id = b.topk_ids[size_t(t * c.top_k + k)];
-      if (routing == 1) id = int32_t((k + (rng() % 8 == 0 ? t : 0)) % c.num_experts);
-      if (routing == 2) id = int32_t((2 * ((t + k) % (c.num_experts / 2))) % c.num_experts);
-    }
-  return b;
-}
-
-template <class T>
-std::vector<T> fetch(const T* p, size_t n) {
-  std::vector<T> v(n);
-  EXPECT_EQ(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
-  return v;
-}
+using Mxfp8Layer = QuantizedLayer<Mxfp8Experts>;
 
 // One staging slot through widen_mxfp8_tile as the converter warps run it (96 threads), into a
 // B tile in shared memory, copied out as it lies (128B-swizzled).
@@ -250,101 +188,32 @@ TEST(Mxfp8Gpu, DispatchWritesTheCpuMxValuesOfEveryRoutedRow) {
 
 TEST(Mxfp8Gpu, ForwardMatchesTheQuantizedReference) {
   MOK_REQUIRE_GPU();
-  struct Case {
-    mok::Config c;
-    int64_t tokens;
-    int routing;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<QuantizedCase> cases = {
       {mxfp8_config(256, 256, 8, 2, 1, 300), 300, 0},    // T not a multiple of 128
       {mxfp8_config(320, 192, 8, 2, 1, 257), 257, 1},    // skewed; H, I multiples of 64 only
       {mxfp8_config(512, 384, 16, 4, 0, 200), 200, 2},   // no shared expert, odd experts empty
       {mxfp8_config(256, 128, 4, 1, 2, 1), 1, 0},        // one token
       {mxfp8_config(1024, 512, 32, 8, 1, 700), 700, 0},  // several stages, tiles and slots
   };
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& k = cases[i];
-    SCOPED_TRACE("case " + std::to_string(i));
-    const mok::LayerParams p = mok::tools::random_params(k.c, 30 + i);
-    const mok::Batch b = routed_batch(k.c, k.tokens, 40 + i, k.routing);
-    const Mxfp8Layer layer(k.c, p);
-    MoeForward f(k.c);
-    const std::vector<double> got = gpu_forward(f, k.c, layer.weights(k.c, 0, 1), b);
-    for (size_t j = 0; j < got.size(); ++j) ASSERT_FALSE(std::isnan(got[j])) << "unwritten " << j;
-    // Against the same quantization in FP64: the weights and x are the same MX values on both
-    // sides, the products exact; what differs is the BF16 rounding of y and out, and the MX
-    // rounding of the activations, computed in FP32 here and in FP64 there, which may take the
-    // other code now and then (fp8_block's 1e-2). Against the BF16 layer, MX's own rounding (the
-    // CPU references of such cases differ by 2.5e-2 to 6.6e-2).
-    const double quantized =
-        mok::relative_l2_error(got, reference_out(k.c, p, b, mok::OperandQuant::mxfp8));
-    const double bf16 =
-        mok::relative_l2_error(got, reference_out(k.c, p, b, mok::OperandQuant::bf16));
-    EXPECT_LT(quantized, 1e-2) << "against the quantized reference";
-    EXPECT_LT(bf16, mok::relative_error_bound(mok::OperandQuant::mxfp8));
-    EXPECT_GT(bf16, 1.2e-2) << "the operands look unquantized";
-    std::printf("[ mxfp8 ] case %zu: relative L2 %.2e (quantized reference), %.2e (BF16 layer)\n",
-                i, quantized, bf16);
-  }
+  // Against the same quantization in FP64: the weights and x are the same MX values on both
+  // sides, the products exact; what differs is the BF16 rounding of y and out, and the MX
+  // rounding of the activations, computed in FP32 here and in FP64 there, which may take the
+  // other code now and then (fp8_block's 1e-2). Against the BF16 layer, MX's own rounding (the
+  // CPU references of such cases differ by 2.5e-2 to 6.6e-2).
+  expect_forward_matches_quantized_reference<Mxfp8Experts>(
+      cases, mok::OperandQuant::mxfp8, 1e-2, mok::OperandQuant::bf16, 1.2e-2,
+      mok::relative_error_bound(mok::OperandQuant::mxfp8));
 }
 
 TEST(Mxfp8Gpu, BitsRepeatUnderDelaysAndAcrossEpSizes) {
   MOK_REQUIRE_GPU();
   const mok::Config c = mxfp8_config(512, 256, 16, 4, 1, 256);
   const mok::LayerParams p = mok::tools::random_params(c, 71);
-  const int64_t total = 4 * 256;
-  mok::Config global = c;
-  global.max_tokens_per_rank = int(total);
-  const mok::Batch b = routed_batch(global, total, 72, 0);
-  const Mxfp8Layer layer(global, p, 1);
-  MoeForward plain(global);
-  const std::vector<double> want = gpu_forward(plain, global, layer.weights(global, 0, 1), b);
-  mok::gpu::detail::ForwardHooks delayed;
-  delayed.dispatch_delay_ns = 30'000, delayed.delay_seed = 3;
-  MoeForward late(global, {}, delayed);
-  EXPECT_TRUE(same_bits(gpu_forward(late, global, layer.weights(global, 0, 1), b), want));
-  EXPECT_TRUE(same_bits(gpu_forward(plain, global, layer.weights(global, 0, 1), b), want));
-
-  for (int ranks : {2, 4}) {
-    SCOPED_TRACE("EP " + std::to_string(ranks));
-    mok::Config rc = c;
-    rc.ep_size = ranks;
-    rc.max_tokens_per_rank = int(total / ranks);
-    const Mxfp8Layer split(global, p, ranks);
-    mok::gpu::EmulatedEpForward ep(rc);
-    const int64_t H = c.hidden, t = total / ranks;
-    DeviceBuffer<uint16_t> x(to_bf16(b.x));
-    DeviceBuffer<int32_t> ids(b.topk_ids);
-    std::vector<float> wf(b.topk_weights.begin(), b.topk_weights.end());
-    DeviceBuffer<float> w(wf);
-    DeviceBuffer<uint16_t> out(size_t(total * H), 0xFF);
-    std::vector<mok::gpu::DeviceBatch> batches;
-    std::vector<mok::gpu::DeviceLayerWeights> weights;
-    std::vector<__nv_bfloat16*> outs;
-    for (int r = 0; r < ranks; ++r) {
-      batches.push_back({t, reinterpret_cast<const __nv_bfloat16*>(x.ptr) + r * t * H,
-                         ids.ptr + r * t * c.top_k, w.ptr + r * t * c.top_k});
-      weights.push_back(split.weights(global, r, ranks));
-      outs.push_back(reinterpret_cast<__nv_bfloat16*>(out.ptr) + r * t * H);
-    }
-    ep.forward(batches, weights, outs, nullptr);
-    ep.check(nullptr);
-    MOK_CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_TRUE(same_bits(from_bf16(out.to_host()), want));
-  }
+  expect_bits_repeat_under_delays_and_across_ep_sizes<Mxfp8Experts>(c, p);
 }
 
 TEST(Mxfp8Gpu, ConfigurationsItDoesNotTakeAreClearErrors) {
   MOK_REQUIRE_GPU();
-  auto expect_error = [](auto&& make, mok::ErrorCode code, const std::string& text) {
-    try {
-      make();
-      ADD_FAILURE() << "no error";
-    } catch (const mok::Error& e) {
-      EXPECT_EQ(e.code(), code);
-      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-    }
-  };
   mok::Config c = mxfp8_config(256, 256, 8, 2, 1, 64);
   expect_error([&] { Mxfp8Experts e(mxfp8_config(288, 256, 8, 2, 1, 64)); },
                mok::ErrorCode::unsupported,
@@ -364,13 +233,9 @@ TEST(Mxfp8Gpu, ConfigurationsItDoesNotTakeAreClearErrors) {
   const mok::Batch b = mok::tools::random_batch(c, 64, 82);
   const Mxfp8Layer layer(c, p);
   MoeForward f(c);
-  DeviceBuffer<uint16_t> x(to_bf16(b.x)), out(size_t(64 * c.hidden), 0xFF);
-  DeviceBuffer<int32_t> ids(b.topk_ids);
-  std::vector<float> wf(b.topk_weights.begin(), b.topk_weights.end());
-  DeviceBuffer<float> w(wf);
-  const mok::gpu::DeviceBatch batch{64, reinterpret_cast<const __nv_bfloat16*>(x.ptr), ids.ptr,
-                                    w.ptr};
-  auto* o = reinterpret_cast<__nv_bfloat16*>(out.ptr);
+  const SmallBatch small(c, b);
+  const mok::gpu::DeviceBatch batch = small.batch(64);
+  __nv_bfloat16* o = small.output();
   expect_error([&] { f.forward(batch, layer.weights(c, 0, 1, false), o, nullptr); },
                mok::ErrorCode::invalid_argument, "mxfp8 gate weights");
   mok::gpu::Schedule s(c);
