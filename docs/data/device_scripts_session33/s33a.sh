@@ -9,22 +9,14 @@
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
-t0=$(date +%s); el() { echo $(( $(date +%s)-t0 )); }
+t0=$(date +%s)
+log=$OUT/s33a.log
+source scripts/device_steps.sh
 bash scripts/gpu_build.sh > $OUT/build.log 2>&1 || { tail -30 $OUT/build.log; exit 1; }
 echo "build $(el)s"
-log=$OUT/s33a.log
-run() {  # name, timeout, command...
-  local name=$1 limit=$2; shift 2
-  local s=$(date +%s)
-  timeout $limit "$@" > /tmp/run.txt 2>&1; local rc=$?
-  echo "=== $name" >> $log; cat /tmp/run.txt >> $log
-  printf '%-30s rc=%-3s %4ss %s\n' "$name" $rc $(( $(date +%s)-s )) \
-    "$(grep -hoE '\[  PASSED  \] [0-9]+ tests?|\[  FAILED  \] [0-9]+ tests?' /tmp/run.txt | tr '\n' ' ')"
-  [ $rc -ne 0 ] && grep -E "Failure|Expected|Which is|differs|exception|FAIL|error" /tmp/run.txt | head -8
-}
 T=build-gpu/tests
 run nvfp4 200 $T/test_nvfp4_gpu
-grep -F "[ nvfp4 ]" /tmp/run.txt
+grep -F "[ nvfp4_weights ]" /tmp/run.txt
 run mxfp8 200 $T/test_mxfp8_gpu
 grep -F "[ mxfp8 ]" /tmp/run.txt
 run formats 150 $T/test_formats_gpu
