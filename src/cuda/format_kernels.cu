@@ -320,4 +320,26 @@ cudaError_t quantize_nvfp4_weights(const __nv_bfloat16* x, int64_t batches, int6
   return cudaGetLastError();
 }
 
+cudaError_t quantize_nvfp4_weights_joint(const __nv_bfloat16* x0, const __nv_bfloat16* x1,
+                                         int64_t batches, int64_t rows, int64_t cols,
+                                         bool transposed, uint8_t* data0, uint8_t* data1,
+                                         uint8_t* scales0, uint8_t* scales1, float* s_dec,
+                                         uint32_t* amax_scratch, cudaStream_t stream) {
+  if (batches < 0 || rows < 0 || cols < 0 || batches > 65535 || rows % 16 != 0 || cols % 16 != 0)
+    return cudaErrorInvalidValue;
+  const int64_t per_matrix = rows * cols;
+  if (batches == 0 || per_matrix == 0) return cudaSuccess;
+  if (cudaError_t e = cudaMemsetAsync(amax_scratch, 0, size_t(batches) * sizeof(uint32_t), stream);
+      e != cudaSuccess)
+    return e;
+  const dim3 amax_grid(unsigned(std::min<int64_t>(256, blocks_for(per_matrix))), unsigned(batches));
+  for (const __nv_bfloat16* x : {x0, x1})  // one amax over both
+    finite_amax_batched_kernel<<<amax_grid, kThreads, 0, stream>>>(x, per_matrix, amax_scratch);
+  nvfp4_weights_kernel<<<blocks_for(batches * per_matrix / 256), kThreads, 0, stream>>>(
+      x0, batches, rows, cols, transposed, amax_scratch, data0, scales0, s_dec);
+  nvfp4_weights_kernel<<<blocks_for(batches * per_matrix / 256), kThreads, 0, stream>>>(
+      x1, batches, rows, cols, transposed, amax_scratch, data1, scales1, s_dec);
+  return cudaGetLastError();
+}
+
 }  // namespace mok::gpu

@@ -60,7 +60,7 @@ Nvfp4Experts::Nvfp4Experts(const Config& c)
     codes_ = detail::device_alloc<uint8_t>(2 * 3 * per_set / 2, what);
     scales_ = detail::device_alloc<uint8_t>(3 * per_set / 256, what);
     factors_ = detail::device_alloc<uint16_t>(3 * per_set / 256, what);
-    s_dec_ = detail::device_alloc<float>(3 * size_t(experts_), what);
+    s_dec_ = detail::device_alloc<float>(2 * size_t(experts_), what);
     amax_ = detail::device_alloc<uint32_t>(size_t(experts_), what);
   } catch (...) {  // the destructor does not run for a constructor that throws
     for (void* p : {(void*)codes_, (void*)scales_, (void*)factors_, (void*)s_dec_}) cudaFree(p);
@@ -78,7 +78,7 @@ Nvfp4Weights Nvfp4Experts::weights() const {
                 factors = experts_ * hidden_ * intermediate_ / 256;
   return {codes_,   codes_ + codes,     codes_ + 2 * codes,
           factors_, factors_ + factors, factors_ + 2 * factors,
-          s_dec_,   s_dec_ + experts_,  s_dec_ + 2 * experts_};
+          s_dec_,   s_dec_ + experts_};
 }
 
 const uint8_t* Nvfp4Experts::quantized_codes(int matrix) const {
@@ -101,28 +101,31 @@ void Nvfp4Experts::quantize(const DeviceLayerWeights& w, cudaStream_t stream) {
   detail::require_operand(w.down, "down weights");
   const Nvfp4Weights q = weights();
   const struct {
-    const __nv_bfloat16* from;
     int64_t rows, cols;
     const uint8_t* packed;
     const uint16_t* factors;
-    const float* s_dec;
-  } parts[3] = {{w.gate, intermediate_, hidden_, q.gate, q.gate_factors, q.gate_s_dec},
-                {w.up, intermediate_, hidden_, q.up, q.up_factors, q.up_s_dec},
-                {w.down, hidden_, intermediate_, q.down, q.down_factors, q.down_s_dec}};
+  } parts[3] = {{intermediate_, hidden_, q.gate, q.gate_factors},
+                {intermediate_, hidden_, q.up, q.up_factors},
+                {hidden_, intermediate_, q.down, q.down_factors}};
+  auto codes = [&](int m) { return const_cast<uint8_t*>(quantized_codes(m)); };
+  auto scales = [&](int m) { return const_cast<uint8_t*>(quantized_scales(m)); };
+  // gate and up as one matrix (one factor per expert), down on its own.
+  detail::check_cuda(quantize_nvfp4_weights_joint(
+                         w.gate, w.up, experts_, intermediate_, hidden_, false, codes(0), codes(1),
+                         scales(0), scales(1), const_cast<float*>(q.gate_up_s_dec), amax_, stream),
+                     "quantizing the expert weights to nvfp4");
+  detail::check_cuda(
+      quantize_nvfp4_weights(w.down, experts_, hidden_, intermediate_, false, codes(2), scales(2),
+                             const_cast<float*>(q.down_s_dec), amax_, stream),
+      "quantizing the expert weights to nvfp4");
   const int64_t words = experts_ * hidden_ * intermediate_ / 8;
   for (int m = 0; m < 3; ++m) {
     const auto& part = parts[m];
-    uint8_t* codes = const_cast<uint8_t*>(quantized_codes(m));
-    uint8_t* scales = const_cast<uint8_t*>(quantized_scales(m));
-    detail::check_cuda(
-        quantize_nvfp4_weights(part.from, experts_, part.rows, part.cols, false, codes, scales,
-                               const_cast<float*>(part.s_dec), amax_, stream),
-        "quantizing the expert weights to nvfp4");
     pack_codes_kernel<<<blocks_for(words), kThreads, 0, stream>>>(
-        reinterpret_cast<const uint32_t*>(codes),
+        reinterpret_cast<const uint32_t*>(codes(m)),
         reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(part.packed)), words);
     pack_factors_kernel<<<blocks_for(experts_ * hidden_ * intermediate_ / 256), kThreads, 0,
-                          stream>>>(scales, const_cast<uint16_t*>(part.factors), experts_,
+                          stream>>>(scales(m), const_cast<uint16_t*>(part.factors), experts_,
                                     part.rows, part.cols);
     detail::check_cuda(cudaGetLastError(), "packing the nvfp4 expert weights");
   }

@@ -312,8 +312,7 @@ void require_forward_operands(const Config& c, const DeviceBatch& b, const Devic
     require_operand(q.gate_factors, "nvfp4 gate factors");
     require_operand(q.up_factors, "nvfp4 up factors");
     require_operand(q.down_factors, "nvfp4 down factors");
-    require_operand(q.gate_s_dec, "nvfp4 gate per-tensor factors", 4);
-    require_operand(q.up_s_dec, "nvfp4 up per-tensor factors", 4);
+    require_operand(q.gate_up_s_dec, "nvfp4 gate and up per-tensor factors", 4);
     require_operand(q.down_s_dec, "nvfp4 down per-tensor factors", 4);
   } else if (c.precision == Precision::mxfp8) {
     const Mxfp8Weights& q = wt.mxfp8;
@@ -390,8 +389,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, con
     p.fp8_ue8m0 = c.fp8_ue8m0 ? 1 : 0;
   }
   if (c.precision == Precision::nvfp4) {
-    p.gate_s_dec = wt.nvfp4.gate_s_dec;
-    p.up_s_dec = wt.nvfp4.up_s_dec;
+    p.gate_up_s_dec = wt.nvfp4.gate_up_s_dec;
     p.down_s_dec = wt.nvfp4.down_s_dec;
   }
   p.x_ready = w.counters;

@@ -1,6 +1,8 @@
 #include "reference/mlp_math.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstddef>
 
 #include "mok/formats.hpp"
 
@@ -105,12 +107,25 @@ PreparedMlp prepare_mlp(const double* gate, const double* up, const double* down
   m.gate_bwd = m.gate_fwd;
   m.up_bwd = m.up_fwd;
   m.down_bwd = m.down_fwd;
-  r.quantize_weight(m.gate_fwd.data(), width, hidden, true);
-  r.quantize_weight(m.up_fwd.data(), width, hidden, true);
-  r.quantize_weight(m.down_fwd.data(), hidden, width, true);
-  r.quantize_weight(m.gate_bwd.data(), width, hidden, false);
-  r.quantize_weight(m.up_bwd.data(), width, hidden, false);
-  r.quantize_weight(m.down_bwd.data(), hidden, width, false);
+  // NVFP4 takes gate and up as one [2 width, H] matrix, as a fused w13 is: one per-tensor factor
+  // for both, so a GEMM contracting over both (the backward's dgrad) has one.
+  const bool fused = r.quant == OperandQuant::nvfp4 || r.quant == OperandQuant::nvfp4_weights;
+  for (const bool contract_over_cols : {true, false}) {
+    std::vector<double>& g = contract_over_cols ? m.gate_fwd : m.gate_bwd;
+    std::vector<double>& u = contract_over_cols ? m.up_fwd : m.up_bwd;
+    if (fused) {
+      std::vector<double> both(g);
+      both.insert(both.end(), u.begin(), u.end());
+      r.quantize_weight(both.data(), 2 * width, hidden, contract_over_cols);
+      std::copy(both.begin(), both.begin() + std::ptrdiff_t(n), g.begin());
+      std::copy(both.begin() + std::ptrdiff_t(n), both.end(), u.begin());
+    } else {
+      r.quantize_weight(g.data(), width, hidden, contract_over_cols);
+      r.quantize_weight(u.data(), width, hidden, contract_over_cols);
+    }
+    r.quantize_weight((contract_over_cols ? m.down_fwd : m.down_bwd).data(), hidden, width,
+                      contract_over_cols);
+  }
   return m;
 }
 

@@ -105,32 +105,40 @@ TEST(Nvfp4Gpu, ExpertsPackTheHostQuantizersCodesScalesAndFactors) {
   experts.quantize(bf16.weights(), nullptr);
   MOK_CUDA_OK(cudaDeviceSynchronize());
   const mok::gpu::Nvfp4Weights q = experts.weights();
+  // gate and up: the host quantizer's [2I, H] matrix of both (one per-tensor factor), first and
+  // second half; down on its own.
   const struct {
     const std::vector<double>* w;
-    int64_t rows, cols;
+    const std::vector<double>* with;  // quantized together with w, after it (nullptr: alone)
+    int64_t rows, cols, first_row;
     const uint8_t* packed;
     const uint16_t* factors;
     const float* s_dec;
-  } parts[3] = {{&p.gate, I, H, q.gate, q.gate_factors, q.gate_s_dec},
-                {&p.up, I, H, q.up, q.up_factors, q.up_s_dec},
-                {&p.down, H, I, q.down, q.down_factors, q.down_s_dec}};
+  } parts[3] = {{&p.gate, &p.up, I, H, 0, q.gate, q.gate_factors, q.gate_up_s_dec},
+                {&p.gate, &p.up, I, H, I, q.up, q.up_factors, q.gate_up_s_dec},
+                {&p.down, nullptr, H, I, 0, q.down, q.down_factors, q.down_s_dec}};
   for (int m = 0; m < 3; ++m) {
     SCOPED_TRACE("matrix " + std::to_string(m));
     const auto& part = parts[m];
-    const int64_t n = part.rows * part.cols;
+    const int64_t n = part.rows * part.cols, all_rows = part.with ? 2 * part.rows : part.rows;
     const std::vector<uint8_t> packed = fetch(part.packed, size_t(E * n / 2));
     const std::vector<uint16_t> factors = fetch(part.factors, size_t(E * n / 256));
     const std::vector<float> s_dec = fetch(part.s_dec, size_t(E));
     for (int64_t e = 0; e < E; ++e) {
       // The host quantizer reads the BF16 weights the GPU read.
-      std::vector<float> w(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i)
+      std::vector<float> w(static_cast<size_t>(all_rows * part.cols));
+      for (int64_t i = 0; i < n; ++i) {
         w[size_t(i)] = mok::fmt::round_to_bf16(float((*part.w)[size_t(e * n + i)]));
-      const mok::Nvfp4Tensor want = mok::quantize_nvfp4(w.data(), part.rows, part.cols, {16, 16});
+        if (part.with)
+          w[size_t(n + i)] = mok::fmt::round_to_bf16(float((*part.with)[size_t(e * n + i)]));
+      }
+      const mok::Nvfp4Tensor want = mok::quantize_nvfp4(w.data(), all_rows, part.cols, {16, 16});
       ASSERT_EQ(std::memcmp(&want.s_dec, &s_dec[size_t(e)], 4), 0) << "expert " << e;
+      const int64_t code0 = part.first_row * part.cols / 2,
+                    scale0 = part.first_row / 16 * (part.cols / 16);
       for (int64_t word = 0; word < n / 8; ++word) {
         uint32_t host = 0, got = 0;
-        std::memcpy(&host, &want.data[size_t(word * 4)], 4);
+        std::memcpy(&host, &want.data[size_t(code0 + word * 4)], 4);
         std::memcpy(&got, &packed[size_t((e * n + word * 8) / 2)], 4);
         uint32_t expect = 0;
         for (int k = 0; k < 8; ++k)
@@ -139,7 +147,7 @@ TEST(Nvfp4Gpu, ExpertsPackTheHostQuantizersCodesScalesAndFactors) {
       }
       for (int64_t rb = 0; rb < part.rows / 16; ++rb)
         for (int64_t cb = 0; cb < part.cols / 16; ++cb) {
-          const uint8_t scale = want.scales[size_t(rb * (part.cols / 16) + cb)];
+          const uint8_t scale = want.scales[size_t(scale0 + rb * (part.cols / 16) + cb)];
           const int64_t at =
               mok::fmt::nvfp4_widen_factor_offset(part.rows, rb * 16, cb / 4, int(cb % 4)) / 2;
           const uint16_t got = factors[size_t(e * n / 256 + at)];

@@ -29,7 +29,9 @@ struct Fp8BlockWeights {
 
 // The routed experts' weights in NVFP4 as the GPU forward reads them (Nvfp4Experts writes them
 // from the BF16 ones): E2M1 codes packed 8 per 32-bit word along K, each 16x16 block's UE4M3
-// scale as a BF16 factor, each matrix's FP32 per-tensor factor (mok/formats/nvfp4_widen.hpp).
+// scale as a BF16 factor, and FP32 per-tensor factors: one for each expert's gate and up together
+// (quantized as the one [2I, H] matrix a fused w13 is, so that a GEMM contracting over both, the
+// backward's dgrad, has one factor), one for its down (mok/formats/nvfp4_widen.hpp).
 struct Nvfp4Weights {
   const uint8_t* gate = nullptr;           // [E, I, H / 2]
   const uint8_t* up = nullptr;             // [E, I, H / 2]
@@ -37,8 +39,7 @@ struct Nvfp4Weights {
   const uint16_t* gate_factors = nullptr;  // [E, H / 64, I / 16, 4]
   const uint16_t* up_factors = nullptr;    // [E, H / 64, I / 16, 4]
   const uint16_t* down_factors = nullptr;  // [E, I / 64, H / 16, 4]
-  const float* gate_s_dec = nullptr;       // [E]
-  const float* up_s_dec = nullptr;         // [E]
+  const float* gate_up_s_dec = nullptr;    // [E]
   const float* down_s_dec = nullptr;       // [E]
 };
 

@@ -57,4 +57,14 @@ cudaError_t quantize_nvfp4_weights(const __nv_bfloat16* x, int64_t batches, int6
                                    int64_t cols, bool transposed, uint8_t* data, uint8_t* scales,
                                    float* s_dec, uint32_t* amax_scratch, cudaStream_t stream);
 
+// Two such sets x0, x1 (each [batches, rows, cols]) quantized as one matrix [2 rows, cols] per
+// batch: one per-tensor factor s_dec [batches] from the amax over both (the experts' gate and up
+// weights as the one fused [2I, H] matrix they are), codes and scales of each into its own arrays
+// as quantize_nvfp4_weights lays them out. The same conditions.
+cudaError_t quantize_nvfp4_weights_joint(const __nv_bfloat16* x0, const __nv_bfloat16* x1,
+                                         int64_t batches, int64_t rows, int64_t cols,
+                                         bool transposed, uint8_t* data0, uint8_t* data1,
+                                         uint8_t* scales0, uint8_t* scales1, float* s_dec,
+                                         uint32_t* amax_scratch, cudaStream_t stream);
+
 }  // namespace mok::gpu

@@ -1,6 +1,7 @@
 // The routed experts' weights in NVFP4 on the device (precision nvfp4, Hopper's recipe: NVFP4
 // weights, BF16 activations): quantized from their BF16 weights by GPU kernels (each matrix as
-// quantize_nvfp4(..., {16, 16}) quantizes it: the same codes, scales and per-tensor factor), then
+// quantize_nvfp4(..., {16, 16}) quantizes it, gate and up as one [2I, H] matrix: the same codes,
+// scales and per-tensor factors), then
 // packed into the layout the forward widens from (mok/formats/nvfp4_widen.hpp). A quarter of the
 // BF16 weights' bytes, plus 1/128 for the factors.
 #pragma once
@@ -41,7 +42,7 @@ class Nvfp4Experts {
   uint8_t* codes_ = nullptr;     // packed gate | up | down, then the quantizer's gate | up | down
   uint8_t* scales_ = nullptr;    // the quantizer's UE4M3 scales, gate | up | down
   uint16_t* factors_ = nullptr;  // gate | up | down
-  float* s_dec_ = nullptr;       // gate | up | down, [E] each
+  float* s_dec_ = nullptr;       // gate and up's, then down's, [E] each
   uint32_t* amax_ = nullptr;     // the quantizer's scratch, [E]
 };
 

@@ -102,11 +102,12 @@ struct ForwardParams {
   const float* down_scales;              // [E, H / 128, I / 128]
   int routed_block_k;                    // K elements per ring stage of a routed tile: 64
                                          // (BF16) or 128 (fp8_block)
-  // nvfp4: each local expert matrix's FP32 per-tensor factor, applied to the accumulators.
-  const float *gate_s_dec, *up_s_dec, *down_s_dec;  // [E]
-  __nv_bfloat16* y_slots;   // [T * K, H]: expert output of each (token, k) slot
-  __nv_bfloat16* y_shared;  // [T, H]
-  __nv_bfloat16* out;       // [T, H]
+  // nvfp4: each local expert's FP32 per-tensor factors (gate and up share one), applied in the
+  // epilogues.
+  const float *gate_up_s_dec, *down_s_dec;  // [E]
+  __nv_bfloat16* y_slots;                   // [T * K, H]: expert output of each (token, k) slot
+  __nv_bfloat16* y_shared;                  // [T, H]
+  __nv_bfloat16* out;                       // [T, H]
   // Dataflow counters, zero at launch (one memset before each forward).
   uint32_t* x_ready;    // [capacity / 128]: 1 once dispatch wrote the row block
   uint32_t* act_ready;  // [capacity / 128]: +1 per warpgroup per gate/up tile; once complete the

@@ -72,9 +72,9 @@ __device__ __forceinline__ void store_pre_activations(const float (&d)[kBlockN /
 // Gate/up epilogue of 64 rows from row0: SwiGLU into act (or act_shared); kKeepGateUp (a training
 // forward, its own instantiation: in the inference kernel the extra stores made ptxas spill) also
 // stores the pre-activations into gate_up (gate_up_shared): the tile's gate half at the row's
-// column n_tile * kBlockN / 2, its up half `width` columns further. A routed tile under nvfp4: the
-// gate half times its expert's gate per-tensor factor, the up half times up's, before SwiGLU;
-// under mxfp8: the activations rounded to their MX values.
+// column n_tile * kBlockN / 2, its up half `width` columns further. A routed tile under nvfp4:
+// times its expert's gate/up per-tensor factor before SwiGLU; under mxfp8: the activations rounded
+// to their MX values.
 template <int kBlockN, bool kKeepGateUp, RoutedWeights kRouted = RoutedWeights::bf16>
 __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const TileWork& w,
                                               const float (&d)[kBlockN / 2], int row0) {
@@ -83,10 +83,10 @@ __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const Tile
   const int64_t width = routed ? p.intermediate : p.shared_width;
   const int64_t col0 = int64_t(w.n_tile) * (kBlockN / 2);
   __nv_bfloat16* out = (routed ? p.act : p.act_shared) + row0 * width + col0;
-  if (kRouted == RoutedWeights::nvfp4 && routed)
-    swiglu_tile<kBlockN, true>(d, out + r * width, out + (r + 8) * width,
-                               __ldg(p.gate_s_dec + w.expert), __ldg(p.up_s_dec + w.expert));
-  else if (kRouted == RoutedWeights::mxfp8 && routed)
+  if (kRouted == RoutedWeights::nvfp4 && routed) {
+    const float s = __ldg(p.gate_up_s_dec + w.expert);
+    swiglu_tile<kBlockN, true>(d, out + r * width, out + (r + 8) * width, s, s);
+  } else if (kRouted == RoutedWeights::mxfp8 && routed)
     swiglu_mx_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
   else
     swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
