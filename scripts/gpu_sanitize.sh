@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after scripts/gpu_build.sh: compute-sanitizer's memcheck, racecheck,
 # synccheck and initcheck on the forward and backward megakernels (tiny, EP = 1), an emulated EP
-# group of two (forward and backward), the fp8_block forward and one standard shape (qwen3-30b:
+# group of two (forward and backward), the fp8_block, nvfp4 and mxfp8 forwards and one standard
+# shape (qwen3-30b:
 # the forward at T = 2048, the backward at T = 4096). Prints one line per run and a table of
 # the error counts (docs/reliability.md records the last one). TOOLS="memcheck" narrows it.
 set -uo pipefail
@@ -12,6 +13,8 @@ targets=(
   "backward tiny|$T/test_moe_backward_gpu|*SkewedRoutingZeroWeightsAndAnEmptyBatch"
   "emulated EP 2|$T/test_emulated_ep_backward_gpu|*TwoRanks*"
   "fp8_block forward|$T/test_fp8_block_gpu|*ForwardMatchesTheQuantizedReference"
+  "nvfp4 forward|$T/test_nvfp4_gpu|*ForwardMatchesTheQuantizedReference"
+  "mxfp8 forward|$T/test_mxfp8_gpu|*ForwardMatchesTheQuantizedReference"
   "qwen3-30b forward|$T/test_forward_gpu|ForwardGpu/1.StandardShapeAgreesWithTheCublasPipeline"
   "qwen3-30b backward|$T/test_backward_sampled_gpu|*Qwen3_30b*"
 )
