@@ -3,8 +3,8 @@
 # synccheck and initcheck on the forward and backward megakernels (tiny, EP = 1), an emulated EP
 # group of two (forward and backward), the fp8_block, nvfp4 and mxfp8 forwards and one standard
 # shape (qwen3-30b: the forward at T = 2048, the backward at T = 4096). Prints one line per run
-# and a table of
-# the error counts (docs/reliability.md records the last one). TOOLS="memcheck" narrows it.
+# and a table of the error counts (docs/reliability.md records the last one). TOOLS="memcheck"
+# narrows it.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 MOK_WAIT_SECONDS=300  # the kernels run ~100x slower under the tools
 T=build-gpu/tests
