@@ -62,7 +62,7 @@ Mxfp8Weights Mxfp8Experts::weights() const {
           factors_, factors_ + factors, factors_ + 2 * factors};
 }
 
-const uint8_t* Mxfp8Experts::quantized_scales(int matrix) const {
+uint8_t* Mxfp8Experts::quantized_scales(int matrix) const {
   return scales_ + matrix * (experts_ * hidden_ * intermediate_ / 32);
 }
 
@@ -87,7 +87,7 @@ void Mxfp8Experts::quantize(const DeviceLayerWeights& w, cudaStream_t stream) {
                 {w.down, hidden_, intermediate_, q.down, q.down_factors}};
   for (int m = 0; m < 3; ++m) {
     const auto& part = parts[m];
-    uint8_t* scales = const_cast<uint8_t*>(quantized_scales(m));
+    uint8_t* scales = quantized_scales(m);
     detail::check_cuda(
         quantize_mxfp8_weights(part.from, experts_, part.rows, part.cols, MxScaleRule::rceil, false,
                                const_cast<uint8_t*>(part.codes), scales, stream),

@@ -13,16 +13,17 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Element k of each 8-element word (nibble k in the quantizer's layout) to its packed nibble.
-__global__ void pack_codes_kernel(const uint32_t* in, uint32_t* out, int64_t words) {
+// Element k of each 8-element word (nibble k in the quantizer's layout) to its packed nibble, in
+// place (each thread reads and rewrites its own words).
+__global__ void pack_codes_kernel(uint32_t* codes, int64_t words) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < words;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const uint32_t w = in[i];
+    const uint32_t w = codes[i];
     uint32_t packed = 0;
 #pragma unroll
     for (int k = 0; k < 8; ++k)
       packed |= ((w >> (4 * k)) & 0xFu) << (4 * fmt::nvfp4_packed_nibble(k));
-    out[i] = packed;
+    codes[i] = packed;
   }
 }
 
@@ -57,7 +58,7 @@ Nvfp4Experts::Nvfp4Experts(const Config& c)
   const size_t matrix = size_t(hidden_ * intermediate_), per_set = size_t(experts_) * matrix;
   const char* what = "cudaMalloc (nvfp4 expert weights)";
   try {
-    codes_ = detail::device_alloc<uint8_t>(2 * 3 * per_set / 2, what);
+    codes_ = detail::device_alloc<uint8_t>(3 * per_set / 2, what);
     scales_ = detail::device_alloc<uint8_t>(3 * per_set / 256, what);
     factors_ = detail::device_alloc<uint16_t>(3 * per_set / 256, what);
     s_dec_ = detail::device_alloc<float>(2 * size_t(experts_), what);
@@ -81,11 +82,7 @@ Nvfp4Weights Nvfp4Experts::weights() const {
           s_dec_,   s_dec_ + experts_};
 }
 
-const uint8_t* Nvfp4Experts::quantized_codes(int matrix) const {
-  return codes_ + (3 + matrix) * (experts_ * hidden_ * intermediate_ / 2);
-}
-
-const uint8_t* Nvfp4Experts::quantized_scales(int matrix) const {
+uint8_t* Nvfp4Experts::quantized_scales(int matrix) const {
   return scales_ + matrix * (experts_ * hidden_ * intermediate_ / 256);
 }
 
@@ -107,8 +104,8 @@ void Nvfp4Experts::quantize(const DeviceLayerWeights& w, cudaStream_t stream) {
   } parts[3] = {{intermediate_, hidden_, q.gate, q.gate_factors},
                 {intermediate_, hidden_, q.up, q.up_factors},
                 {hidden_, intermediate_, q.down, q.down_factors}};
-  auto codes = [&](int m) { return const_cast<uint8_t*>(quantized_codes(m)); };
-  auto scales = [&](int m) { return const_cast<uint8_t*>(quantized_scales(m)); };
+  auto codes = [&](int m) { return const_cast<uint8_t*>(parts[m].packed); };
+  auto scales = [&](int m) { return quantized_scales(m); };
   // gate and up as one matrix (one factor per expert), down on its own.
   detail::check_cuda(quantize_nvfp4_weights_joint(
                          w.gate, w.up, experts_, intermediate_, hidden_, false, codes(0), codes(1),
@@ -122,8 +119,7 @@ void Nvfp4Experts::quantize(const DeviceLayerWeights& w, cudaStream_t stream) {
   for (int m = 0; m < 3; ++m) {
     const auto& part = parts[m];
     pack_codes_kernel<<<blocks_for(words), kThreads, 0, stream>>>(
-        reinterpret_cast<const uint32_t*>(codes(m)),
-        reinterpret_cast<uint32_t*>(const_cast<uint8_t*>(part.packed)), words);
+        reinterpret_cast<uint32_t*>(codes(m)), words);
     pack_factors_kernel<<<blocks_for(experts_ * hidden_ * intermediate_ / 256), kThreads, 0,
                           stream>>>(scales(m), const_cast<uint16_t*>(part.factors), experts_,
                                     part.rows, part.cols);

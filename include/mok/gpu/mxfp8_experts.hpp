@@ -28,10 +28,12 @@ class Mxfp8Experts {
   Mxfp8Weights weights() const;
   // w with its mxfp8 weights set to these.
   DeviceLayerWeights with(const DeviceLayerWeights& w) const;
-  // The quantizer's E8M0 scales of one matrix set (0 gate, 1 up, 2 down): [E, rows, cols / 32].
-  const uint8_t* quantized_scales(int matrix) const;
 
  private:
+  // The quantizer's E8M0 scales of one matrix set (0 gate, 1 up, 2 down), [E, rows, cols / 32],
+  // which the factors are packed from.
+  uint8_t* quantized_scales(int matrix) const;
+
   int64_t experts_, hidden_, intermediate_;
   uint8_t* codes_ = nullptr;     // gate | up | down
   uint8_t* scales_ = nullptr;    // the quantizer's, gate | up | down

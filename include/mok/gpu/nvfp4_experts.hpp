@@ -2,8 +2,8 @@
 // weights, BF16 activations): quantized from their BF16 weights by GPU kernels (each matrix as
 // quantize_nvfp4(..., {16, 16}) quantizes it, gate and up as one [2I, H] matrix: the same codes,
 // scales and per-tensor factors), then
-// packed into the layout the forward widens from (mok/formats/nvfp4_widen.hpp). A quarter of the
-// BF16 weights' bytes, plus 1/128 for the factors.
+// packed in place into the layout the forward widens from (mok/formats/nvfp4_widen.hpp). A quarter
+// of the BF16 weights' bytes, plus 1/128 for the factors and 1/256 for the scales they come from.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -31,15 +31,13 @@ class Nvfp4Experts {
   // w with its nvfp4 weights set to these.
   DeviceLayerWeights with(const DeviceLayerWeights& w) const;
 
-  // The quantizer's own output for one matrix set (0 gate, 1 up, 2 down), as quantize_nvfp4_weights
-  // writes it (codes [E, rows, cols / 2], element 2i in the low nibble; scales [E, rows / 16,
-  // cols / 16] UE4M3): for tests that check the packing against the host quantizer.
-  const uint8_t* quantized_codes(int matrix) const;
-  const uint8_t* quantized_scales(int matrix) const;
-
  private:
+  // The quantizer's UE4M3 scales of one matrix set (0 gate, 1 up, 2 down), [E, rows / 16,
+  // cols / 16], which the factors are packed from.
+  uint8_t* quantized_scales(int matrix) const;
+
   int64_t experts_, hidden_, intermediate_;
-  uint8_t* codes_ = nullptr;     // packed gate | up | down, then the quantizer's gate | up | down
+  uint8_t* codes_ = nullptr;     // gate | up | down: the quantizer's codes, then packed in place
   uint8_t* scales_ = nullptr;    // the quantizer's UE4M3 scales, gate | up | down
   uint16_t* factors_ = nullptr;  // gate | up | down
   float* s_dec_ = nullptr;       // gate and up's, then down's, [E] each
