@@ -22,15 +22,19 @@ import torch.nn.functional as F
 from torch_shapes import add_shape_arguments, selected_shapes, forward_flops, make_layer, time_ms
 
 
-def forward(p, x, ids, w, k):
+def bf16_experts(p, xs, offs):
+    """The routed experts' SwiGLU over rows xs sorted by expert (group ends offs)."""
+    hgu = torch._grouped_mm(xs, p["w13"].transpose(-2, -1), offs=offs)
+    g, u = hgu.chunk(2, dim=-1)
+    return torch._grouped_mm(F.silu(g) * u, p["w2"].transpose(-2, -1), offs=offs)
+
+
+def forward(p, x, ids, w, k, experts=bf16_experts):
     flat = ids.view(-1)
     order = torch.argsort(flat, stable=True)
     token = order // k
     offs = torch.cumsum(torch.bincount(flat, minlength=p["w13"].shape[0]), 0).to(torch.int32)
-    xs = x[token]
-    hgu = torch._grouped_mm(xs, p["w13"].transpose(-2, -1), offs=offs)
-    g, u = hgu.chunk(2, dim=-1)
-    y = torch._grouped_mm(F.silu(g) * u, p["w2"].transpose(-2, -1), offs=offs)
+    y = experts(p, x[token], offs)
     y = y * w.view(-1)[order].unsqueeze(-1).to(y.dtype)
     if "s13" in p:
         sg, su = (x @ p["s13"].T).chunk(2, dim=-1)

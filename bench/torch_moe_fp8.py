@@ -15,8 +15,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from torch_moe_forward import forward as forward_bf16
-from torch_moe_forward import median_ms
+from torch_moe_forward import forward, median_ms
 from torch_shapes import add_shape_arguments, selected_shapes, forward_flops, make_layer
 
 E4M3_MAX = 448.0
@@ -38,23 +37,17 @@ def quantize_weights(p):
     return {"w13": w13.transpose(-2, -1), "s13": s13, "w2": w2.transpose(-2, -1), "s2": s2}
 
 
-def forward_fp8(p, q, x, ids, w, k):
-    flat = ids.view(-1)
-    order = torch.argsort(flat, stable=True)
-    token = order // k
-    offs = torch.cumsum(torch.bincount(flat, minlength=q["w13"].shape[0]), 0).to(torch.int32)
-    xq, xs = rowwise_e4m3(x[token])
-    hgu = torch._scaled_grouped_mm(xq, q["w13"], xs, q["s13"], offs=offs, out_dtype=torch.bfloat16)
-    g, u = hgu.chunk(2, dim=-1)
-    aq, as_ = rowwise_e4m3(F.silu(g) * u)
-    y = torch._scaled_grouped_mm(aq, q["w2"], as_, q["s2"], offs=offs, out_dtype=torch.bfloat16)
-    y = y * w.view(-1)[order].unsqueeze(-1).to(y.dtype)
-    if "s13" in p:
-        sg, su = (x @ p["s13"].T).chunk(2, dim=-1)
-        out = (F.silu(sg) * su) @ p["s2"].T
-    else:
-        out = torch.zeros_like(x)
-    return out.index_add_(0, token, y)
+def fp8_experts(q):
+    """torch_moe_forward.forward's routed experts in FP8, over the quantized weights q."""
+    def experts(p, xs, offs):
+        xq, x_scale = rowwise_e4m3(xs)
+        hgu = torch._scaled_grouped_mm(xq, q["w13"], x_scale, q["s13"], offs=offs,
+                                       out_dtype=torch.bfloat16)
+        g, u = hgu.chunk(2, dim=-1)
+        aq, a_scale = rowwise_e4m3(F.silu(g) * u)
+        return torch._scaled_grouped_mm(aq, q["w2"], a_scale, q["s2"], offs=offs,
+                                         out_dtype=torch.bfloat16)
+    return experts
 
 
 def main():
@@ -72,14 +65,14 @@ def main():
         p, x, ids, w = make_layer(h, i, e, k, s, t, gen)
         ids = ids.to(torch.int32)
         flops = forward_flops(h, i, k, s, t)
-        run_bf16 = lambda: forward_bf16(p, x, ids, w, k)  # noqa: E731
+        run_bf16 = lambda: forward(p, x, ids, w, k)  # noqa: E731
         for _ in range(5):
             run_bf16()
         torch.cuda.synchronize()
         ms_bf16 = median_ms(run_bf16, args.iterations)
         try:
             q = quantize_weights(p)
-            run_fp8 = lambda: forward_fp8(p, q, x, ids, w, k)  # noqa: E731
+            run_fp8 = lambda: forward(p, x, ids, w, k, experts=fp8_experts(q))  # noqa: E731
             for _ in range(5):
                 run_fp8()
             torch.cuda.synchronize()

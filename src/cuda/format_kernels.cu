@@ -302,29 +302,14 @@ cudaError_t quantize_mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int6
   return cudaGetLastError();
 }
 
-cudaError_t quantize_nvfp4_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
-                                   int64_t cols, bool transposed, uint8_t* data, uint8_t* scales,
-                                   float* s_dec, uint32_t* amax_scratch, cudaStream_t stream) {
-  if (batches < 0 || rows < 0 || cols < 0 || batches > 65535 || rows % 16 != 0 || cols % 16 != 0)
-    return cudaErrorInvalidValue;
-  const int64_t per_matrix = rows * cols;
-  if (batches == 0 || per_matrix == 0) return cudaSuccess;
-  if (cudaError_t e = cudaMemsetAsync(amax_scratch, 0, size_t(batches) * sizeof(uint32_t), stream);
-      e != cudaSuccess)
-    return e;
-  finite_amax_batched_kernel<<<dim3(unsigned(std::min<int64_t>(256, blocks_for(per_matrix))),
-                                    unsigned(batches)),
-                               kThreads, 0, stream>>>(x, per_matrix, amax_scratch);
-  nvfp4_weights_kernel<<<blocks_for(batches * per_matrix / 256), kThreads, 0, stream>>>(
-      x, batches, rows, cols, transposed, amax_scratch, data, scales, s_dec);
-  return cudaGetLastError();
-}
+namespace {
 
-cudaError_t quantize_nvfp4_weights_joint(const __nv_bfloat16* x0, const __nv_bfloat16* x1,
-                                         int64_t batches, int64_t rows, int64_t cols,
-                                         bool transposed, uint8_t* data0, uint8_t* data1,
-                                         uint8_t* scales0, uint8_t* scales1, float* s_dec,
-                                         uint32_t* amax_scratch, cudaStream_t stream) {
+// quantize_nvfp4_weights over `sets` matrix sets (1 or 2) with one per-tensor factor per batch
+// from the amax over all of them.
+cudaError_t nvfp4_weight_sets(const __nv_bfloat16* const* x, int sets, int64_t batches,
+                              int64_t rows, int64_t cols, bool transposed, uint8_t* const* data,
+                              uint8_t* const* scales, float* s_dec, uint32_t* amax_scratch,
+                              cudaStream_t stream) {
   if (batches < 0 || rows < 0 || cols < 0 || batches > 65535 || rows % 16 != 0 || cols % 16 != 0)
     return cudaErrorInvalidValue;
   const int64_t per_matrix = rows * cols;
@@ -333,13 +318,33 @@ cudaError_t quantize_nvfp4_weights_joint(const __nv_bfloat16* x0, const __nv_bfl
       e != cudaSuccess)
     return e;
   const dim3 amax_grid(unsigned(std::min<int64_t>(256, blocks_for(per_matrix))), unsigned(batches));
-  for (const __nv_bfloat16* x : {x0, x1})  // one amax over both
-    finite_amax_batched_kernel<<<amax_grid, kThreads, 0, stream>>>(x, per_matrix, amax_scratch);
-  nvfp4_weights_kernel<<<blocks_for(batches * per_matrix / 256), kThreads, 0, stream>>>(
-      x0, batches, rows, cols, transposed, amax_scratch, data0, scales0, s_dec);
-  nvfp4_weights_kernel<<<blocks_for(batches * per_matrix / 256), kThreads, 0, stream>>>(
-      x1, batches, rows, cols, transposed, amax_scratch, data1, scales1, s_dec);
+  for (int m = 0; m < sets; ++m)
+    finite_amax_batched_kernel<<<amax_grid, kThreads, 0, stream>>>(x[m], per_matrix, amax_scratch);
+  for (int m = 0; m < sets; ++m)
+    nvfp4_weights_kernel<<<blocks_for(batches * per_matrix / 256), kThreads, 0, stream>>>(
+        x[m], batches, rows, cols, transposed, amax_scratch, data[m], scales[m], s_dec);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t quantize_nvfp4_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                   int64_t cols, bool transposed, uint8_t* data, uint8_t* scales,
+                                   float* s_dec, uint32_t* amax_scratch, cudaStream_t stream) {
+  return nvfp4_weight_sets(&x, 1, batches, rows, cols, transposed, &data, &scales, s_dec,
+                           amax_scratch, stream);
+}
+
+cudaError_t quantize_nvfp4_weights_joint(const __nv_bfloat16* x0, const __nv_bfloat16* x1,
+                                         int64_t batches, int64_t rows, int64_t cols,
+                                         bool transposed, uint8_t* data0, uint8_t* data1,
+                                         uint8_t* scales0, uint8_t* scales1, float* s_dec,
+                                         uint32_t* amax_scratch, cudaStream_t stream) {
+  const __nv_bfloat16* x[2] = {x0, x1};
+  uint8_t* data[2] = {data0, data1};
+  uint8_t* scales[2] = {scales0, scales1};
+  return nvfp4_weight_sets(x, 2, batches, rows, cols, transposed, data, scales, s_dec, amax_scratch,
+                           stream);
 }
 
 }  // namespace mok::gpu

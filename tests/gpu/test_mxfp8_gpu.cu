@@ -30,15 +30,16 @@ mok::Config mxfp8_config(int H, int I, int E, int K, int shared, int max_tokens)
 }
 using Mxfp8Layer = QuantizedLayer<Mxfp8Experts>;
 
-// One staging slot through widen_mxfp8_tile as the converter warps run it (96 threads), into a
-// B tile in shared memory, copied out as it lies (128B-swizzled).
+// One staging slot through widen_tile<Mxfp8Stage<128>> as the converter warps run it (96 threads),
+// into a B tile in shared memory, copied out as it lies (128B-swizzled).
 __global__ void widen_kernel(const uint8_t* slot_in, uint8_t* tile_out) {
   using Stage = mok::kern::Mxfp8Stage<128>;
   __shared__ alignas(128) uint8_t slot[Stage::kSlotBytes];
   __shared__ alignas(1024) uint8_t tile[128 * 128];
   for (uint32_t i = threadIdx.x; i < Stage::kSlotBytes; i += blockDim.x) slot[i] = slot_in[i];
   __syncthreads();
-  mok::kern::widen_mxfp8_tile<128>(slot, tile, int(threadIdx.x / 32), int(threadIdx.x % 32));
+  mok::kern::widen_tile<mok::kern::Mxfp8Stage<128>>(slot, tile, int(threadIdx.x / 32),
+                                                    int(threadIdx.x % 32));
   __syncthreads();
   for (uint32_t i = threadIdx.x; i < sizeof(tile); i += blockDim.x) tile_out[i] = tile[i];
 }

@@ -28,15 +28,16 @@ mok::Config nvfp4_config(int H, int I, int E, int K, int shared, int max_tokens)
 }
 using Nvfp4Layer = QuantizedLayer<Nvfp4Experts>;
 
-// One staging slot through widen_nvfp4_tile as the converter warps run it (96 threads), into a
-// B tile in shared memory, copied out as it lies (128B-swizzled).
+// One staging slot through widen_tile<Nvfp4Stage<256>> as the converter warps run it (96 threads),
+// into a B tile in shared memory, copied out as it lies (128B-swizzled).
 __global__ void widen_kernel(const uint8_t* slot_in, uint8_t* tile_out) {
   using Stage = mok::kern::Nvfp4Stage<256>;
   __shared__ alignas(128) uint8_t slot[Stage::kSlotBytes];
   __shared__ alignas(1024) uint8_t tile[256 * 128];
   for (uint32_t i = threadIdx.x; i < Stage::kSlotBytes; i += blockDim.x) slot[i] = slot_in[i];
   __syncthreads();
-  mok::kern::widen_nvfp4_tile<256>(slot, tile, int(threadIdx.x / 32), int(threadIdx.x % 32));
+  mok::kern::widen_tile<mok::kern::Nvfp4Stage<256>>(slot, tile, int(threadIdx.x / 32),
+                                                    int(threadIdx.x % 32));
   __syncthreads();
   for (uint32_t i = threadIdx.x; i < sizeof(tile); i += blockDim.x) tile_out[i] = tile[i];
 }

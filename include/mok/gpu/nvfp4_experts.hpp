@@ -3,7 +3,7 @@
 // quantize_nvfp4(..., {16, 16}) quantizes it, gate and up as one [2I, H] matrix: the same codes,
 // scales and per-tensor factors), then
 // packed in place into the layout the forward widens from (mok/formats/nvfp4_widen.hpp). A quarter
-// of the BF16 weights' bytes, plus 1/128 for the factors and 1/256 for the scales they come from.
+// of the BF16 weights' bytes, plus 1/256 for the factors and 1/512 for the scales they come from.
 #pragma once
 #include <cuda_runtime_api.h>
 

@@ -30,47 +30,78 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
 constexpr int kWidenWarps = 3;  // producer warps 1-3; warp 0's lane 0 issues the TMA loads
 constexpr int kWidenSlots = 3;  // staging slots: the TMA runs two stages ahead of the converters
 
-// One staging slot of a kRows-row B tile of NVFP4 (a gate/up tile: gate rows, then up rows):
-// codes [kRows][32 bytes], then per half of the rows its factors [kRows / 32][4] BF16, each half
-// one TMA box at a 128-byte boundary (TMA's shared-memory alignment).
-template <int kRows>
-struct Nvfp4Stage {
-  static_assert(kRows % 32 == 0 && kRows <= 256, "halves of whole 16-row scale blocks");
-  static_assert(fmt::kNvfp4WidenK == kBlockK, "one staging slot per BF16 ring stage");
-  static constexpr uint32_t kRowCodeBytes = kBlockK / 2;  // a row's codes per stage
+// A staging slot of a kRows-row B tile (a gate/up tile: gate rows, then up rows): the rows'
+// codes for one ring stage (kRowCodeBytes each), then per half of the rows its factors
+// (kHalfFactorBytes), each half one TMA box at a 128-byte boundary (TMA's shared-memory alignment).
+template <int kRows, uint32_t kRowCodeBytes_, uint32_t kHalfFactorBytes_>
+struct StagingSlot {
+  static constexpr uint32_t kRowCodeBytes = kRowCodeBytes_;
+  static constexpr uint32_t kHalfFactorBytes = kHalfFactorBytes_;
   static constexpr uint32_t kCodeBytes = uint32_t(kRows) * kRowCodeBytes;
-  static constexpr uint32_t kHalfFactorBytes = uint32_t(kRows / 2 / 16) * 4 * 2;
-  static constexpr uint32_t kBytes = kCodeBytes + 2 * kHalfFactorBytes;  // TMA transaction bytes
-  static constexpr uint32_t kSlotBytes = kCodeBytes + 2 * 128;
-  static_assert(kCodeBytes % 128 == 0 && kHalfFactorBytes <= 128 && kHalfFactorBytes % 16 == 0,
-                "boxes at 128-byte boundaries, whole 16-byte units");
-  // Offset of the factor of row r's 16-column block b (0-3) in the slot.
-  __host__ __device__ static constexpr uint32_t factor_offset(uint32_t r, uint32_t b) {
-    return kCodeBytes + r / (kRows / 2) * 128u + r % (kRows / 2) / 16u * 8u + b * 2u;
-  }
-  // Byte coordinate of row `row`'s factors in a stage's row of the factor map.
-  __host__ __device__ static constexpr int factor_x(int row) { return row / 16 * 8; }
-};
-
-// One staging slot of a kRows-row B tile of MXFP8: codes [kRows][64 bytes], then per half of the
-// rows its factors [kRows / 2][2] BF16 (one per 32-column block), each half one TMA box at a
-// 128-byte boundary.
-template <int kRows>
-struct Mxfp8Stage {
-  static_assert(kRows % 8 == 0 && kRows <= 256, "halves of whole warp steps, one TMA box");
-  static_assert(fmt::kMxfp8WidenK == kBlockK, "one staging slot per BF16 ring stage");
-  static constexpr uint32_t kRowCodeBytes = kBlockK;
-  static constexpr uint32_t kCodeBytes = uint32_t(kRows) * kRowCodeBytes;
-  static constexpr uint32_t kHalfFactorBytes = uint32_t(kRows / 2) * 2 * 2;
   static constexpr uint32_t kHalfStride = (kHalfFactorBytes + 127) / 128 * 128;
   static constexpr uint32_t kBytes = kCodeBytes + 2 * kHalfFactorBytes;  // TMA transaction bytes
   static constexpr uint32_t kSlotBytes = kCodeBytes + 2 * kHalfStride;
+  static_assert(kRows % 8 == 0 && kRows <= 256, "halves of whole warp steps, one TMA box");
   static_assert(kCodeBytes % 128 == 0 && kHalfFactorBytes % 16 == 0 && kHalfFactorBytes <= 256,
                 "boxes at 128-byte boundaries, whole 16-byte units, at most 256 bytes wide");
+  // Where the factors of row r's half begin in the slot, and r's row inside that half.
+  __host__ __device__ static constexpr uint32_t half_offset(uint32_t r) {
+    return kCodeBytes + r / (kRows / 2) * kHalfStride;
+  }
+  __host__ __device__ static constexpr uint32_t in_half(uint32_t r) { return r % (kRows / 2); }
+};
+
+// NVFP4: 32 code bytes per row (mok/formats/nvfp4_widen.hpp's packed words), per 16 rows the 4
+// factors of the stage's 16x16 blocks.
+template <int kRows>
+struct Nvfp4Stage : StagingSlot<kRows, kBlockK / 2, uint32_t(kRows / 2 / 16) * 4 * 2> {
+  using Slot = StagingSlot<kRows, kBlockK / 2, uint32_t(kRows / 2 / 16) * 4 * 2>;
+  static_assert(kRows % 32 == 0, "halves of whole 16-row scale blocks");
+  static_assert(fmt::kNvfp4WidenK == kBlockK, "one staging slot per BF16 ring stage");
+  // Offset of the factor of row r's 16-column block b (0-3) in the slot.
   __host__ __device__ static constexpr uint32_t factor_offset(uint32_t r, uint32_t b) {
-    return kCodeBytes + r / (kRows / 2) * kHalfStride + r % (kRows / 2) * 4u + b * 2u;
+    return Slot::half_offset(r) + Slot::in_half(r) / 16u * 8u + b * 2u;
+  }
+  // Byte coordinate of row `row`'s factors in a stage's row of the factor map.
+  __host__ __device__ static constexpr int factor_x(int row) { return row / 16 * 8; }
+  // Row `row`'s 16-byte output chunk `chunk` (8 elements, one code word, one factor).
+  __device__ static uint4 widen_chunk(const uint8_t* slot, uint32_t row, uint32_t chunk) {
+    const uint32_t pre = uint32_t(fmt::kNvfp4WidenPre) * 0x10001u;
+    const uint32_t word = *reinterpret_cast<const uint32_t*>(slot + row * 32u + chunk * 4u);
+    const uint32_t factor =
+        uint32_t(*reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2))) *
+        0x10001u;
+    uint32_t out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      out[j] = mul_bf16x2(mul_bf16x2(fmt::nvfp4_widen_pair_bits(word, j), pre), factor);
+    return make_uint4(out[0], out[1], out[2], out[3]);
+  }
+};
+
+// MXFP8: 64 code bytes per row, per row the 2 factors of the stage's 32-column blocks.
+template <int kRows>
+struct Mxfp8Stage : StagingSlot<kRows, kBlockK, uint32_t(kRows / 2) * 2 * 2> {
+  using Slot = StagingSlot<kRows, kBlockK, uint32_t(kRows / 2) * 2 * 2>;
+  static_assert(fmt::kMxfp8WidenK == kBlockK, "one staging slot per BF16 ring stage");
+  __host__ __device__ static constexpr uint32_t factor_offset(uint32_t r, uint32_t b) {
+    return Slot::half_offset(r) + Slot::in_half(r) * 4u + b * 2u;
   }
   __host__ __device__ static constexpr int factor_x(int row) { return row * 4; }
+  // Row `row`'s 16-byte output chunk `chunk` (8 codes in two words, one 32-column block's factor).
+  __device__ static uint4 widen_chunk(const uint8_t* slot, uint32_t row, uint32_t chunk) {
+    const uint32_t pre = uint32_t(fmt::kMxfp8WidenPre) * 0x10001u;
+    const uint2 words = *reinterpret_cast<const uint2*>(slot + row * 64u + chunk * 8u);
+    const uint32_t factor =
+        uint32_t(*reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 4))) *
+        0x10001u;
+    uint32_t out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      out[j] = mul_bf16x2(
+          mul_bf16x2(fmt::mxfp8_widen_pair_bits(j < 2 ? words.x : words.y, j % 2), pre), factor);
+    return make_uint4(out[0], out[1], out[2], out[3]);
+  }
 };
 
 // The staging ring: slots after the BF16 ring in dynamic shared memory, a full barrier per slot
@@ -90,54 +121,18 @@ struct WidenRing {
   }
 };
 
-// Converter warp `warp` (0-2) widens its share of a staged kRows x 64 NVFP4 tile into the BF16 B
-// tile: lane l takes 16-byte chunk l % 8 of rows 4 g + l / 8 for g = warp, warp + 3, ... (a warp
-// reads 128 contiguous code bytes and writes four whole swizzled rows per step).
-template <int kRows>
-__device__ __forceinline__ void widen_nvfp4_tile(const uint8_t* slot, uint8_t* tile_b, int warp,
-                                                 int lane) {
-  using Stage = Nvfp4Stage<kRows>;
+// Converter warp `warp` (0-2) widens its share of a staged tile (Stage: Nvfp4Stage or Mxfp8Stage)
+// into the BF16 B tile: lane l takes 16-byte output chunk l % 8 of rows 4 g + l / 8 for g = warp,
+// warp + 3, ... (a warp reads whole rows of codes and writes four whole swizzled rows per step).
+template <class Stage, int kRows = int(Stage::kCodeBytes / Stage::kRowCodeBytes)>
+__device__ __forceinline__ void widen_tile(const uint8_t* slot, uint8_t* tile_b, int warp,
+                                           int lane) {
   const uint32_t chunk = uint32_t(lane % 8);
-  const uint32_t pre = uint32_t(fmt::kNvfp4WidenPre) * 0x10001u;
 #pragma unroll 2
   for (int g = warp; g < kRows / 4; g += kWidenWarps) {
     const uint32_t row = uint32_t(4 * g + lane / 8);
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(slot + row * 32u + chunk * 4u);
-    const uint32_t f =
-        *reinterpret_cast<const uint16_t*>(slot + Stage::factor_offset(row, chunk / 2));
-    const uint32_t factor = f * 0x10001u;
-    uint32_t out[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      out[j] = mul_bf16x2(mul_bf16x2(fmt::nvfp4_widen_pair_bits(word, j), pre), factor);
     *reinterpret_cast<uint4*>(tile_b + dev::swizzle128_offset(row, chunk * 16u)) =
-        make_uint4(out[0], out[1], out[2], out[3]);
-  }
-}
-
-// Converter warp `warp` (0-2) widens its share of a staged kRows x 64 MXFP8 tile into the BF16 B
-// tile: lane l takes 16-byte output chunk l % 8 (8 codes, one 32-column block's factor) of rows
-// 4 g + l / 8 for g = warp, warp + 3, ... (a warp reads 256 contiguous code bytes per step).
-template <int kRows>
-__device__ __forceinline__ void widen_mxfp8_tile(const uint8_t* slot, uint8_t* tile_b, int warp,
-                                                 int lane) {
-  using Stage = Mxfp8Stage<kRows>;
-  const uint32_t chunk = uint32_t(lane % 8);
-  const uint32_t pre = uint32_t(fmt::kMxfp8WidenPre) * 0x10001u;
-#pragma unroll 2
-  for (int g = warp; g < kRows / 4; g += kWidenWarps) {
-    const uint32_t row = uint32_t(4 * g + lane / 8);
-    const uint2 words = *reinterpret_cast<const uint2*>(slot + row * 64u + chunk * 8u);
-    const uint32_t factor =
-        uint32_t(*reinterpret_cast<const uint16_t*>(slot + Stage::factor_offset(row, chunk / 4))) *
-        0x10001u;
-    uint32_t out[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      out[j] = mul_bf16x2(
-          mul_bf16x2(fmt::mxfp8_widen_pair_bits(j < 2 ? words.x : words.y, j % 2), pre), factor);
-    *reinterpret_cast<uint4*>(tile_b + dev::swizzle128_offset(row, chunk * 16u)) =
-        make_uint4(out[0], out[1], out[2], out[3]);
+        Stage::widen_chunk(slot, row, chunk);
   }
 }
 

@@ -139,6 +139,12 @@ constexpr int widen_slot_bytes() {
 }
 template <class Program>
 using StagingRing = WidenRing<widen_slot_bytes<Program>()>;
+// A Program's dynamic shared memory: the ring, and the staging slots if it widens.
+template <class Program>
+constexpr int program_smem_bytes() {
+  return TileShape<Program::kBlockN>::kSmemBytes +
+         (Program::kWidens ? kWidenSlots * widen_slot_bytes<Program>() : 0);
+}
 
 // With gathered A the whole producer warpgroup runs: warp w gathers rows [32w, 32w + 32) of the
 // tile into the stage's 128B-swizzled layout; a null source row is zero-filled. Per k-block a row

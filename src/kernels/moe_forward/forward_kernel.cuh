@@ -71,15 +71,9 @@ struct ForwardVariant {
     else
       return moe_forward_kernel<kBlockN, kMmaInFlight, kKeepGateUp, kProbe, kGroup>;
   }();
-  // nvfp4, mxfp8: the staging slots after the ring (ForwardProgram::Staged).
-  static constexpr int smem = [] {
-    if constexpr (kRouted == RoutedWeights::nvfp4)
-      return TileShape<kBlockN>::kSmemBytes + kWidenSlots * int(Nvfp4Stage<kBlockN>::kSlotBytes);
-    else if constexpr (kRouted == RoutedWeights::mxfp8)
-      return TileShape<kBlockN>::kSmemBytes + kWidenSlots * int(Mxfp8Stage<kBlockN>::kSlotBytes);
-    else
-      return TileShape<kBlockN>::kSmemBytes;
-  }();
+  // nvfp4, mxfp8: the staging slots after the ring.
+  static constexpr int smem =
+      program_smem_bytes<ForwardProgram<kBlockN, kMmaInFlight, kKeepGateUp, kProbe, kRouted>>();
   static_assert(smem + 4096 <= 232448, "dynamic shared memory beside the static arrays");
   static cudaError_t prepare(int* ctas_per_sm) {
     if (cudaError_t e =

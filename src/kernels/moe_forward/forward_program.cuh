@@ -334,10 +334,7 @@ struct ForwardProgram {
   }
   __device__ static void widen_stage(const Inputs&, const uint8_t* slot, uint8_t* tile_b, int warp,
                                      int lane) {
-    if constexpr (kMxfp8)
-      widen_mxfp8_tile<kBlockN>(slot, tile_b, warp, lane);
-    else
-      widen_nvfp4_tile<kBlockN>(slot, tile_b, warp, lane);
+    widen_tile<Staged>(slot, tile_b, warp, lane);
   }
 
   template <class Times>
