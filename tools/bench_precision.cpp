@@ -79,6 +79,32 @@ void print_backward_breakdown(const std::vector<BackwardBreakdown>& rows, const 
     }
 }
 
+// The routed experts' weights in q's precision, made from `bf16` by quantize() (fp8_block: with
+// the backward's transposed copies when `backward`).
+struct LowPrecisionWeights {
+  std::unique_ptr<gpu::Fp8BlockExperts> fp8_block;
+  std::unique_ptr<gpu::Nvfp4Experts> nvfp4;
+  std::unique_ptr<gpu::Mxfp8Experts> mxfp8;
+  gpu::DeviceLayerWeights weights;
+  LowPrecisionWeights(const Config& q, const gpu::DeviceLayerWeights& bf16, bool backward = false) {
+    if (q.precision == Precision::nvfp4) {
+      nvfp4 = std::make_unique<gpu::Nvfp4Experts>(q);
+      weights = nvfp4->with(bf16);
+    } else if (q.precision == Precision::mxfp8) {
+      mxfp8 = std::make_unique<gpu::Mxfp8Experts>(q);
+      weights = mxfp8->with(bf16);
+    } else {
+      fp8_block = std::make_unique<gpu::Fp8BlockExperts>(q, backward);
+      weights = fp8_block->with(bf16);
+    }
+  }
+  void quantize(const gpu::DeviceLayerWeights& bf16) const {
+    if (nvfp4) nvfp4->quantize(bf16, nullptr);
+    if (mxfp8) mxfp8->quantize(bf16, nullptr);
+    if (fp8_block) fp8_block->quantize(bf16, nullptr);
+  }
+};
+
 // The backward and the step (forward with its context, then backward) of BF16 and of the
 // precision on the same inputs, alternating rounds; backward FLOPs = 2x the forward's. Both write
 // their BF16 weight gradients into one set of buffers (only d_x is compared).
@@ -110,15 +136,18 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
     q.fp8_ue8m0 = o.layer.fp8_scales == "ue8m0";
     const int64_t H = c.hidden, EIH = int64_t(c.num_experts) * c.intermediate * H,
                   SH = int64_t(c.shared_width()) * H;
-    // The BF16 weights and their gradients, the E4M3 experts in both orientations: what must fit
-    // beside each other (activations, contexts and workspaces come on top).
-    const double needed = 3.0 * double(4 * (EIH + SH) + 2 * EIH);
+    // The BF16 weights and their gradients, the quantized experts (fp8_block's in both
+    // orientations): what must fit beside each other (activations, contexts and workspaces come
+    // on top).
+    const double quantized_bytes =
+        precision == Precision::fp8_block ? 2.0 * double(EIH) : 0.5 * double(EIH);
+    const double needed = 3.0 * double(4 * (EIH + SH)) + 3.0 * quantized_bytes;
     size_t free_bytes = 0, total_bytes = 0;
     cuda_ok(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
     if (needed > double(free_bytes)) {
       std::printf(
-          "| %s | %lld | does not fit: the BF16 weights, their gradients and both E4M3 copies "
-          "alone need %.0f GB, %.0f GB are free | | | | | | | | | |\n",
+          "| %s | %lld | does not fit: the BF16 weights, their gradients and the quantized "
+          "experts alone need %.0f GB, %.0f GB are free | | | | | | | | | |\n",
           name.c_str(), (long long)tokens, needed * 1e-9, double(free_bytes) * 1e-9);
       std::fflush(stdout);
       continue;
@@ -137,10 +166,10 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
     gpu::MoeBackward b16(c, bo), b8(q, bo);
     gpu::Schedule s16(c), s8(q);
     gpu::ForwardContext ctx16(c), ctx8(q);
-    gpu::Fp8BlockExperts experts(q, /*backward=*/true);
     const gpu::DeviceLayerWeights weights = data.weights();
-    experts.quantize(weights, nullptr);
-    const gpu::DeviceLayerWeights quantized = experts.with(weights);
+    const LowPrecisionWeights experts(q, weights, /*backward=*/true);
+    experts.quantize(weights);
+    const gpu::DeviceLayerWeights quantized = experts.weights;
     const gpu::DeviceBatch batch = data.batch();
     f16.schedule(batch, s16, nullptr);
     f8.schedule(batch, s8, nullptr);
@@ -204,36 +233,11 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
   return 0;
 }
 
-// The routed experts' weights in q's precision, made from `bf16` by quantize().
-struct LowPrecisionWeights {
-  std::unique_ptr<gpu::Fp8BlockExperts> fp8_block;
-  std::unique_ptr<gpu::Nvfp4Experts> nvfp4;
-  std::unique_ptr<gpu::Mxfp8Experts> mxfp8;
-  gpu::DeviceLayerWeights weights;
-  LowPrecisionWeights(const Config& q, const gpu::DeviceLayerWeights& bf16) {
-    if (q.precision == Precision::nvfp4) {
-      nvfp4 = std::make_unique<gpu::Nvfp4Experts>(q);
-      weights = nvfp4->with(bf16);
-    } else if (q.precision == Precision::mxfp8) {
-      mxfp8 = std::make_unique<gpu::Mxfp8Experts>(q);
-      weights = mxfp8->with(bf16);
-    } else {
-      fp8_block = std::make_unique<gpu::Fp8BlockExperts>(q);
-      weights = fp8_block->with(bf16);
-    }
-  }
-  void quantize(const gpu::DeviceLayerWeights& bf16) const {
-    if (nvfp4) nvfp4->quantize(bf16, nullptr);
-    if (mxfp8) mxfp8->quantize(bf16, nullptr);
-    if (fp8_block) fp8_block->quantize(bf16, nullptr);
-  }
-};
-
 }  // namespace
 
 int bench_precision_command(const BenchOptions& o) {
   const Precision precision = parse_precision(o.layer.precision);
-  if (precision != Precision::fp8_block && o.direction != "forward")
+  if (precision == Precision::mxfp8 && o.direction != "forward")
     throw Error(ErrorCode::unsupported, std::string("mok bench --precision ") + o.layer.precision +
                                             ": the GPU runs its forward only for now "
                                             "(--direction forward)");

@@ -46,7 +46,8 @@ const __nv_bfloat16* as_bf16(const DeviceArray<uint16_t>& d) {
 
 namespace {
 
-// The backward after a training forward into r (its fields backward_*).
+// The backward after a training forward into r (its fields backward_*); `weights` with the
+// precision's quantized experts.
 void gpu_backward_check(const Config& c, const gpu::DeviceBatch& batch,
                         const gpu::DeviceLayerWeights& weights, const std::vector<double>& d_out,
                         const LayerGradients& want, GpuForwardReport& r) {
@@ -143,13 +144,14 @@ GpuForwardReport gpu_forward_check(const Config& c, const LayerParams& p, const 
   const gpu::DeviceLayerWeights weights{
       as_bf16(sg), as_bf16(su), as_bf16(sd), as_bf16(g), as_bf16(u), as_bf16(d), {}, {}, {}};
   const gpu::DeviceBatch batch{b.tokens, as_bf16(x), ids.ptr, w.ptr};
-  // fp8_block, nvfp4, mxfp8: the routed experts' weights quantized on the GPU first.
+  // fp8_block, nvfp4, mxfp8: the routed experts' weights quantized on the GPU first (fp8_block's
+  // with the transposed copies its backward reads).
   std::unique_ptr<gpu::Fp8BlockExperts> fp8_experts;
   std::unique_ptr<gpu::Nvfp4Experts> nvfp4_experts;
   std::unique_ptr<gpu::Mxfp8Experts> mxfp8_experts;
   gpu::DeviceLayerWeights forward_weights = weights;
   if (c.precision == Precision::fp8_block) {
-    fp8_experts = std::make_unique<gpu::Fp8BlockExperts>(c);
+    fp8_experts = std::make_unique<gpu::Fp8BlockExperts>(c, /*backward=*/true);
     fp8_experts->quantize(weights, nullptr);
     forward_weights = fp8_experts->with(weights);
   } else if (c.precision == Precision::nvfp4) {
@@ -181,7 +183,7 @@ GpuForwardReport gpu_forward_check(const Config& c, const LayerParams& p, const 
   r.median_ms = median_ms(run, 50);
   f->check(nullptr);
   r.ran = true;
-  gpu_backward_check(c, batch, weights, d_out, reference_grads, r);
+  gpu_backward_check(c, batch, forward_weights, d_out, reference_grads, r);
   return r;
 }
 

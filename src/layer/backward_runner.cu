@@ -57,18 +57,18 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
             who + " runs one GPU (ep_size = 1), got ep_size = " + std::to_string(c.ep_size) +
                 " (EmulatedEpBackward runs an EP group on one GPU)");
   }
-  const bool fp8 = c.precision == Precision::fp8_block;
-  require(c.precision == Precision::bf16 || fp8, ErrorCode::unsupported,
-          std::string("precision ") + precision_name(c.precision) +
-              ": the GPU backward runs bf16 and fp8_block for now");
-  require(!fp8 || transport != Transport::nccl, ErrorCode::unsupported,
-          who +
-              ": precision fp8_block runs on one GPU and on emulated EP groups for now, not "
-              "over NCCL (as the forward)");
-  require(!fp8 || o.gate_up == GateUpMode::keep, ErrorCode::unsupported,
-          who +
-              ": precision fp8_block reads the activations its forward kept (the E4M3 act "
-              "the down GEMM read): BackwardOptions::gate_up must be GateUpMode::keep");
+  const bool fp8 = c.precision == Precision::fp8_block, nvfp4 = c.precision == Precision::nvfp4;
+  const std::string name = precision_name(c.precision);
+  require(c.precision == Precision::bf16 || fp8 || nvfp4, ErrorCode::unsupported,
+          "precision " + name + ": the GPU backward runs bf16, fp8_block and nvfp4 for now");
+  require(!(fp8 || nvfp4) || transport != Transport::nccl, ErrorCode::unsupported,
+          who + ": precision " + name +
+              " runs on one GPU and on emulated EP groups for now, not over NCCL (as the "
+              "forward)");
+  require(!(fp8 || nvfp4) || o.gate_up == GateUpMode::keep, ErrorCode::unsupported,
+          who + ": precision " + name +
+              " reads the activations its forward kept (fp8_block: the E4M3 act the down GEMM "
+              "read): BackwardOptions::gate_up must be GateUpMode::keep");
   require(c.tile_rows == kTileRows, ErrorCode::unsupported,
           who + ": tile_rows = " + std::to_string(c.tile_rows) +
               ": the GPU kernels pad every expert's rows to " + std::to_string(kTileRows));
@@ -87,9 +87,10 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   wait_seconds = resolve_wait_seconds(o.wait_seconds);
   kernels = h.backward_kernels ? h.backward_kernels
             : fp8              ? &kern::fp8_block_backward_kernels()
+            : nvfp4            ? &kern::nvfp4_backward_kernels()
                                : &kern::production_backward_kernels();
-  require(!fp8 || h.backward_kernels == nullptr, ErrorCode::invalid_argument,
-          who + ": the timeline's backward kernels are bf16 ones (precision fp8_block)");
+  require(!(fp8 || nvfp4) || h.backward_kernels == nullptr, ErrorCode::invalid_argument,
+          who + ": the timeline's backward kernels are bf16 ones (precision " + name + ")");
   require(h.trace_events == 0 || (h.backward_kernels && ranks == 1 && !h.staged_backward),
           ErrorCode::invalid_argument,
           who +
@@ -103,11 +104,14 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   // standard shapes (docs/benchmarks.md, the backward's lever index), 256 took 12-25% less time
   // at I = 768-3072 and 25% more at fine's I = 512.
   const bool wide_ok = H % 256 == 0 && I % 256 == 0 && S % 256 == 0;
-  require(o.block_n == 0 || o.block_n == 128 || (o.block_n == 256 && wide_ok),
+  require(o.block_n == 0 || o.block_n == 128 || (o.block_n == 256 && wide_ok && !nvfp4),
           ErrorCode::invalid_argument,
           who + ": block_n = " + std::to_string(o.block_n) +
-              ": allowed 0 (automatic), 128, or 256 when H, I and S are multiples of 256");
-  block_n = o.block_n != 0 ? o.block_n : wide_ok && I >= 768 ? 256 : 128;
+              (nvfp4 ? ": precision nvfp4's backward runs 128-wide tiles (its staging slots fit "
+                       "beside the ring only then): allowed 0 (automatic) or 128"
+                     : ": allowed 0 (automatic), 128, or 256 when H, I and S are multiples of "
+                       "256"));
+  block_n = o.block_n != 0 ? o.block_n : wide_ok && I >= 768 && !nvfp4 ? 256 : 128;
   check_cuda(kernels->prepare(block_n, &per_sm), "preparing the backward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the backward kernel does not fit on an SM");
   grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
@@ -261,6 +265,18 @@ void BackwardRunner::require_call(const RankCall& call, int r) const {
     pointer(q.up_t_scales, 4, "the transposed fp8_block up scales");
     pointer(q.down_t_scales, 4, "the transposed fp8_block down scales");
   }
+  if (c.precision == Precision::nvfp4) {  // the forward's packed weights (checked there too)
+    const Nvfp4Weights& q = call.weights.nvfp4;
+    const char* hint = " (nvfp4: DeviceLayerWeights::nvfp4, from Nvfp4Experts)";
+    pointer(q.gate, 16, (std::string("the nvfp4 gate weights") + hint).c_str());
+    pointer(q.up, 16, (std::string("the nvfp4 up weights") + hint).c_str());
+    pointer(q.down, 16, (std::string("the nvfp4 down weights") + hint).c_str());
+    pointer(q.gate_factors, 16, "the nvfp4 gate factors");
+    pointer(q.up_factors, 16, "the nvfp4 up factors");
+    pointer(q.down_factors, 16, "the nvfp4 down factors");
+    pointer(q.gate_up_s_dec, 4, "the nvfp4 gate and up per-tensor factors");
+    pointer(q.down_s_dec, 4, "the nvfp4 down per-tensor factors");
+  }
   pointer(g.gate, 16, "the gate gradient");
   pointer(g.up, 16, "the up gradient");
   pointer(g.down, 16, "the down gradient");
@@ -304,7 +320,18 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
     m.down_t_k8 = e4m3(q.down_t, El * I, H, bn);
     m.gate_t_k8 = e4m3(q.gate_t, El * H, I, bn);
     m.up_t_k8 = e4m3(q.up_t, El * H, I, bn);
-    m.down_mn = m.gate_mn = m.up_mn = m.dy_mn;  // never read: every routed dgrad tile is E4M3
+    m.down_mn = m.gate_mn = m.up_mn = m.dy_mn;   // never read: every routed dgrad tile is E4M3
+  } else if (c.precision == Precision::nvfp4) {  // the routed dgrad tiles widen NVFP4 codes
+    const Nvfp4Weights& q = wt.nvfp4;
+    const uint32_t code_box = uint32_t(block_n / 2), stages = uint32_t(block_n) / 64;
+    m.down_codes = dev::make_byte_map_3d(q.down, El, H, I / 2, code_box, 64);
+    m.gate_codes = dev::make_byte_map_3d(q.gate, El, I, H / 2, code_box, 64);
+    m.up_codes = dev::make_byte_map_3d(q.up, El, I, H / 2, code_box, 64);
+    // Factors per 64-column stage of the packed layout: per weight row block of 16, 4 BF16.
+    m.down_factors = dev::make_byte_map_3d(q.down_factors, El, I / 64, H / 2, 32, stages);
+    m.gate_factors = dev::make_byte_map_3d(q.gate_factors, El, H / 64, I / 2, 32, stages);
+    m.up_factors = dev::make_byte_map_3d(q.up_factors, El, H / 64, I / 2, 32, stages);
+    m.down_mn = m.gate_mn = m.up_mn = m.dy_mn;  // never read: every routed dgrad tile widens
   } else {
     m.down_mn = map(wt.down, El * H, I, 64);
     m.gate_mn = map(wt.gate, El * I, H, 64);
@@ -416,6 +443,11 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
     p.dgu_e4m3 = w.dgu_e4m3, p.dgu_scales = w.dgu_scales;
     p.down_t_scales = q.down_t_scales;
     p.gate_t_scales = q.gate_t_scales, p.up_t_scales = q.up_t_scales;
+  }
+  if (c.precision == Precision::nvfp4) {
+    p.nvfp4 = 1;
+    p.gate_up_s_dec = wt.nvfp4.gate_up_s_dec;
+    p.down_s_dec = wt.nvfp4.down_s_dec;
   }
   p.step_begin = w.step_begin;
   p.block_n = block_n;

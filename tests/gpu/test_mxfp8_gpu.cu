@@ -38,8 +38,8 @@ __global__ void widen_kernel(const uint8_t* slot_in, uint8_t* tile_out) {
   __shared__ alignas(1024) uint8_t tile[128 * 128];
   for (uint32_t i = threadIdx.x; i < Stage::kSlotBytes; i += blockDim.x) slot[i] = slot_in[i];
   __syncthreads();
-  mok::kern::widen_tile<mok::kern::Mxfp8Stage<128>>(slot, tile, int(threadIdx.x / 32),
-                                                    int(threadIdx.x % 32));
+  mok::kern::widen_tile<mok::kern::Mxfp8Stage<128>, 3>(slot, tile, int(threadIdx.x / 32),
+                                                       int(threadIdx.x % 32));
   __syncthreads();
   for (uint32_t i = threadIdx.x; i < sizeof(tile); i += blockDim.x) tile_out[i] = tile[i];
 }
@@ -228,7 +228,7 @@ TEST(Mxfp8Gpu, ConfigurationsItDoesNotTakeAreClearErrors) {
   expect_error([&] { MoeForward f(c, gather); }, mok::ErrorCode::invalid_argument,
                "row_path producer_gather and block_n 256 are not available");
   expect_error([&] { mok::gpu::MoeBackward bw(c); }, mok::ErrorCode::unsupported,
-               "the GPU backward runs bf16 and fp8_block for now");
+               "the GPU backward runs bf16, fp8_block and nvfp4 for now");
 
   const mok::LayerParams p = mok::tools::random_params(c, 81);
   const mok::Batch b = mok::tools::random_batch(c, 64, 82);

@@ -30,8 +30,10 @@ MOK_HD uint32_t nvfp4_widen_pair_bits(uint32_t word, int j) {
 }
 
 // The BF16 factor of a block: its UE4M3 scale times 2^63, exact (a 4-bit significand and an
-// exponent in [-9, 8] + 63); a NaN scale (a block that held a non-finite value) stays NaN.
+// exponent in [-9, 8] + 63); a NaN scale (a block that held a non-finite value) gives BF16's
+// canonical NaN on host and device alike (the GPU's NaN product carries another payload).
 MOK_HD uint16_t nvfp4_widen_factor(uint8_t ue4m3_scale) {
+  if ((ue4m3_scale & 0x7F) == 0x7F) return 0x7FC0;
   return bf16_from_float(ue4m3_to_float(ue4m3_scale) * 9.223372036854775808e18f);
 }
 

@@ -27,8 +27,11 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
   return d;
 }
 
-constexpr int kWidenWarps = 3;  // producer warps 1-3; warp 0's lane 0 issues the TMA loads
-constexpr int kWidenSlots = 3;  // staging slots: the TMA runs two stages ahead of the converters
+// The converter warps are the producer warpgroup's last (Program::kWidenWarps of them: the
+// forward's warps 1-3; the backward's 2-3, beside its store warp 1); warp 0's lane 0 issues the TMA
+// loads.
+// Staging slots: at most three (the TMA two stages ahead of the converters); Program::kWidenSlots.
+constexpr int kWidenSlots = 3;
 
 // A staging slot of a kRows-row B tile (a gate/up tile: gate rows, then up rows): the rows'
 // codes for one ring stage (kRowCodeBytes each), then per half of the rows its factors
@@ -79,6 +82,47 @@ struct Nvfp4Stage : StagingSlot<kRows, kBlockK / 2, uint32_t(kRows / 2 / 16) * 4
   }
 };
 
+// NVFP4 weights read along their rows (the backward's dgrad GEMMs contract over a weight's rows,
+// and an MN-major B tile wants those rows as its K): a stage's 64 K rows are 64 rows of the
+// weight, each kCols codes of columns [n0, n0 + kCols) (kCols / 2 bytes, one TMA box); their
+// factors, per 64-column forward stage of the packed layout (kCols / 64 of them), are the 64
+// rows' 4 x 4 blocks: 32 contiguous bytes, one box of kCols / 64 rows of 32 bytes. No transposed
+// copy: the forward's packed weights, widened into Bf16MnMajorB's B tile (per 64 columns a block of
+// 64 K rows x 128 bytes, 128B-swizzled).
+template <int kCols>
+struct Nvfp4MnStage {
+  static constexpr uint32_t kRowCodeBytes = uint32_t(kCols) / 2;
+  static constexpr uint32_t kCodeBytes = uint32_t(kBlockK) * kRowCodeBytes;
+  static constexpr uint32_t kFactorBytes = uint32_t(kCols) / 64 * 32;
+  static constexpr uint32_t kBytes = kCodeBytes + kFactorBytes;  // TMA transaction bytes
+  static constexpr uint32_t kSlotBytes = (kBytes + 127) / 128 * 128;
+  static constexpr int kChunks = kCols / 8;  // 16-byte output chunks per K row
+  static_assert(kCols % 64 == 0 && kCols <= 256, "whole 64-column blocks, one TMA box of codes");
+  static_assert(fmt::kNvfp4WidenK == kBlockK && kBlockK % 16 == 0, "whole 16-row scale blocks");
+  static_assert(32 % kChunks == 0, "a warp step widens whole K rows");
+  // Offset of the factor of K row r's 16-column block b (0 to kCols / 16 - 1): forward stage
+  // b / 4, the row's 16-row block, column block b % 4 (nvfp4_widen_factor_offset's order).
+  __host__ __device__ static constexpr uint32_t factor_offset(uint32_t r, uint32_t b) {
+    return kCodeBytes + ((b / 4u * 4u + r / 16u) * 4u + b % 4u) * 2u;
+  }
+  // Byte coordinate of K rows [k0, k0 + 64)'s factors in a row of the factor map.
+  __host__ __device__ static constexpr int factor_x(int k0) { return k0 / 16 * 8; }
+  // K row `row`'s 16-byte output chunk `chunk` (columns 8 chunk to 8 chunk + 7).
+  __device__ static uint4 widen_chunk(const uint8_t* slot, uint32_t row, uint32_t chunk) {
+    const uint32_t pre = uint32_t(fmt::kNvfp4WidenPre) * 0x10001u;
+    const uint32_t word =
+        *reinterpret_cast<const uint32_t*>(slot + row * kRowCodeBytes + chunk * 4u);
+    const uint32_t factor =
+        uint32_t(*reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2))) *
+        0x10001u;
+    uint32_t out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      out[j] = mul_bf16x2(mul_bf16x2(fmt::nvfp4_widen_pair_bits(word, j), pre), factor);
+    return make_uint4(out[0], out[1], out[2], out[3]);
+  }
+};
+
 // MXFP8: 64 code bytes per row, per row the 2 factors of the stage's 32-column blocks.
 template <int kRows>
 struct Mxfp8Stage : StagingSlot<kRows, kBlockK, uint32_t(kRows / 2) * 2 * 2> {
@@ -105,8 +149,9 @@ struct Mxfp8Stage : StagingSlot<kRows, kBlockK, uint32_t(kRows / 2) * 2 * 2> {
 };
 
 // The staging ring: slots after the BF16 ring in dynamic shared memory, a full barrier per slot
-// (the leader's arrive_expect_tx and the TMA bytes) and an empty one (each converter warp).
-template <int kSlotBytes>
+// (the leader's arrive_expect_tx and the TMA bytes) and an empty one (each of kWarps converters);
+// kSlots of them.
+template <int kSlotBytes, int kWarps, int kSlots>
 struct WidenRing {
   uint8_t* slots;
   uint64_t* full;
@@ -114,24 +159,43 @@ struct WidenRing {
   __device__ uint8_t* slot(int s) const { return slots + s * kSlotBytes; }
   // By thread 0, before the CTA's first __syncthreads.
   __device__ void init() const {
-    for (int s = 0; s < kWidenSlots; ++s) {
+    for (int s = 0; s < kSlots; ++s) {
       dev::mbar_init(&full[s], 1);
-      dev::mbar_init(&empty[s], kWidenWarps);
+      dev::mbar_init(&empty[s], kWarps);
     }
   }
 };
 
-// Converter warp `warp` (0-2) widens its share of a staged tile (Stage: Nvfp4Stage or Mxfp8Stage)
-// into the BF16 B tile: lane l takes 16-byte output chunk l % 8 of rows 4 g + l / 8 for g = warp,
-// warp + 3, ... (a warp reads whole rows of codes and writes four whole swizzled rows per step).
-template <class Stage, int kRows = int(Stage::kCodeBytes / Stage::kRowCodeBytes)>
+// Converter warp `warp` (0 to kWarps - 1) widens its share of a staged tile (Stage: Nvfp4Stage or
+// Mxfp8Stage) into the K-major BF16 B tile: lane l takes 16-byte output chunk l % 8 of rows
+// 4 g + l / 8 for g = warp, warp + kWarps, ... (a warp reads whole rows of codes and writes four
+// whole swizzled rows per step).
+template <class Stage, int kWarps, int kRows = int(Stage::kCodeBytes / Stage::kRowCodeBytes)>
 __device__ __forceinline__ void widen_tile(const uint8_t* slot, uint8_t* tile_b, int warp,
                                            int lane) {
   const uint32_t chunk = uint32_t(lane % 8);
 #pragma unroll 2
-  for (int g = warp; g < kRows / 4; g += kWidenWarps) {
+  for (int g = warp; g < kRows / 4; g += kWarps) {
     const uint32_t row = uint32_t(4 * g + lane / 8);
     *reinterpret_cast<uint4*>(tile_b + dev::swizzle128_offset(row, chunk * 16u)) =
+        Stage::widen_chunk(slot, row, chunk);
+  }
+}
+
+// Converter warp `warp` (0 to kWarps - 1) widens its share of a staged Nvfp4MnStage into the
+// MN-major BF16 B tile: per step a warp takes 32 / kChunks whole K rows, lane l one chunk of them
+// (its code word: a warp reads whole rows, conflict-free; each 8 lanes write one whole swizzled
+// 128-byte row of a 64-column block).
+template <class Stage, int kWarps>
+__device__ __forceinline__ void widen_tile_mn(const uint8_t* slot, uint8_t* tile_b, int warp,
+                                              int lane) {
+  constexpr int kRowsPerStep = 32 / Stage::kChunks;
+  const uint32_t chunk = uint32_t(lane % Stage::kChunks);
+  const uint32_t block = chunk / 8u * uint32_t(kBlockK) * 128u;  // the chunk's 64-column block
+#pragma unroll 2
+  for (int g = warp; g < kBlockK / kRowsPerStep; g += kWarps) {
+    const uint32_t row = uint32_t(g * kRowsPerStep + lane / Stage::kChunks);
+    *reinterpret_cast<uint4*>(tile_b + block + dev::swizzle128_offset(row, chunk % 8u * 16u)) =
         Stage::widen_chunk(slot, row, chunk);
   }
 }

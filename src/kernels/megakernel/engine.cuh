@@ -32,9 +32,11 @@
 //   kStoreWarp, store_role(maps, p, ring),             the producer warpgroup's second warp
 //   end_stores(p, owed)                                stores what epilogues staged (TMA) until
 //                                                      the consumers' end
-//   kWidens, Staged (kBytes, kSlotBytes)               B tiles of narrow codes (Inputs::widen):
+//   kWidens, kWidenWarps, kWidenSlots,                 B tiles of narrow codes (Inputs::widen):
+//   Staged (kBytes, kSlotBytes)                        staged in kWidenSlots slots,
 //   load_staged(in, slot, bar, kb)                     TMA into a staging slot, widened to BF16
-//   widen_stage(in, slot, b, warp, lane)               by producer warps 1-3 (widen_sm90.cuh)
+//   widen_stage(in, slot, b, warp, lane)               by the producer warpgroup's last
+//                                                      kWidenWarps warps (widen_sm90.cuh)
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -137,13 +139,37 @@ constexpr int widen_slot_bytes() {
   else
     return 128;
 }
+// The staging slots (at most kWidenSlots) and the converter warps (the producer warpgroup's last
+// kWidenWarps) of a Program that widens; none without widening.
 template <class Program>
-using StagingRing = WidenRing<widen_slot_bytes<Program>()>;
+constexpr int widen_slots() {
+  if constexpr (Program::kWidens) {
+    static_assert(Program::kWidenSlots >= 2 && Program::kWidenSlots <= kWidenSlots,
+                  "the TMA a stage ahead of the converters, at most the barriers' slots");
+    return Program::kWidenSlots;
+  } else {
+    return 1;
+  }
+}
+template <class Program>
+constexpr int widen_warps() {
+  if constexpr (Program::kWidens) {
+    static_assert(
+        Program::kWidenWarps >= 1 && Program::kWidenWarps <= 3 - (Program::kStoreWarp ? 1 : 0),
+        "converters beside the TMA leader's warp 0 (and the store warp 1)");
+    return Program::kWidenWarps;
+  } else {
+    return 0;
+  }
+}
+template <class Program>
+using StagingRing =
+    WidenRing<widen_slot_bytes<Program>(), widen_warps<Program>(), widen_slots<Program>()>;
 // A Program's dynamic shared memory: the ring, and the staging slots if it widens.
 template <class Program>
 constexpr int program_smem_bytes() {
   return TileShape<Program::kBlockN>::kSmemBytes +
-         (Program::kWidens ? kWidenSlots * widen_slot_bytes<Program>() : 0);
+         (Program::kWidens ? widen_slots<Program>() * widen_slot_bytes<Program>() : 0);
 }
 
 // With gathered A the whole producer warpgroup runs: warp w gathers rows [32w, 32w + 32) of the
@@ -196,8 +222,8 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
   const bool leader = threadIdx.x % 128 == 0;
   RoleTimer<Program::kTimings> timer(p);
   timer.on = timer.on && leader;
-  int64_t ahead = -1;                   // kClaimAhead: the next tile's claim
-  dev::RingCursor<kWidenSlots> staged;  // kWidens: the next staging slot
+  int64_t ahead = -1;                              // kClaimAhead: the next tile's claim
+  dev::RingCursor<widen_slots<Program>()> staged;  // kWidens: the next staging slot
   // The last counter this thread waited for and the count it reached (counters only grow): a
   // tile that waits for no more of the same counter skips the wait.
   const uint32_t* satisfied = nullptr;
@@ -282,7 +308,7 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
   }
 }
 
-// Producer warps 1-3 of a Program that widens: they walk the leader's tile sequence (reading the
+// The converter warps of a Program that widens: they walk the leader's tile sequence (reading the
 // tile queue) and, per stage, once it is free, widen a staged B tile into it, or only arrive for
 // tiles loaded whole by TMA (the full barrier counts them on every stage). The staging slot's
 // landing implies the stage is free: the leader waited for that before loading the slot.
@@ -295,8 +321,9 @@ __device__ __forceinline__ void converter_role(const typename Program::Maps& map
   constexpr int kBlockN = Program::kBlockN;
   const typename Program::Tiles tiles = Program::Tiles::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
-  dev::RingCursor<kWidenSlots> staged;
+  dev::RingCursor<widen_slots<Program>()> staged;
   const int warp = int(threadIdx.x % 128 / 32), lane = int(threadIdx.x % 32);
+  constexpr int kFirstConverter = 4 - widen_warps<Program>();
   int64_t ahead = -1;
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
     const int64_t t = next_producer_tile<Program::kClaimAhead>(p, queue, q, tiles.count(), warp,
@@ -309,8 +336,8 @@ __device__ __forceinline__ void converter_role(const typename Program::Maps& map
       if (ok && in.widen) {
         ok = dev::mbar_wait(&staging.full[staged.stage], staged.phase, p.wait_cycles);
         if (ok) {
-          Program::widen_stage(in, staging.slot(staged.stage), ring.b(cursor.stage), warp - 1,
-                               lane);
+          Program::widen_stage(in, staging.slot(staged.stage), ring.b(cursor.stage),
+                               warp - kFirstConverter, lane);
           dev::fence_proxy_async_shared();  // the widened tile -> the consumers' wgmma
         }
       }
@@ -460,18 +487,17 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
   __shared__ uint64_t staging_full[kWidenSlots], staging_empty[kWidenSlots];
   // Producer: one warp (its lane 0 arrives), or when the program gathers rows the whole
   // warpgroup (every thread arrives on every stage; warps 1-3 read the tile queue too), or when
-  // it widens B tiles, the leader and warps 1-3 (one arrival each per stage).
+  // it widens B tiles, the leader and the converter warps (one arrival each per stage).
   const bool gather = Program::gathering_warpgroup(p);
-  const uint32_t full_arrivals = gather             ? kGatherFullArrivals
-                                 : Program::kWidens ? 1 + kWidenWarps
-                                                    : 1;
+  constexpr int kConverters = widen_warps<Program>();
+  const uint32_t full_arrivals = gather ? kGatherFullArrivals : 1 + kConverters;
   const auto ring = SmemRing<kBlockN>::make(smem_raw, full, empty, full_arrivals);
   const TileQueue queue{queue_index, queue_full, queue_empty};
   const StagingRing<Program> staging{
       ring.tiles_a + TileShape<kBlockN>::kStages * TileShape<kBlockN>::kStageBytes, staging_full,
       staging_empty};
   if (threadIdx.x == 0) {
-    queue.init(gather ? kGatherWarps - 1 : Program::kWidens ? kWidenWarps : 0);
+    queue.init(gather ? kGatherWarps - 1 : kConverters);
     if constexpr (Program::kWidens) staging.init();
     dev::mbar_fence_init();
   }
@@ -486,13 +512,18 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
         for (int i = 0; i < int(sizeof(maps) / sizeof(CUtensorMap)); ++i)
           dev::fence_tensormap_acquire(m + i);
     }
-    if (gather || threadIdx.x % 128 < 32) {
+    const int warp = int(threadIdx.x % 128 / 32);
+    if (gather || warp == 0) {
       producer_role<Program>(maps, p, ring, queue, gather, staging);
-    } else if constexpr (Program::kWidens) {
-      converter_role<Program>(maps, p, ring, queue, staging);
-    } else if constexpr (Program::kStoreWarp) {
-      if (threadIdx.x % 128 < 64) Program::store_role(maps, p, ring);
+      return;
     }
+    if constexpr (Program::kWidens)
+      if (warp >= 4 - kConverters) {
+        converter_role<Program>(maps, p, ring, queue, staging);
+        return;
+      }
+    if constexpr (Program::kStoreWarp)
+      if (warp == 1) Program::store_role(maps, p, ring);
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));

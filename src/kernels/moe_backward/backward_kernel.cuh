@@ -24,12 +24,12 @@ static_assert(128 * kBackwardProducerRegs + kConsumers * 128 * kBackwardConsumer
 namespace {
 
 // kGroup: an emulated group's shares in device memory (launch.group); kRecompute:
-// GateUpMode::recompute (BackwardProgram); kTrace: the timeline recorded; kFp8Block: the routed
-// dgrad tiles in fp8_block.
-template <int kBlockN, bool kGroup, bool kRecompute, bool kTrace, bool kFp8Block>
+// GateUpMode::recompute (BackwardProgram); kTrace: the timeline recorded; kRouted: the routed
+// dgrad tiles' weights (bf16, fp8_block or nvfp4).
+template <int kBlockN, bool kGroup, bool kRecompute, bool kTrace, RoutedWeights kRouted>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_backward_kernel(const __grid_constant__ BackwardLaunch launch) {
-  run_megakernel<BackwardProgram<kBlockN, kRecompute, kTrace, kFp8Block>, kBackwardProducerRegs,
+  run_megakernel<BackwardProgram<kBlockN, kRecompute, kTrace, kRouted>, kBackwardProducerRegs,
                  kBackwardConsumerRegs, kGroup>(launch);
 }
 
@@ -54,44 +54,59 @@ cudaError_t with_block_n(int block_n, F&& f) {
 
 namespace {
 // One instantiation of a set: the kernel for (group, recompute). A set without recompute
-// (fp8_block) has no recompute kernels: nullptr.
-template <int kBlockN, bool kTrace, bool kGroups, bool kFp8Block>
+// (fp8_block, nvfp4) has no recompute kernels, nvfp4's no 256-wide ones: nullptr.
+template <int kBlockN, bool kTrace, bool kGroups, RoutedWeights kRouted>
 auto backward_kernel_for(bool group, bool recompute) {
   using Kernel = void (*)(BackwardLaunch);
-  constexpr bool kR = !kFp8Block;  // the recompute instantiation, where the set has one
-  if (recompute && kFp8Block) return Kernel(nullptr);
-  if (group)
-    return recompute ? Kernel(moe_backward_kernel<kBlockN, kGroups, kR, kTrace, kFp8Block>)
-                     : Kernel(moe_backward_kernel<kBlockN, kGroups, false, kTrace, kFp8Block>);
-  return recompute ? Kernel(moe_backward_kernel<kBlockN, false, kR, kTrace, kFp8Block>)
-                   : Kernel(moe_backward_kernel<kBlockN, false, false, kTrace, kFp8Block>);
+  constexpr bool kBf16 = kRouted == RoutedWeights::bf16;
+  if constexpr (kRouted == RoutedWeights::nvfp4 && kBlockN != 128) {
+    return Kernel(nullptr);
+  } else {
+    if (recompute && !kBf16) return Kernel(nullptr);
+    constexpr bool kR = kBf16;  // the recompute instantiation, where the set has one
+    if (group)
+      return recompute ? Kernel(moe_backward_kernel<kBlockN, kGroups, kR, kTrace, kRouted>)
+                       : Kernel(moe_backward_kernel<kBlockN, kGroups, false, kTrace, kRouted>);
+    return recompute ? Kernel(moe_backward_kernel<kBlockN, false, kR, kTrace, kRouted>)
+                     : Kernel(moe_backward_kernel<kBlockN, false, false, kTrace, kRouted>);
+  }
+}
+// Its dynamic shared memory: the ring, and nvfp4's staging slots.
+template <int kBlockN, RoutedWeights kRouted>
+constexpr int backward_smem_bytes() {
+  if constexpr (kRouted == RoutedWeights::nvfp4 && kBlockN != 128)
+    return 0;
+  else
+    return program_smem_bytes<BackwardProgram<kBlockN, false, false, kRouted>>();
 }
 }  // namespace
 
 // A kernel set's prepare and launch (BackwardKernels). kGroups: the set has the emulated groups'
-// instantiations (the timeline's runs one rank). kFp8Block: fp8_block's set (no recompute).
-template <bool kTrace, bool kGroups, bool kFp8Block = false>
+// instantiations (the timeline's runs one rank). kRouted: the routed dgrad tiles' weights
+// (fp8_block's and nvfp4's sets have no recompute).
+template <bool kTrace, bool kGroups, RoutedWeights kRouted = RoutedWeights::bf16>
 cudaError_t prepare_backward_set(int block_n, int* ctas_per_sm) {
   return with_block_n(block_n, [&](auto n) {
-    constexpr int kBlockN = decltype(n)::value, kSmem = TileShape<kBlockN>::kSmemBytes;
+    constexpr int kBlockN = decltype(n)::value, kSmem = backward_smem_bytes<kBlockN, kRouted>();
+    const void* any = nullptr;
     for (bool group : {false, true})
       for (bool recompute : {false, true}) {
         if (group && !kGroups) continue;
         const void* kernel = reinterpret_cast<const void*>(
-            backward_kernel_for<kBlockN, kTrace, kGroups, kFp8Block>(group, recompute));
+            backward_kernel_for<kBlockN, kTrace, kGroups, kRouted>(group, recompute));
         if (kernel == nullptr) continue;
         if (cudaError_t e =
                 cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmem);
             e != cudaSuccess)
           return e;
+        if (!any) any = kernel;
       }
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        ctas_per_sm, moe_backward_kernel<kBlockN, false, false, kTrace, kFp8Block>, kThreads,
-        kSmem);
+    if (!any) return cudaErrorInvalidValue;  // no kernel of this width in the set
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(ctas_per_sm, any, kThreads, kSmem);
   });
 }
 
-template <bool kTrace, bool kGroups, bool kFp8Block = false>
+template <bool kTrace, bool kGroups, RoutedWeights kRouted = RoutedWeights::bf16>
 cudaError_t launch_backward_set(const BackwardShare* shares, int ranks, BackwardShare* group,
                                 int grid, cudaStream_t stream) {
   if (ranks < 1 || ranks > kMaxRanks || grid < ranks || (ranks > 1 && (!group || !kGroups)))
@@ -99,13 +114,14 @@ cudaError_t launch_backward_set(const BackwardShare* shares, int ranks, Backward
   for (int r = 0; r < ranks; ++r) {
     if (shares[r].params.block_n != shares[0].params.block_n ||
         shares[r].params.recompute != shares[0].params.recompute ||
-        shares[r].params.fp8_block != (kFp8Block ? 1 : 0))
+        shares[r].params.fp8_block != (kRouted == RoutedWeights::fp8_block ? 1 : 0) ||
+        shares[r].params.nvfp4 != (kRouted == RoutedWeights::nvfp4 ? 1 : 0))
       return cudaErrorInvalidValue;
     backward_steps_kernel<<<1, 1024, 0, stream>>>(shares[r].params);
     if (ranks > 1) backward_share_copy_kernel<<<1, 128, 0, stream>>>(shares[r], group + r);
   }
   return with_block_n(shares[0].params.block_n, [&](auto n) {
-    constexpr int kBlockN = decltype(n)::value, kSmem = TileShape<kBlockN>::kSmemBytes;
+    constexpr int kBlockN = decltype(n)::value, kSmem = backward_smem_bytes<kBlockN, kRouted>();
     BackwardLaunch launch{};
     launch.ranks = ranks;
     const bool recompute = shares[0].params.recompute != 0;
@@ -114,7 +130,7 @@ cudaError_t launch_backward_set(const BackwardShare* shares, int ranks, Backward
     else
       launch.group = group;
     const auto kernel =
-        backward_kernel_for<kBlockN, kTrace, kGroups, kFp8Block>(ranks > 1, recompute);
+        backward_kernel_for<kBlockN, kTrace, kGroups, kRouted>(ranks > 1, recompute);
     if (kernel == nullptr) return cudaErrorInvalidValue;
     kernel<<<grid, kThreads, kSmem, stream>>>(launch);
     return cudaGetLastError();

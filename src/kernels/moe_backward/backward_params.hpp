@@ -70,6 +70,10 @@ struct BackwardMaps {
   // (backward_fp8_block.cuh): A = dy_e4m3 [capacity, H] and dgu_e4m3 [capacity, 2I] (boxes of 128
   // rows), B = down_t [E * I, H] and gate_t, up_t [E * H, I] (boxes of block_n rows).
   CUtensorMap dy_k8, dgu_k8, down_t_k8, gate_t_k8, up_t_k8;
+  // nvfp4's routed dgrad B (Nvfp4MnStage, widened into MN-major tiles): the forward's packed codes
+  // [E, H, I / 2] and [E, I, H / 2] x 2 (boxes of 64 rows x block_n / 2 bytes) and their factors
+  // [E, I / 64, H / 2] and [E, H / 64, I / 2] x 2 (bytes; boxes of block_n / 64 rows x 32 bytes).
+  CUtensorMap down_codes, gate_codes, up_codes, down_factors, gate_factors, up_factors;
 };
 enum BackwardOutput : int {
   kOutGate,
@@ -113,6 +117,10 @@ struct BackwardParams : ForwardParams {
   float* dgu_scales;           // [capacity, 2I / 128]
   const float* down_t_scales;  // [E, I / 128, H / 128]
   const float *gate_t_scales, *up_t_scales;  // [E, H / 128, I / 128]
+  // nvfp4 (its own instantiation): the routed dgrad tiles widen the forward's NVFP4 weights
+  // (BackwardMaps' codes and factors); ForwardParams' gate_up_s_dec and down_s_dec scale their
+  // accumulators.
+  int nvfp4;
 };
 
 // A backward GEMM tile's kind (BackwardWork; the timeline's TraceEvent::kind).
@@ -152,5 +160,7 @@ struct BackwardKernels {
 const BackwardKernels& production_backward_kernels();
 // fp8_block's (moe_backward_fp8_block.cu): both widths, one rank and emulated groups, no recompute.
 const BackwardKernels& fp8_block_backward_kernels();
+// nvfp4's (moe_backward_nvfp4.cu): 128-wide tiles, one rank and emulated groups, no recompute.
+const BackwardKernels& nvfp4_backward_kernels();
 
 }  // namespace mok::kern

@@ -12,6 +12,9 @@
 //                  into their (token, k) slots (the forward's down store), then the token counts
 //   wgrad          token-major operands (Bf16MnMajorAB), K = every row of the unit:
 //                  dW_down = d_out^T (w act), dW_gate | dW_up = [dg | du]^T x; stored or added
+// Routed dgrad tiles under fp8_block: backward_fp8_block.cuh. Under nvfp4 the B tiles are the
+// forward's NVFP4 weights widened by producer warps 2-3 into the same MN-major BF16 tiles
+// (Nvfp4MnStage), and the epilogues scale the accumulators by the per-tensor factor.
 // The row movers are the forward's: dispatch copies each routed row's d_out and x rows into their
 // rings (padding rows zero) and publishes the block once; the combine sums each token's dx slots
 // and shared dx in fixed k order, then its router-weight partials in n-tile order.
@@ -80,11 +83,14 @@ struct BackwardCombineSums {
 
 struct BackwardInputs {
   const CUtensorMap *a, *b, *b_second;  // b_second: B from k-block b_split on (the up weights)
-  int a_k0, b_k0, b_split;              // K coordinates of k-block 0 (B: of each half)
+  const CUtensorMap *b_factors, *b_second_factors;  // widen: the codes' factors
+  int expert;                                       // widen: the codes' batch
+  int a_k0, b_k0, b_split;                          // K coordinates of k-block 0 (B: of each half)
   int a_mn0, b_mn0;
   int loads;  // k-blocks loaded (wgrad: a staged one-block tile's second stage stays empty)
   bool wgrad, recompute;
-  bool fp8;  // a routed dgrad tile of fp8_block: E4M3 K-major operands, 128 of K per stage
+  bool fp8;    // a routed dgrad tile of fp8_block: E4M3 K-major operands, 128 of K per stage
+  bool widen;  // a routed dgrad tile of nvfp4: B staged as codes, widened (converter_role)
   const uint32_t* ready;
   uint32_t needed;
   int role, timing;
@@ -119,9 +125,11 @@ __device__ __forceinline__ uint32_t load_pair(const __nv_bfloat16* at) {
 }
 
 // The dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from row0).
-template <int kBlockN, bool kRecomputed>
+// kScaled: dA' is the accumulator times `scale` (nvfp4's per-tensor factor of the down weights).
+template <int kBlockN, bool kRecomputed, bool kScaled = false>
 __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, const BackwardWork& w,
-                                                    const float (&d)[kBlockN / 2], int row0) {
+                                                    const float (&d)[kBlockN / 2], int row0,
+                                                    float scale = 1.0f) {
   const Fragment f = Fragment::mine();
   const bool shared = w.shared();
   const int64_t width = shared ? p.shared_width : p.intermediate;
@@ -169,7 +177,8 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
       for (int jj = 0; jj < kPairs; ++jj) {
         const int j = chunk * kPairs + jj, c = 8 * j + f.col0;
         const float2 a = unpack(a_raw[jj]), g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
-        const float x0 = d[4 * j + 2 * h], x1 = d[4 * j + 2 * h + 1];
+        const float x0 = kScaled ? __fmul_rn(d[4 * j + 2 * h], scale) : d[4 * j + 2 * h];
+        const float x1 = kScaled ? __fmul_rn(d[4 * j + 2 * h + 1], scale) : d[4 * j + 2 * h + 1];
         dot = __fmaf_rn(x0, a.x, dot);
         dot = __fmaf_rn(x1, a.y, dot);
         // dA = w dA'; silu'(g) = sigma (1 + g (1 - sigma)).
@@ -364,10 +373,18 @@ __device__ __forceinline__ void wgrad_stage(const BackwardParams& p, const Backw
 // kRecompute: GateUpMode::recompute's instantiation (its recompute tiles' epilogue beside the
 // others made ptxas spill four times as much in the kernel that keeps). kTrace_: the timeline's
 // instantiation (`mok trace --direction backward`; moe_backward_trace.cu), never the library's.
-// kFp8Block: the routed dgrad tiles in fp8_block (backward_fp8_block.cuh).
-template <int kBlockN_, bool kRecompute, bool kTrace_ = false, bool kFp8Block = false>
+// kRouted: the routed dgrad tiles' weights: bf16, fp8_block (backward_fp8_block.cuh) or nvfp4.
+template <int kBlockN_, bool kRecompute, bool kTrace_ = false,
+          RoutedWeights kRouted = RoutedWeights::bf16>
 struct BackwardProgram {
-  static_assert(!(kFp8Block && kRecompute), "fp8_block reads the forward's kept activations");
+  static constexpr bool kFp8Block = kRouted == RoutedWeights::fp8_block;
+  static constexpr bool kNvfp4 = kRouted == RoutedWeights::nvfp4;
+  static_assert(kRouted != RoutedWeights::mxfp8, "no mxfp8 backward");
+  static_assert(kRouted == RoutedWeights::bf16 || !kRecompute,
+                "fp8_block and nvfp4 read the forward's kept activations");
+  // nvfp4's staging slots: beside the ring and the tile table (24 KB of static shared memory)
+  // only two slots of 128-wide tiles fit.
+  static_assert(!kNvfp4 || kBlockN_ == 128, "nvfp4: 128-wide tiles");
   using Params = BackwardParams;
   using Maps = BackwardMaps;
   using Work = BackwardWork;
@@ -383,7 +400,9 @@ struct BackwardProgram {
   // One wgmma group in flight in the BF16 mainloops; not beside fp8_block's promoting one, where
   // ptxas then serialised every wgmma of the kernel (C7515).
   static constexpr bool kMmaInFlight = !kFp8Block;
-  static constexpr bool kStoreWarp = true, kWidens = false;
+  static constexpr bool kStoreWarp = true, kWidens = kNvfp4;
+  static constexpr int kWidenWarps = 2, kWidenSlots = 2;  // warps 2-3, beside the store warp
+  using Staged = Nvfp4MnStage<kBlockN_>;
   __device__ static void prepare_cta(const Params& p) {
     fill_backward_table(p);
     if (threadIdx.x == 0)
@@ -470,6 +489,8 @@ struct BackwardProgram {
     in.loads = w.k_loaded;
     in.timing = kTimeGateUpWaitsDispatch;
     in.fp8 = kFp8Block && !shared && w.dgrad();
+    in.widen = kNvfp4 && !shared && w.dgrad();
+    in.expert = shared ? 0 : w.expert();
     switch (w.kind) {
       case BackwardKind::recompute:
         if constexpr (!kRecompute) break;
@@ -492,6 +513,10 @@ struct BackwardProgram {
           in.a = &maps.dy_k8, in.b = &maps.down_t_k8;
           in.b_k0 = 0, in.b_mn0 = w.expert() * p.intermediate + w.n_tile * kBlockN;
         }
+        if (in.widen) {  // B = the expert's down codes, rows (K) from 0, columns n0 on
+          in.b = &maps.down_codes, in.b_factors = &maps.down_factors;
+          in.b_k0 = 0;
+        }
         if (kRecompute) {  // the block's g | u (its recompute tiles waited for its dispatch)
           in.ready = recompute_counter(p, w), in.needed = uint32_t(kConsumers * 2 * w_tiles);
         } else if (!shared) {
@@ -510,6 +535,11 @@ struct BackwardProgram {
           in.a = &maps.dgu_k8, in.b = &maps.gate_t_k8, in.b_second = &maps.up_t_k8;
           in.b_split = width / Fp8BlockKMajor::kBlockK;
           in.b_k0 = 0, in.b_mn0 = w.expert() * p.hidden + w.n_tile * kBlockN;
+        }
+        if (in.widen) {  // B = the expert's gate codes, then its up codes, rows (K) from 0
+          in.b = &maps.gate_codes, in.b_second = &maps.up_codes;
+          in.b_factors = &maps.gate_factors, in.b_second_factors = &maps.up_factors;
+          in.b_k0 = 0;
         }
         in.ready = (shared ? p.act_shared_ready : p.act_ready) + w.m_block;
         in.needed = uint32_t(kConsumers * w_tiles);
@@ -538,11 +568,16 @@ struct BackwardProgram {
   }
 
   __device__ static uint32_t stage_bytes(const Inputs& in, bool, int kb) {
-    return kb < in.loads ? TileShape<kBlockN>::kStageBytes : 0;
+    if (kb >= in.loads) return 0;
+    return in.widen ? TileShape<kBlockN>::kBytesA : TileShape<kBlockN>::kStageBytes;
   }
   __device__ static void load_stage(const Inputs& in, uint8_t* tile_a, uint8_t* tile_b,
                                     uint64_t* bar, int kb, bool) {
     if (kb >= in.loads) return;
+    if (kNvfp4 && in.widen) {  // B comes through a staging slot (load_staged)
+      Bf16MnMajorB::A::load_at<kBlockM>(tile_a, in.a, bar, kb * kBlockK, in.a_mn0);
+      return;
+    }
     if (kRecompute && in.recompute) {
       Bf16KMajor::A::load_at<kBlockM>(tile_a, in.a, bar, kb * kBlockK, in.a_mn0);
       Bf16KMajor::B::load_at<kBlockN / 2>(tile_b, in.b, bar, kb * kBlockK, in.b_mn0);
@@ -569,6 +604,20 @@ struct BackwardProgram {
                                       in.b_k0 + (second ? kb - in.b_split : kb) * kBlockK,
                                       in.b_mn0);
   }
+  // nvfp4's routed dgrad B, stage kb: the 64 weight rows (K) kb * 64 on of the expert's down codes
+  // (gate codes, then up codes from k-block b_split), columns b_mn0 on, and their factors.
+  __device__ static void load_staged(const Inputs& in, uint8_t* slot, uint64_t* bar, int kb) {
+    const bool second = kb >= in.b_split;
+    const int k0 = (second ? kb - in.b_split : kb) * kBlockK;
+    dev::tma_load_3d(slot, second ? in.b_second : in.b, bar, in.b_mn0 / 2, k0, in.expert);
+    dev::tma_load_3d(slot + Staged::kCodeBytes, second ? in.b_second_factors : in.b_factors, bar,
+                     Staged::factor_x(k0), in.b_mn0 / kBlockK, in.expert);
+  }
+  __device__ static void widen_stage(const Inputs&, const uint8_t* slot, uint8_t* tile_b, int warp,
+                                     int lane) {
+    widen_tile_mn<Staged, kWidenWarps>(slot, tile_b, warp, lane);
+  }
+
   // recompute: both K-major; dgrad: B MN-major; wgrad: both MN-major (a unit without rows: no
   // k-blocks, d untouched, its epilogue stores zeros). One wgmma group in flight (every operand
   // comes by TMA).
@@ -628,14 +677,18 @@ struct BackwardProgram {
       case BackwardKind::dgrad_down:
         if (kFp8Block && !w.shared())
           dgrad_down_epilogue_fp8<kBlockN>(p, w, d, row0);
+        else if (kNvfp4 && !w.shared())
+          dgrad_down_epilogue<kBlockN, false, true>(p, w, d, row0,
+                                                    __ldg(p.down_s_dec + w.expert()));
         else
           dgrad_down_epilogue<kBlockN, kRecompute>(p, w, d, row0);
         publish_dgrad_down(p, w, wg);
         timer.add(kTimeConsumerPublish, since);
         break;
       case BackwardKind::dgrad_gate_up:
-        static_cast<DownRowCounts&>(owed) =
-            store_down<kBlockN>(p, as_down_tile(w), d, destinations);
+        static_cast<DownRowCounts&>(owed) = store_down<kBlockN, kNvfp4>(
+            p, as_down_tile(w), d, destinations,
+            kNvfp4 && !w.shared() ? __ldg(p.gate_up_s_dec + w.expert()) : 1.0f);
         timer.add(kTimeConsumerEpilogueDown, since);
         break;
       default:

@@ -46,16 +46,17 @@ __global__ void __launch_bounds__(kThreads, 1)
                  kFp8ProducerRegs, kFp8ConsumerRegs, kGroup>(launch);
 }
 
-// The routed experts' weights in NVFP4 (256-wide tiles) or MXFP8 (128-wide), widened by the
-// producer warps, inference: the consumers keep the BF16 forward's 200 registers; the producer
-// warpgroup, whose warps now also widen, gets the rest (at 96 nvfp4's spilled 20 bytes).
+// The routed experts' weights in NVFP4 (256-wide tiles; inference or training) or MXFP8 (128-wide,
+// inference), widened by the producer warps: the consumers keep the BF16 forward's 200 registers;
+// the producer warpgroup, whose warps now also widen, gets the rest (at 96 nvfp4's spilled 20
+// bytes).
 constexpr int kWidenProducerRegs = 104;
 static_assert(128 * kWidenProducerRegs + kConsumers * 128 * kForwardConsumerRegs <= kThreads * 168,
               "setmaxnreg budget");
-template <int kBlockN, RoutedWeights kRouted, bool kGroup>
+template <int kBlockN, RoutedWeights kRouted, bool kKeepGateUp, bool kGroup>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_forward_widened_kernel(const __grid_constant__ ForwardLaunch launch) {
-  run_megakernel<ForwardProgram<kBlockN, true, false, 0, kRouted>, kWidenProducerRegs,
+  run_megakernel<ForwardProgram<kBlockN, true, kKeepGateUp, 0, kRouted>, kWidenProducerRegs,
                  kForwardConsumerRegs, kGroup>(launch);
 }
 
@@ -67,7 +68,7 @@ struct ForwardVariant {
     if constexpr (kRouted == RoutedWeights::fp8_block)
       return moe_forward_fp8_block_kernel<kGroup, kKeepGateUp>;
     else if constexpr (kRouted == RoutedWeights::nvfp4 || kRouted == RoutedWeights::mxfp8)
-      return moe_forward_widened_kernel<kBlockN, kRouted, kGroup>;
+      return moe_forward_widened_kernel<kBlockN, kRouted, kKeepGateUp, kGroup>;
     else
       return moe_forward_kernel<kBlockN, kMmaInFlight, kKeepGateUp, kProbe, kGroup>;
   }();
@@ -98,9 +99,10 @@ bool with_production_variant(const ForwardKernel& k, F&& f) {
                    : f(ForwardVariant<256, false, false, 0, kGroup, RoutedWeights::fp8_block>{});
     return true;
   }
-  if (k.routed == RoutedWeights::nvfp4) {  // 256-wide tiles, a group in flight, inference
-    if (k.block_n != 256 || !k.mma_in_flight || k.keep_gate_up) return false;
-    f(ForwardVariant<256, true, false, 0, kGroup, RoutedWeights::nvfp4>{});
+  if (k.routed == RoutedWeights::nvfp4) {  // 256-wide tiles, a group in flight
+    if (k.block_n != 256 || !k.mma_in_flight) return false;
+    k.keep_gate_up ? f(ForwardVariant<256, true, true, 0, kGroup, RoutedWeights::nvfp4>{})
+                   : f(ForwardVariant<256, true, false, 0, kGroup, RoutedWeights::nvfp4>{});
     return true;
   }
   if (k.routed == RoutedWeights::mxfp8) {  // 128-wide tiles, a group in flight, inference

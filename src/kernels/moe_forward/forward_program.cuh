@@ -58,23 +58,26 @@ __device__ __forceinline__ uint32_t* act_counter(const ForwardParams& p, const T
 
 // The pre-activations of this thread's two rows (Fragment rows lo and lo + 8), g at row lo's first
 // gate column of gate_up (or gate_up_shared): the tile's gate half there, its up half `width`
-// columns further.
-template <int kBlockN>
+// columns further; kScaled: the accumulators times `scale` (nvfp4's per-tensor factor).
+template <int kBlockN, bool kScaled = false>
 __device__ __forceinline__ void store_pre_activations(const float (&d)[kBlockN / 2],
-                                                      __nv_bfloat16* g, int64_t width) {
+                                                      __nv_bfloat16* g, int64_t width,
+                                                      float scale = 1.0f) {
   using Half = const float(&)[kBlockN / 4];
   const int64_t down8 = 8 * 2 * width;
-  store_rows_vec16<kBlockN / 2>(reinterpret_cast<Half>(d[0]), g, g + down8, kBlockN / 2);
+  store_rows_vec16<kBlockN / 2, kScaled>(reinterpret_cast<Half>(d[0]), g, g + down8, kBlockN / 2,
+                                         scale);
   g += width;
-  store_rows_vec16<kBlockN / 2>(reinterpret_cast<Half>(d[kBlockN / 4]), g, g + down8, kBlockN / 2);
+  store_rows_vec16<kBlockN / 2, kScaled>(reinterpret_cast<Half>(d[kBlockN / 4]), g, g + down8,
+                                         kBlockN / 2, scale);
 }
 
 // Gate/up epilogue of 64 rows from row0: SwiGLU into act (or act_shared); kKeepGateUp (a training
 // forward, its own instantiation: in the inference kernel the extra stores made ptxas spill) also
 // stores the pre-activations into gate_up (gate_up_shared): the tile's gate half at the row's
 // column n_tile * kBlockN / 2, its up half `width` columns further. A routed tile under nvfp4:
-// times its expert's gate/up per-tensor factor before SwiGLU; under mxfp8: the activations rounded
-// to their MX values.
+// times its expert's gate/up per-tensor factor before SwiGLU (and before keeping them); under
+// mxfp8: the activations rounded to their MX values.
 template <int kBlockN, bool kKeepGateUp, RoutedWeights kRouted = RoutedWeights::bf16>
 __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const TileWork& w,
                                               const float (&d)[kBlockN / 2], int row0) {
@@ -83,16 +86,17 @@ __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const Tile
   const int64_t width = routed ? p.intermediate : p.shared_width;
   const int64_t col0 = int64_t(w.n_tile) * (kBlockN / 2);
   __nv_bfloat16* out = (routed ? p.act : p.act_shared) + row0 * width + col0;
-  if (kRouted == RoutedWeights::nvfp4 && routed) {
-    const float s = __ldg(p.gate_up_s_dec + w.expert);
+  constexpr bool kNvfp4 = kRouted == RoutedWeights::nvfp4;
+  const float s = kNvfp4 && routed ? __ldg(p.gate_up_s_dec + w.expert) : 1.0f;
+  if (kNvfp4 && routed)
     swiglu_tile<kBlockN, true>(d, out + r * width, out + (r + 8) * width, s, s);
-  } else if (kRouted == RoutedWeights::mxfp8 && routed)
+  else if (kRouted == RoutedWeights::mxfp8 && routed)
     swiglu_mx_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
   else
     swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
   if constexpr (kKeepGateUp)
-    store_pre_activations<kBlockN>(
-        d, (routed ? p.gate_up : p.gate_up_shared) + (row0 + r) * 2 * width + col0, width);
+    store_pre_activations<kBlockN, kNvfp4>(
+        d, (routed ? p.gate_up : p.gate_up_shared) + (row0 + r) * 2 * width + col0, width, s);
 }
 
 // Where this thread's two rows of a down tile go (Fragment rows row_lo and row_lo + 8 from row0):
@@ -149,11 +153,12 @@ struct DownRowCounts {
 
 // Down epilogue of this thread's rows (down_rows): each row into its (token, k) slot on its
 // source rank (shared rows: y_shared). Returns the token counts the rows then owe (a row lives in
-// one quad of lanes: all its stores, and its count by the quad's first lane). A routed tile under
-// nvfp4: times its expert's down per-tensor factor.
-template <int kBlockN, RoutedWeights kRouted = RoutedWeights::bf16>
+// one quad of lanes: all its stores, and its count by the quad's first lane). kScaled: the
+// accumulators times `scale` (nvfp4's per-tensor factor; 1 is exact).
+template <int kBlockN, bool kScaled = false>
 __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, const TileWork& w,
-                                                    const float (&d)[kBlockN / 2], DownRows rows) {
+                                                    const float (&d)[kBlockN / 2], DownRows rows,
+                                                    float scale = 1.0f) {
   const int64_t col0 = int64_t(w.n_tile) * kBlockN;
   auto row_ptr = [&](int64_t destination) -> __nv_bfloat16* {
     const int src = sched::RowDestination::rank(destination);
@@ -162,13 +167,9 @@ __device__ __forceinline__ DownRowCounts store_down(const ForwardParams& p, cons
     return base + sched::RowDestination::slot(destination) * p.hidden + col0;
   };
   static_assert(kBlockN % 32 == 0);  // valid = H - col0 is a multiple of 64
-  const bool routed = w.kind == TileKind::routed_down;
-  if (kRouted == RoutedWeights::nvfp4 && routed)
-    store_rows_vec16<kBlockN, true>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0),
-                                    __ldg(p.down_s_dec + w.expert));
-  else
-    store_rows_vec16<kBlockN>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0));
-  return {rows, routed};
+  store_rows_vec16<kBlockN, kScaled>(d, row_ptr(rows.lo), row_ptr(rows.hi), p.hidden - int(col0),
+                                     scale);
+  return {rows, w.kind == TileKind::routed_down};
 }
 
 // The program: kMmaInFlight (mma_tile), kKeepGateUp (store_gate_up), kProbe (a stage probe),
@@ -181,11 +182,11 @@ struct ForwardProgram {
   static constexpr bool kNvfp4 = kRouted == RoutedWeights::nvfp4;
   static constexpr bool kMxfp8 = kRouted == RoutedWeights::mxfp8;
   static constexpr bool kWidens = kNvfp4 || kMxfp8;
+  static constexpr int kWidenWarps = 3, kWidenSlots = 3;  // producer warps 1-3
   static_assert(!kFp8Block || (kBlockN_ == 256 && !kMmaInFlight_ && kProbe == 0),
                 "fp8_block: 256-wide tiles (one 1x128 block per gate/up row), promotion after "
                 "every k-block");
-  static_assert(!kNvfp4 || (kBlockN_ == 256 && !kKeepGateUp && kProbe == 0),
-                "nvfp4: 256-wide tiles, inference");
+  static_assert(!kNvfp4 || (kBlockN_ == 256 && kProbe == 0), "nvfp4: 256-wide tiles");
   static_assert(!kMxfp8 || (kBlockN_ == 128 && !kKeepGateUp && kProbe == 0),
                 "mxfp8: 128-wide tiles (their staging slots fit beside the ring), inference");
   using Params = ForwardParams;
@@ -334,7 +335,7 @@ struct ForwardProgram {
   }
   __device__ static void widen_stage(const Inputs&, const uint8_t* slot, uint8_t* tile_b, int warp,
                                      int lane) {
-    widen_tile<Staged>(slot, tile_b, warp, lane);
+    widen_tile<Staged, kWidenWarps>(slot, tile_b, warp, lane);
   }
 
   template <class Times>
@@ -385,7 +386,9 @@ struct ForwardProgram {
       publish_warpgroup(act_counter(p, w), wg);
       timer.add(kTimeConsumerPublish, publish_since);
     } else {
-      owed = store_down<kBlockN, kRouted>(p, w, d, destinations);
+      const bool scaled = kNvfp4 && w.kind == TileKind::routed_down;
+      owed = store_down<kBlockN, kNvfp4>(p, w, d, destinations,
+                                         scaled ? __ldg(p.down_s_dec + w.expert) : 1.0f);
       timer.add(kTimeConsumerEpilogueDown, since);
     }
   }
