@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Session 34, one GPU (carry [".device"], which holds lever_widen_one_product.patch): the nvfp4
+# widening with one bf16x2 product per element pair instead of two (factors S * 2^100, the 2^-26
+# taken back with the per-tensor factor in the epilogues): the baseline, the lever (its widening
+# and forward tests first), the baseline again; `mok bench --precision nvfp4` each time (the BF16
+# column is the same build's reference).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0
+cd "$(dirname "$0")/../../.."
+t0=$(date +%s)
+log=$OUT/s34c.log
+source scripts/device_steps.sh
+bench() {
+  bash scripts/gpu_build.sh > $OUT/build_$1.log 2>&1 || { tail -30 $OUT/build_$1.log; exit 1; }
+  echo "build $1 $(el)s"
+  timeout 100 build-gpu/mok bench --precision nvfp4 --iterations 20 > $OUT/bench_$1.txt 2>&1
+  grep '^|' $OUT/bench_$1.txt | tail -5
+}
+bench base1
+patch -p1 < .device/lever_widen_one_product.patch > /dev/null || { echo "patch failed"; exit 1; }
+bash scripts/gpu_build.sh > $OUT/build_lever.log 2>&1 || { tail -30 $OUT/build_lever.log; exit 1; }
+run nvfp4_lever 120 build-gpu/tests/test_nvfp4_gpu
+bench lever
+patch -R -p1 < .device/lever_widen_one_product.patch > /dev/null
+bench base2
+echo "end $(el)s"
