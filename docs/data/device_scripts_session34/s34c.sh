@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 34, one GPU (carry [".device"], which holds lever_widen_one_product.patch): the nvfp4
+# Session 34, one GPU (carry [".device"], which holds the lever's files under .device/lever/): the nvfp4
 # widening with one bf16x2 product per element pair instead of two (factors S * 2^100, the 2^-26
 # taken back with the per-tensor factor in the epilogues): the baseline, the lever (its widening
 # and forward tests first), the baseline again; `mok bench --precision nvfp4` each time (the BF16
@@ -17,10 +17,12 @@ bench() {
   grep '^|' $OUT/bench_$1.txt | tail -5
 }
 bench base1
-patch -p1 < .device/lever_widen_one_product.patch > /dev/null || { echo "patch failed"; exit 1; }
+files=$(cd .device/lever && find . -type f)
+mkdir -p /tmp/base && for f in $files; do mkdir -p /tmp/base/$(dirname $f); cp $f /tmp/base/$f; done
+for f in $files; do cp .device/lever/$f $f; done
 bash scripts/gpu_build.sh > $OUT/build_lever.log 2>&1 || { tail -30 $OUT/build_lever.log; exit 1; }
 run nvfp4_lever 120 build-gpu/tests/test_nvfp4_gpu
 bench lever
-patch -R -p1 < .device/lever_widen_one_product.patch > /dev/null
+for f in $files; do cp /tmp/base/$f $f; done
 bench base2
 echo "end $(el)s"
