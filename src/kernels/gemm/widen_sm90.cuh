@@ -30,7 +30,8 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
 // The converter warps are the producer warpgroup's last (Program::kWidenWarps of them: the
 // forward's warps 1-3; the backward's 2-3, beside its store warp 1); warp 0's lane 0 issues the TMA
 // loads.
-// Staging slots: at most three (the TMA two stages ahead of the converters); Program::kWidenSlots.
+// Staging slots: at most three (with three the TMA runs two stages ahead of the converters, with
+// two one); Program::kWidenSlots.
 constexpr int kWidenSlots = 3;
 
 // A staging slot of a kRows-row B tile (a gate/up tile: gate rows, then up rows): the rows'

@@ -79,6 +79,13 @@ constexpr int backward_smem_bytes() {
   else
     return program_smem_bytes<BackwardProgram<kBlockN, false, false, kRouted>>();
 }
+// nvfp4's two staging slots fit beside the ring and the tile table only just: ptxas counts
+// 26,176 bytes of static shared memory, the table and 1,544 bytes of barriers and queues (1,600
+// allowed here, so that a larger table fails to compile instead of to launch).
+static_assert(backward_smem_bytes<128, RoutedWeights::nvfp4>() + int(sizeof(BackwardTable)) +
+                      1600 <=
+                  232448,
+              "nvfp4's backward: the ring, two staging slots and the tile table in one CTA");
 }  // namespace
 
 // A kernel set's prepare and launch (BackwardKernels). kGroups: the set has the emulated groups'
