@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Session 34, one GPU (carry [".device"], which holds the lever's files under .device/lever/): the nvfp4
+# Session 34, one GPU (carry [".device"], which must hold the lever's files under .device/lever/:
+# regenerate them from recipes.md's description, they are not in git): the nvfp4
 # widening with one bf16x2 product per element pair instead of two (factors S * 2^100, the 2^-26
 # taken back with the per-tensor factor in the epilogues): the baseline, the lever (its widening
 # and forward tests first), the baseline again; `mok bench --precision nvfp4` each time (the BF16
