@@ -34,6 +34,18 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
 // two one); Program::kWidenSlots.
 constexpr int kWidenSlots = 3;
 
+// One packed NVFP4 word (8 elements) times its block's BF16 factor: 16 bytes of BF16, per pair
+// two exact products (by 2^63, then by the factor).
+__device__ __forceinline__ uint4 nvfp4_widen_word(uint32_t word, uint16_t factor_bits) {
+  const uint32_t pre = uint32_t(fmt::kNvfp4WidenPre) * 0x10001u;
+  const uint32_t factor = uint32_t(factor_bits) * 0x10001u;
+  uint32_t out[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j)
+    out[j] = mul_bf16x2(mul_bf16x2(fmt::nvfp4_widen_pair_bits(word, j), pre), factor);
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 // A staging slot of a kRows-row B tile (a gate/up tile: gate rows, then up rows): the rows'
 // codes for one ring stage (kRowCodeBytes each), then per half of the rows its factors
 // (kHalfFactorBytes), each half one TMA box at a 128-byte boundary (TMA's shared-memory alignment).
@@ -70,16 +82,9 @@ struct Nvfp4Stage : StagingSlot<kRows, kBlockK / 2, uint32_t(kRows / 2 / 16) * 4
   __host__ __device__ static constexpr int factor_x(int row) { return row / 16 * 8; }
   // Row `row`'s 16-byte output chunk `chunk` (8 elements, one code word, one factor).
   __device__ static uint4 widen_chunk(const uint8_t* slot, uint32_t row, uint32_t chunk) {
-    const uint32_t pre = uint32_t(fmt::kNvfp4WidenPre) * 0x10001u;
     const uint32_t word = *reinterpret_cast<const uint32_t*>(slot + row * 32u + chunk * 4u);
-    const uint32_t factor =
-        uint32_t(*reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2))) *
-        0x10001u;
-    uint32_t out[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      out[j] = mul_bf16x2(mul_bf16x2(fmt::nvfp4_widen_pair_bits(word, j), pre), factor);
-    return make_uint4(out[0], out[1], out[2], out[3]);
+    return nvfp4_widen_word(
+        word, *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2)));
   }
 };
 
@@ -110,17 +115,10 @@ struct Nvfp4MnStage {
   __host__ __device__ static constexpr int factor_x(int k0) { return k0 / 16 * 8; }
   // K row `row`'s 16-byte output chunk `chunk` (columns 8 chunk to 8 chunk + 7).
   __device__ static uint4 widen_chunk(const uint8_t* slot, uint32_t row, uint32_t chunk) {
-    const uint32_t pre = uint32_t(fmt::kNvfp4WidenPre) * 0x10001u;
     const uint32_t word =
         *reinterpret_cast<const uint32_t*>(slot + row * kRowCodeBytes + chunk * 4u);
-    const uint32_t factor =
-        uint32_t(*reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2))) *
-        0x10001u;
-    uint32_t out[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      out[j] = mul_bf16x2(mul_bf16x2(fmt::nvfp4_widen_pair_bits(word, j), pre), factor);
-    return make_uint4(out[0], out[1], out[2], out[3]);
+    return nvfp4_widen_word(
+        word, *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2)));
   }
 };
 
