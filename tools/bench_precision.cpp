@@ -322,6 +322,17 @@ int bench_precision_command(const BenchOptions& o) {
       std::printf("| %s | ", what.c_str());
       print_profile_cells(profile);
     }
+    if (o.layer.precision != "fp8_block") {
+      std::printf(
+          "\nThe widening (per GEMM CTA; ms): the TMA leader waiting for a free staging slot, the "
+          "first converter warp waiting for a free ring stage, for a slot's codes to land, and "
+          "widening\n| forward | leader waits for a slot | converter waits: ring stage / codes "
+          "| converter widening |\n|---|---|---|---|\n");
+      for (const auto& [what, f] : profiles)
+        if (what.find("BF16") == std::string::npos)
+          std::printf("| %s | %.3f | %.3f / %.3f | %.3f |\n", what.c_str(), f.leader_waits_staging,
+                      f.converter_waits_ring, f.converter_waits_codes, f.converter_widening);
+    }
   }
   return 0;
 }

@@ -83,6 +83,11 @@ struct ForwardProfile {
   double combine_waits = 0;           // per combine warp: waiting for a token's outputs
   double combine_total = 0;           //   ... first token to the empty queue
   int dispatch_ctas_joined = 0;       // dispatch CTAs that ran the GEMM roles after dispatch
+  // Widened B tiles (nvfp4, mxfp8), per GEMM CTA (its TMA leader; its first converter warp):
+  double leader_waits_staging = 0;   // the leader waiting for a free staging slot
+  double converter_waits_ring = 0;   // a converter warp waiting for a free ring stage
+  double converter_waits_codes = 0;  //   ... for a staging slot's codes to land
+  double converter_widening = 0;     //   ... widening
 };
 
 // The wait profile of the last backward of a MoeBackward built with wait_times (its roles read

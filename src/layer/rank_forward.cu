@@ -71,6 +71,10 @@ ForwardProfile read_profile(const unsigned long long* timings, int ctas, int dis
   f.combine_waits = ms(kern::kTimeCombineWaits, combine_warps);
   f.combine_total = ms(kern::kTimeCombineTotal, combine_warps);
   f.dispatch_ctas_joined = int(ns[kern::kDispatchCtasJoined]);
+  f.leader_waits_staging = ms(kern::kTimeLeaderWaitsStaging, gemm_ctas);
+  f.converter_waits_ring = ms(kern::kTimeConverterWaitsRing, gemm_ctas);
+  f.converter_waits_codes = ms(kern::kTimeConverterWaitsCodes, gemm_ctas);
+  f.converter_widening = ms(kern::kTimeConverterWidening, gemm_ctas);
   return f;
 }
 

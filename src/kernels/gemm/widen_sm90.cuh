@@ -46,6 +46,13 @@ __device__ __forceinline__ uint4 nvfp4_widen_word(uint32_t word, uint16_t factor
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
+// A packed NVFP4 chunk as loaded from a staging slot, widened once every load of a batch is in.
+struct Nvfp4Codes {
+  uint32_t word;
+  uint16_t factor;
+  __device__ uint4 widen() const { return nvfp4_widen_word(word, factor); }
+};
+
 // A staging slot of a kRows-row B tile (a gate/up tile: gate rows, then up rows): the rows'
 // codes for one ring stage (kRowCodeBytes each), then per half of the rows its factors
 // (kHalfFactorBytes), each half one TMA box at a 128-byte boundary (TMA's shared-memory alignment).
@@ -80,11 +87,11 @@ struct Nvfp4Stage : StagingSlot<kRows, kBlockK / 2, uint32_t(kRows / 2 / 16) * 4
   }
   // Byte coordinate of row `row`'s factors in a stage's row of the factor map.
   __host__ __device__ static constexpr int factor_x(int row) { return row / 16 * 8; }
-  // Row `row`'s 16-byte output chunk `chunk` (8 elements, one code word, one factor).
-  __device__ static uint4 widen_chunk(const uint8_t* slot, uint32_t row, uint32_t chunk) {
-    const uint32_t word = *reinterpret_cast<const uint32_t*>(slot + row * 32u + chunk * 4u);
-    return nvfp4_widen_word(
-        word, *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2)));
+  // Row `row`'s 16-byte output chunk `chunk` (8 elements): its code word and factor.
+  using Codes = Nvfp4Codes;
+  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t chunk) {
+    return {*reinterpret_cast<const uint32_t*>(slot + row * 32u + chunk * 4u),
+            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2))};
   }
 };
 
@@ -114,11 +121,10 @@ struct Nvfp4MnStage {
   // Byte coordinate of K rows [k0, k0 + 64)'s factors in a row of the factor map.
   __host__ __device__ static constexpr int factor_x(int k0) { return k0 / 16 * 8; }
   // K row `row`'s 16-byte output chunk `chunk` (columns 8 chunk to 8 chunk + 7).
-  __device__ static uint4 widen_chunk(const uint8_t* slot, uint32_t row, uint32_t chunk) {
-    const uint32_t word =
-        *reinterpret_cast<const uint32_t*>(slot + row * kRowCodeBytes + chunk * 4u);
-    return nvfp4_widen_word(
-        word, *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2)));
+  using Codes = Nvfp4Codes;
+  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t chunk) {
+    return {*reinterpret_cast<const uint32_t*>(slot + row * kRowCodeBytes + chunk * 4u),
+            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2))};
   }
 };
 
@@ -132,18 +138,23 @@ struct Mxfp8Stage : StagingSlot<kRows, kBlockK, uint32_t(kRows / 2) * 2 * 2> {
   }
   __host__ __device__ static constexpr int factor_x(int row) { return row * 4; }
   // Row `row`'s 16-byte output chunk `chunk` (8 codes in two words, one 32-column block's factor).
-  __device__ static uint4 widen_chunk(const uint8_t* slot, uint32_t row, uint32_t chunk) {
-    const uint32_t pre = uint32_t(fmt::kMxfp8WidenPre) * 0x10001u;
-    const uint2 words = *reinterpret_cast<const uint2*>(slot + row * 64u + chunk * 8u);
-    const uint32_t factor =
-        uint32_t(*reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 4))) *
-        0x10001u;
-    uint32_t out[4];
+  struct Codes {
+    uint2 words;
+    uint16_t factor;
+    __device__ uint4 widen() const {
+      const uint32_t pre = uint32_t(fmt::kMxfp8WidenPre) * 0x10001u;
+      const uint32_t f = uint32_t(factor) * 0x10001u;
+      uint32_t out[4];
 #pragma unroll
-    for (int j = 0; j < 4; ++j)
-      out[j] = mul_bf16x2(
-          mul_bf16x2(fmt::mxfp8_widen_pair_bits(j < 2 ? words.x : words.y, j % 2), pre), factor);
-    return make_uint4(out[0], out[1], out[2], out[3]);
+      for (int j = 0; j < 4; ++j)
+        out[j] = mul_bf16x2(
+            mul_bf16x2(fmt::mxfp8_widen_pair_bits(j < 2 ? words.x : words.y, j % 2), pre), f);
+      return make_uint4(out[0], out[1], out[2], out[3]);
+    }
+  };
+  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t chunk) {
+    return {*reinterpret_cast<const uint2*>(slot + row * 64u + chunk * 8u),
+            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 4))};
   }
 };
 
@@ -165,6 +176,32 @@ struct WidenRing {
   }
 };
 
+// A converter warp's steps in batches: every load of a batch is issued before its first product
+// (the compiler cannot move loads above the stores, which may alias the slot), so a lane waits
+// for shared memory once per batch, not once per chunk. Step i of warp `warp` widens
+// Stage::load(slot, row(i), chunk) into tile_b + offset(row(i)); full batches of kWidenBatch, then
+// the rest one at a time.
+constexpr int kWidenBatch = 4;
+template <class Stage, int kSteps, int kWarps, class Row, class Offset>
+__device__ __forceinline__ void widen_steps(const uint8_t* slot, uint8_t* tile_b, int warp,
+                                            uint32_t chunk, Row row, Offset offset) {
+  const int steps = (kSteps - warp + kWarps - 1) / kWarps;
+  int i = 0;
+  for (; i + kWidenBatch <= steps; i += kWidenBatch) {
+    typename Stage::Codes codes[kWidenBatch];
+#pragma unroll
+    for (int b = 0; b < kWidenBatch; ++b)
+      codes[b] = Stage::load(slot, row(warp + (i + b) * kWarps), chunk);
+#pragma unroll
+    for (int b = 0; b < kWidenBatch; ++b)
+      *reinterpret_cast<uint4*>(tile_b + offset(row(warp + (i + b) * kWarps))) = codes[b].widen();
+  }
+  for (; i < steps; ++i) {
+    const uint32_t r = row(warp + i * kWarps);
+    *reinterpret_cast<uint4*>(tile_b + offset(r)) = Stage::load(slot, r, chunk).widen();
+  }
+}
+
 // Converter warp `warp` (0 to kWarps - 1) widens its share of a staged tile (Stage: Nvfp4Stage or
 // Mxfp8Stage) into the K-major BF16 B tile: lane l takes 16-byte output chunk l % 8 of rows
 // 4 g + l / 8 for g = warp, warp + kWarps, ... (a warp reads whole rows of codes and writes four
@@ -172,13 +209,10 @@ struct WidenRing {
 template <class Stage, int kWarps, int kRows = int(Stage::kCodeBytes / Stage::kRowCodeBytes)>
 __device__ __forceinline__ void widen_tile(const uint8_t* slot, uint8_t* tile_b, int warp,
                                            int lane) {
-  const uint32_t chunk = uint32_t(lane % 8);
-#pragma unroll 2
-  for (int g = warp; g < kRows / 4; g += kWarps) {
-    const uint32_t row = uint32_t(4 * g + lane / 8);
-    *reinterpret_cast<uint4*>(tile_b + dev::swizzle128_offset(row, chunk * 16u)) =
-        Stage::widen_chunk(slot, row, chunk);
-  }
+  const uint32_t chunk = uint32_t(lane % 8), lane_row = uint32_t(lane / 8);
+  widen_steps<Stage, kRows / 4, kWarps>(
+      slot, tile_b, warp, chunk, [&](int g) { return uint32_t(4 * g) + lane_row; },
+      [&](uint32_t row) { return dev::swizzle128_offset(row, chunk * 16u); });
 }
 
 // Converter warp `warp` (0 to kWarps - 1) widens its share of a staged Nvfp4MnStage into the
@@ -189,14 +223,12 @@ template <class Stage, int kWarps>
 __device__ __forceinline__ void widen_tile_mn(const uint8_t* slot, uint8_t* tile_b, int warp,
                                               int lane) {
   constexpr int kRowsPerStep = 32 / Stage::kChunks;
-  const uint32_t chunk = uint32_t(lane % Stage::kChunks);
+  const uint32_t chunk = uint32_t(lane % Stage::kChunks),
+                 lane_row = uint32_t(lane / Stage::kChunks);
   const uint32_t block = chunk / 8u * uint32_t(kBlockK) * 128u;  // the chunk's 64-column block
-#pragma unroll 2
-  for (int g = warp; g < kBlockK / kRowsPerStep; g += kWarps) {
-    const uint32_t row = uint32_t(g * kRowsPerStep + lane / Stage::kChunks);
-    *reinterpret_cast<uint4*>(tile_b + block + dev::swizzle128_offset(row, chunk % 8u * 16u)) =
-        Stage::widen_chunk(slot, row, chunk);
-  }
+  widen_steps<Stage, kBlockK / kRowsPerStep, kWarps>(
+      slot, tile_b, warp, chunk, [&](int g) { return uint32_t(g * kRowsPerStep) + lane_row; },
+      [&](uint32_t row) { return block + dev::swizzle128_offset(row, chunk % 8u * 16u); });
 }
 
 }  // namespace mok::kern

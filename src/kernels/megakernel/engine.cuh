@@ -288,11 +288,13 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
       }
       if constexpr (Program::kWidens) {
         if (in.widen) {
+          const uint64_t slot_since = timer.now();
           if (!dev::mbar_wait(&staging.empty[staged.stage], staged.phase ^ 1u, p.wait_cycles)) {
             record_fault(p, Program::kRoleRing, t);
             ok = false;
             break;
           }
+          timer.add(kTimeLeaderWaitsStaging, slot_since);
           uint64_t* staged_full = &staging.full[staged.stage];
           dev::mbar_arrive_expect_tx(staged_full, Program::Staged::kBytes);
           Program::load_staged(in, staging.slot(staged.stage), staged_full, kb);
@@ -324,21 +326,29 @@ __device__ __forceinline__ void converter_role(const typename Program::Maps& map
   dev::RingCursor<widen_slots<Program>()> staged;
   const int warp = int(threadIdx.x % 128 / 32), lane = int(threadIdx.x % 32);
   constexpr int kFirstConverter = 4 - widen_warps<Program>();
+  RoleTimer<Program::kTimings> timer(p);  // the first converter warp's lane 0 speaks for them
+  timer.on = timer.on && warp == kFirstConverter && lane == 0;
   int64_t ahead = -1;
   for (dev::RingCursor<kTileQueueDepth> q;; q.advance()) {
     const int64_t t = next_producer_tile<Program::kClaimAhead>(p, queue, q, tiles.count(), warp,
                                                                Program::kRoleRing, ahead);
-    if (t < 0) return;
+    if (t < 0) break;
     const typename Program::Work w = tiles.at(t, p);
     const typename Program::Inputs in = Program::inputs(maps, p, tiles, w);
     for (int kb = 0; kb < w.k_blocks; ++kb, cursor.advance()) {
+      uint64_t since = timer.now();
       bool ok = dev::mbar_wait(&ring.empty[cursor.stage], cursor.phase ^ 1u, p.wait_cycles);
+      timer.add(kTimeConverterWaitsRing, since);
       if (ok && in.widen) {
+        since = timer.now();
         ok = dev::mbar_wait(&staging.full[staged.stage], staged.phase, p.wait_cycles);
+        timer.add(kTimeConverterWaitsCodes, since);
         if (ok) {
+          since = timer.now();
           Program::widen_stage(in, staging.slot(staged.stage), ring.b(cursor.stage),
                                warp - kFirstConverter, lane);
           dev::fence_proxy_async_shared();  // the widened tile -> the consumers' wgmma
+          timer.add(kTimeConverterWidening, since);
         }
       }
       if (!__all_sync(0xFFFFFFFFu, ok)) {
@@ -353,6 +363,7 @@ __device__ __forceinline__ void converter_role(const typename Program::Maps& map
       if (in.widen) staged.advance();
     }
   }
+  timer.flush(p);
 }
 
 // ---- The GEMM consumers

@@ -25,7 +25,12 @@ enum EngineTiming : int {
   kTimeConsumerWaitsTile = 4,     // consumer warpgroups waiting for the next tile's index
   kTimeConsumerTotal = 5,         // consumer warpgroups from their first tile to their last
   kTimeConsumerCycles = 6,        // SM clock cycles (clock64), not ns, over kTimeConsumerTotal's
-  kEngineTimes = 7,
+  // Programs that widen B tiles (the first converter warp of each CTA; the leader):
+  kTimeLeaderWaitsStaging = 7,   // the leader waiting for a free staging slot (converters busy)
+  kTimeConverterWaitsRing = 8,   // a converter warp waiting for a free ring stage
+  kTimeConverterWaitsCodes = 9,  //   ... waiting for a staging slot's codes to land
+  kTimeConverterWidening = 10,   //   ... widening
+  kEngineTimes = 11,
 };
 
 // A role's piece of work as one event: [start, end] from the global timer, the role, the rank,
