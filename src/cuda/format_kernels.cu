@@ -167,47 +167,134 @@ __device__ __forceinline__ float bf16_at(const __nv_bfloat16* x, int64_t i) {
   return bits_float(uint32_t(reinterpret_cast<const uint16_t*>(x)[i]) << 16);
 }
 
-// MXFP8 weights, one thread per 32-element block of one matrix [rows, cols]. Forward: blocks along
-// the columns (the K of the forward's operand), codes [rows, cols]; transposed: blocks along the
-// rows, codes as the transpose [cols, rows] (the backward's K-major copy), scales likewise.
-__global__ void mxfp8_weights_kernel(const __nv_bfloat16* x, int64_t batches, int64_t rows,
-                                     int64_t cols, bool rceil, bool transposed, uint8_t* data,
-                                     uint8_t* scales) {
-  const int64_t outer = transposed ? cols : rows, inner = transposed ? rows : cols;
-  const int64_t per_matrix = outer * (inner / 32);
-  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (b >= batches * per_matrix) return;
-  const int64_t batch = b / per_matrix, o = b % per_matrix / (inner / 32),
-                i0 = b % (inner / 32) * 32;
-  const __nv_bfloat16* in = x + batch * rows * cols;
-  auto at = [&](int i) { return transposed ? (i0 + i) * cols + o : o * cols + i0 + i; };
-  fmt::BlockAmax a;
-  for (int i = 0; i < 32; ++i) a.add(bf16_at(in, at(i)));
-  const uint8_t s = rceil ? fmt::mx_scale_rceil(a.amax) : fmt::mx_scale_floor(a.amax);
-  scales[b] = fmt::mx_stored_scale(a, s);
-  uint8_t* out = data + batch * rows * cols + o * inner + i0;
-  for (int i = 0; i < 32; ++i) out[i] = fmt::mx_element_in_block(bf16_at(in, at(i)), s);
+// BF16 element e (0-7) of a 16-byte load, widened (exact).
+__device__ __forceinline__ float bf16_in(const uint4& q, int e) {
+  const uint32_t w = e < 2 ? q.x : e < 4 ? q.y : e < 6 ? q.z : q.w;
+  return bits_float(e % 2 ? w & 0xFFFF0000u : w << 16);
 }
 
-// Each matrix's finite amax (NVFP4's per-tensor scale): amax_bits[batch], grid-stride per matrix.
+// MXFP8 weights along the columns (the forward's copy), one thread per 32-element block: its 64
+// bytes in four 16-byte loads, held in registers from the amax to the codes (two 16-byte stores).
+// x and data 16-byte aligned, cols % 32 == 0.
+__global__ void mxfp8_weights_rows_kernel(const __nv_bfloat16* x, int64_t blocks, bool rceil,
+                                          uint8_t* data, uint8_t* scales) {
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= blocks) return;
+  const uint4* in = reinterpret_cast<const uint4*>(x + b * 32);
+  uint4 q[4];
+  fmt::BlockAmax a;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    q[i] = __ldg(in + i);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) a.add(bf16_in(q[i], e));
+  }
+  const uint8_t s = rceil ? fmt::mx_scale_rceil(a.amax) : fmt::mx_scale_floor(a.amax);
+  scales[b] = fmt::mx_stored_scale(a, s);
+  uint32_t words[8];
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {
+    words[w] = 0;
+#pragma unroll
+    for (int e = 0; e < 4; ++e)
+      words[w] |= uint32_t(fmt::mx_element_in_block(bf16_in(q[w / 2], 4 * (w % 2) + e), s))
+                  << (8 * e);
+  }
+  uint4* out = reinterpret_cast<uint4*>(data + b * 32);
+  out[0] = make_uint4(words[0], words[1], words[2], words[3]);
+  out[1] = make_uint4(words[4], words[5], words[6], words[7]);
+}
+
+// MXFP8 weights along the rows (the backward's K-major copy: each matrix's transpose quantized
+// along its columns), one thread per 32-element block: codes [cols, rows], scales likewise.
+__global__ void mxfp8_weights_transposed_kernel(const __nv_bfloat16* x, int64_t batches,
+                                                int64_t rows, int64_t cols, bool rceil,
+                                                uint8_t* data, uint8_t* scales) {
+  const int64_t per_matrix = cols * (rows / 32);
+  const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (b >= batches * per_matrix) return;
+  const int64_t batch = b / per_matrix, o = b % per_matrix / (rows / 32), i0 = b % (rows / 32) * 32;
+  const __nv_bfloat16* in = x + batch * rows * cols;
+  fmt::BlockAmax a;
+  for (int i = 0; i < 32; ++i) a.add(bf16_at(in, (i0 + i) * cols + o));
+  const uint8_t s = rceil ? fmt::mx_scale_rceil(a.amax) : fmt::mx_scale_floor(a.amax);
+  scales[b] = fmt::mx_stored_scale(a, s);
+  uint8_t* out = data + batch * rows * cols + o * rows + i0;
+  for (int i = 0; i < 32; ++i)
+    out[i] = fmt::mx_element_in_block(bf16_at(in, (i0 + i) * cols + o), s);
+}
+
+// Each matrix's finite amax (NVFP4's per-tensor scale): amax_bits[batch], grid-stride per matrix
+// in 16-byte loads (per_matrix % 8 == 0, x 16-byte aligned).
 __global__ void finite_amax_batched_kernel(const __nv_bfloat16* x, int64_t per_matrix,
                                            uint32_t* amax_bits) {
   const int64_t batch = blockIdx.y;
+  const uint4* in = reinterpret_cast<const uint4*>(x + batch * per_matrix);
   uint32_t local = 0;
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < per_matrix;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < per_matrix / 8;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const uint32_t a = float_bits(bf16_at(x, batch * per_matrix + i)) & 0x7FFFFFFFu;
-    if (is_finite_bits(a) && a > local) local = a;
+    const uint4 q = __ldg(in + i);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const uint32_t a = float_bits(bf16_in(q, e)) & 0x7FFFFFFFu;
+      if (is_finite_bits(a) && a > local) local = a;
+    }
   }
-  atomicMax(amax_bits + batch, local);
+  local = __reduce_max_sync(0xFFFFFFFFu, local);
+  if (threadIdx.x % 32 == 0) atomicMax(amax_bits + batch, local);
 }
 
-// NVFP4 weights, one thread per 16x16 block of one matrix, the matrix's own per-tensor scale.
-// Codes [rows, cols / 2] (packed along the columns) and scales [rows / 16, cols / 16]; transposed:
-// the transpose's, [cols, rows / 2] and [cols / 16, rows / 16] (the blocks are square).
-__global__ void nvfp4_weights_kernel(const __nv_bfloat16* x, int64_t batches, int64_t rows,
-                                     int64_t cols, bool transposed, const uint32_t* amax_bits,
-                                     uint8_t* data, uint8_t* scales, float* s_dec) {
+// NVFP4 weights along the columns (not transposed): a warp per 16 rows x 256 columns of one
+// matrix, lane l holding columns 8 l .. 8 l + 7 of the 16 rows (16-byte loads, one 32-bit store of
+// eight codes per row), a 16x16 block in lanes 2b and 2b + 1: each value is read once. The same
+// codes and scales as quantize_nvfp4's. x 16-byte and data 4-byte aligned, cols % 16 == 0.
+constexpr int kNvfp4StripCols = 256;
+__global__ void nvfp4_weights_strip_kernel(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                           int64_t cols, const uint32_t* amax_bits, uint8_t* data,
+                                           uint8_t* scales, float* s_dec) {
+  const int64_t strips = (cols + kNvfp4StripCols - 1) / kNvfp4StripCols;
+  const int64_t per_matrix = rows / 16 * strips;
+  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+  if (warp >= batches * per_matrix) return;  // whole warps (blockDim % 32 == 0)
+  const int lane = int(threadIdx.x % 32);
+  const int64_t batch = warp / per_matrix, br = warp % per_matrix / strips;
+  const int64_t c0 = warp % strips * kNvfp4StripCols + 8 * lane;
+  const bool inside = c0 < cols;  // both lanes of a block alike (cols % 16 == 0)
+  const fmt::Nvfp4Global g = fmt::nvfp4_global(bits_float(amax_bits[batch]));
+  if (br == 0 && c0 == 0) s_dec[batch] = g.s_dec;
+  const __nv_bfloat16* in = x + (batch * rows + br * 16) * cols + c0;
+  uint4 q[16];
+  fmt::BlockAmax a;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    q[r] = inside ? __ldg(reinterpret_cast<const uint4*>(in + r * cols)) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) a.add(bf16_in(q[r], e));
+  }
+  a = fmt::reduce_block_amax(a, 1);
+  if (!inside) return;
+  const uint8_t sc = fmt::nvfp4_block_scale(a.amax, g);
+  const float enc = fmt::nvfp4_block_encode_factor(sc, g);
+  if (lane % 2 == 0)
+    scales[(batch * (rows / 16) + br) * (cols / 16) + c0 / 16] = fmt::nvfp4_stored_scale(a, sc);
+  uint8_t* out = data + (batch * rows + br * 16) * (cols / 2) + c0 / 2;
+#pragma unroll
+  for (int r = 0; r < 16; ++r) {
+    uint32_t word = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      word |= uint32_t(fmt::nvfp4_element(bf16_in(q[r], e), enc)) << (4 * e);
+    *reinterpret_cast<uint32_t*>(out + r * (cols / 2)) = word;
+  }
+}
+
+// NVFP4 weights transposed: one thread per 16x16 block of one matrix, the matrix's own per-tensor
+// scale; codes [cols, rows / 2] and scales [cols / 16, rows / 16] of the transpose (the blocks are
+// square), pairs along the output's rows (the input's rows).
+__global__ void nvfp4_weights_transposed_kernel(const __nv_bfloat16* x, int64_t batches,
+                                                int64_t rows, int64_t cols,
+                                                const uint32_t* amax_bits, uint8_t* data,
+                                                uint8_t* scales, float* s_dec) {
   const int64_t brs = rows / 16, bcs = cols / 16, per_matrix = brs * bcs;
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= batches * per_matrix) return;
@@ -220,18 +307,14 @@ __global__ void nvfp4_weights_kernel(const __nv_bfloat16* x, int64_t batches, in
     for (int c = 0; c < 16; ++c) a.add(bf16_at(in, (br * 16 + r) * cols + bc * 16 + c));
   const uint8_t sc = fmt::nvfp4_block_scale(a.amax, g);
   const float enc = fmt::nvfp4_block_encode_factor(sc, g);
-  scales[batch * per_matrix + (transposed ? bc * brs + br : br * bcs + bc)] =
-      fmt::nvfp4_stored_scale(a, sc);
+  scales[batch * per_matrix + bc * brs + br] = fmt::nvfp4_stored_scale(a, sc);
   uint8_t* out = data + batch * rows * cols / 2;
-  // Pairs along the output's rows: the input's columns, or its rows when transposed.
   for (int o = 0; o < 16; ++o)
     for (int i = 0; i < 16; i += 2) {
-      const int64_t r0 = transposed ? br * 16 + i : br * 16 + o,
-                    c0 = transposed ? bc * 16 + o : bc * 16 + i;
-      const float lo = bf16_at(in, r0 * cols + c0),
-                  hi = bf16_at(in, transposed ? (r0 + 1) * cols + c0 : r0 * cols + c0 + 1);
-      const int64_t at = transposed ? c0 * (rows / 2) + r0 / 2 : r0 * (cols / 2) + c0 / 2;
-      out[at] = uint8_t(fmt::nvfp4_element(lo, enc) | (fmt::nvfp4_element(hi, enc) << 4));
+      const int64_t r0 = br * 16 + i, c0 = bc * 16 + o;
+      const float lo = bf16_at(in, r0 * cols + c0), hi = bf16_at(in, (r0 + 1) * cols + c0);
+      out[c0 * (rows / 2) + r0 / 2] =
+          uint8_t(fmt::nvfp4_element(lo, enc) | (fmt::nvfp4_element(hi, enc) << 4));
     }
 }
 
@@ -293,12 +376,17 @@ cudaError_t quantize_fp8_block_rows(const float* x, int64_t rows, int64_t cols, 
 cudaError_t quantize_mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
                                    int64_t cols, MxScaleRule rule, bool transposed, uint8_t* data,
                                    uint8_t* scales, cudaStream_t stream) {
-  if (batches < 0 || rows < 0 || cols < 0 || (transposed ? rows : cols) % 32 != 0)
+  if (batches < 0 || rows < 0 || cols < 0 || (transposed ? rows : cols) % 32 != 0 ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(data) % 16 != 0)
     return cudaErrorInvalidValue;
   const int64_t n = batches * rows * cols / 32;
   if (n == 0) return cudaSuccess;
-  mxfp8_weights_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-      x, batches, rows, cols, rule == MxScaleRule::rceil, transposed, data, scales);
+  if (transposed)
+    mxfp8_weights_transposed_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+        x, batches, rows, cols, rule == MxScaleRule::rceil, data, scales);
+  else
+    mxfp8_weights_rows_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
+        x, n, rule == MxScaleRule::rceil, data, scales);
   return cudaGetLastError();
 }
 
@@ -312,17 +400,30 @@ cudaError_t nvfp4_weight_sets(const __nv_bfloat16* const* x, int sets, int64_t b
                               cudaStream_t stream) {
   if (batches < 0 || rows < 0 || cols < 0 || batches > 65535 || rows % 16 != 0 || cols % 16 != 0)
     return cudaErrorInvalidValue;
+  for (int m = 0; m < sets; ++m)
+    if (reinterpret_cast<uintptr_t>(x[m]) % 16 != 0 ||
+        reinterpret_cast<uintptr_t>(data[m]) % 4 != 0)
+      return cudaErrorInvalidValue;
   const int64_t per_matrix = rows * cols;
   if (batches == 0 || per_matrix == 0) return cudaSuccess;
   if (cudaError_t e = cudaMemsetAsync(amax_scratch, 0, size_t(batches) * sizeof(uint32_t), stream);
       e != cudaSuccess)
     return e;
-  const dim3 amax_grid(unsigned(std::min<int64_t>(256, blocks_for(per_matrix))), unsigned(batches));
+  const dim3 amax_grid(unsigned(std::min<int64_t>(256, blocks_for(per_matrix / 8))),
+                       unsigned(batches));
   for (int m = 0; m < sets; ++m)
     finite_amax_batched_kernel<<<amax_grid, kThreads, 0, stream>>>(x[m], per_matrix, amax_scratch);
-  for (int m = 0; m < sets; ++m)
-    nvfp4_weights_kernel<<<blocks_for(batches * per_matrix / 256), kThreads, 0, stream>>>(
-        x[m], batches, rows, cols, transposed, amax_scratch, data[m], scales[m], s_dec);
+  const int64_t strips = (cols + kNvfp4StripCols - 1) / kNvfp4StripCols;
+  for (int m = 0; m < sets; ++m) {
+    if (transposed)
+      nvfp4_weights_transposed_kernel<<<blocks_for(batches * per_matrix / 256), kThreads, 0,
+                                        stream>>>(x[m], batches, rows, cols, amax_scratch, data[m],
+                                                  scales[m], s_dec);
+    else
+      nvfp4_weights_strip_kernel<<<blocks_for(batches * rows / 16 * strips * 32), kThreads, 0,
+                                   stream>>>(x[m], batches, rows, cols, amax_scratch, data[m],
+                                             scales[m], s_dec);
+  }
   return cudaGetLastError();
 }
 

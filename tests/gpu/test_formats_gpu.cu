@@ -2,6 +2,8 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <string>
+#include <utility>
 
 #include "gpu_test_util.hpp"
 #include "mok/formats.hpp"
@@ -248,37 +250,46 @@ TEST(FormatsGpu, Mxfp8WeightsMatchHostBitsInBothOrientations) {
   EXPECT_EQ(mok::gpu::quantize_mxfp8_weights(x, 1, 40, 64, mok::MxScaleRule::rceil, true, nullptr,
                                              nullptr, nullptr),
             cudaErrorInvalidValue);  // 40 rows do not split into blocks of 32
+  EXPECT_EQ(mok::gpu::quantize_mxfp8_weights(x + 1, 1, 32, 32, mok::MxScaleRule::rceil, false,
+                                             nullptr, nullptr, nullptr),
+            cudaErrorInvalidValue);  // the 16-byte loads need x 16-byte aligned
 }
 
 // NVFP4 expert weights: 16x16 blocks, each matrix's own per-tensor factor, as given or as the
-// quantized transpose.
+// quantized transpose; 80 and 400 columns: a warp's 256-column strip partly and wholly inside.
 TEST(FormatsGpu, Nvfp4WeightsMatchHostBitsInBothOrientations) {
   MOK_REQUIRE_GPU();
-  const int64_t batches = 3, rows = 48, cols = 80;
-  const std::vector<uint16_t> w = bf16_weights(batches, rows, cols, 22, true);
-  DeviceBuffer<uint16_t> dw(w);
-  const auto* x = reinterpret_cast<const __nv_bfloat16*>(dw.ptr);
-  for (bool transposed : {false, true}) {
-    SCOPED_TRACE(transposed ? "transposed" : "as given");
-    DeviceBuffer<uint8_t> data(w.size() / 2, 0xEE), scales(w.size() / 256, 0xEE);
-    DeviceBuffer<float> s_dec{size_t(batches)};
-    DeviceBuffer<uint32_t> scratch{size_t(batches)};
-    MOK_CUDA_OK(mok::gpu::quantize_nvfp4_weights(x, batches, rows, cols, transposed, data.ptr,
-                                                 scales.ptr, s_dec.ptr, scratch.ptr, nullptr));
-    MOK_CUDA_OK(cudaDeviceSynchronize());
-    const std::vector<uint8_t> got = data.to_host(), got_scales = scales.to_host();
-    const std::vector<float> got_s_dec = s_dec.to_host();
-    for (int64_t b = 0; b < batches; ++b) {
-      const std::vector<float> m = matrix(w, b, rows, cols, transposed);
-      const mok::Nvfp4Tensor want = mok::quantize_nvfp4(m.data(), transposed ? cols : rows,
-                                                        transposed ? rows : cols, {16, 16});
-      const size_t n = size_t(rows * cols);
-      EXPECT_EQ(part(got, size_t(b) * n / 2, n / 2), want.data) << "matrix " << b;
-      EXPECT_EQ(part(got_scales, size_t(b) * n / 256, n / 256), want.scales) << "matrix " << b;
-      EXPECT_EQ(got_s_dec[size_t(b)], want.s_dec) << "matrix " << b;
+  for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{48, 80}, {32, 400}}) {
+    const int64_t batches = 3;
+    const std::vector<uint16_t> w = bf16_weights(batches, rows, cols, 22, true);
+    DeviceBuffer<uint16_t> dw(w);
+    const auto* x = reinterpret_cast<const __nv_bfloat16*>(dw.ptr);
+    for (bool transposed : {false, true}) {
+      SCOPED_TRACE((transposed ? "transposed, " : "as given, ") + std::to_string(cols) +
+                   " columns");
+      DeviceBuffer<uint8_t> data(w.size() / 2, 0xEE), scales(w.size() / 256, 0xEE);
+      DeviceBuffer<float> s_dec{size_t(batches)};
+      DeviceBuffer<uint32_t> scratch{size_t(batches)};
+      MOK_CUDA_OK(mok::gpu::quantize_nvfp4_weights(x, batches, rows, cols, transposed, data.ptr,
+                                                   scales.ptr, s_dec.ptr, scratch.ptr, nullptr));
+      MOK_CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<uint8_t> got = data.to_host(), got_scales = scales.to_host();
+      const std::vector<float> got_s_dec = s_dec.to_host();
+      for (int64_t b = 0; b < batches; ++b) {
+        const std::vector<float> m = matrix(w, b, rows, cols, transposed);
+        const mok::Nvfp4Tensor want = mok::quantize_nvfp4(m.data(), transposed ? cols : rows,
+                                                          transposed ? rows : cols, {16, 16});
+        const size_t n = size_t(rows * cols);
+        EXPECT_EQ(part(got, size_t(b) * n / 2, n / 2), want.data) << "matrix " << b;
+        EXPECT_EQ(part(got_scales, size_t(b) * n / 256, n / 256), want.scales) << "matrix " << b;
+        EXPECT_EQ(got_s_dec[size_t(b)], want.s_dec) << "matrix " << b;
+      }
     }
+    EXPECT_EQ(mok::gpu::quantize_nvfp4_weights(x, 1, 40, 24, false, nullptr, nullptr, nullptr,
+                                               nullptr, nullptr),
+              cudaErrorInvalidValue);  // 24 columns do not split into blocks of 16
+    EXPECT_EQ(mok::gpu::quantize_nvfp4_weights(x + 1, 1, 16, 16, false, nullptr, nullptr, nullptr,
+                                               nullptr, nullptr),
+              cudaErrorInvalidValue);  // the 16-byte loads need x 16-byte aligned
   }
-  EXPECT_EQ(mok::gpu::quantize_nvfp4_weights(x, 1, 40, 24, false, nullptr, nullptr, nullptr,
-                                             nullptr, nullptr),
-            cudaErrorInvalidValue);  // 24 columns do not split into blocks of 16
 }

@@ -41,8 +41,8 @@ cudaError_t quantize_fp8_block_weights(const __nv_bfloat16* x, int64_t batches, 
 // forward's copy, blocks of 32 along the columns: data [batches, rows, cols], scales [batches,
 // rows, cols / 32] (as quantize_mxfp8(..., {1, 32}, rule) of each matrix); with `transposed` the
 // backward's K-major copy, blocks of 32 along the rows, as each matrix's transpose quantized so:
-// data [batches, cols, rows], scales [batches, cols, rows / 32]. The blocked dimension % 32 == 0
-// (cudaErrorInvalidValue otherwise).
+// data [batches, cols, rows], scales [batches, cols, rows / 32]. The blocked dimension % 32 == 0,
+// x and data 16-byte aligned (cudaErrorInvalidValue otherwise).
 cudaError_t quantize_mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
                                    int64_t cols, MxScaleRule rule, bool transposed, uint8_t* data,
                                    uint8_t* scales, cudaStream_t stream);
@@ -52,7 +52,8 @@ cudaError_t quantize_mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int6
 // data [batches, rows, cols / 2] (two codes per byte along the columns), scales [batches,
 // rows / 16, cols / 16], s_dec [batches]; with `transposed` the quantized transpose (the blocks
 // are square): data [batches, cols, rows / 2], scales [batches, cols / 16, rows / 16].
-// amax_scratch: [batches] uint32. rows % 16 == 0 and cols % 16 == 0.
+// amax_scratch: [batches] uint32. rows % 16 == 0, cols % 16 == 0, x 16-byte and data 4-byte
+// aligned (cudaErrorInvalidValue otherwise).
 cudaError_t quantize_nvfp4_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
                                    int64_t cols, bool transposed, uint8_t* data, uint8_t* scales,
                                    float* s_dec, uint32_t* amax_scratch, cudaStream_t stream);
