@@ -3,9 +3,10 @@
 #   mkdir -p .device && cp -r /usr/src/googletest .device/googletest
 #   bash scripts/device_ab_base.sh make 9a1edf7 base):
 # the nvfp4 backward's first run after the per-program staging slots (f2259f2); the nvfp4 and
-# mxfp8 forward suites and the BF16 forward's bits (e7fbf6e) after the batched widening; then the
+# mxfp8 forward suites, the GPU quantizers and the BF16 forward's bits (e7fbf6e) after the batched
+# widening and the faster weight quantizers; then the
 # nvfp4 and mxfp8 forwards beside BF16 with the converters' profile (`--breakdown 1`), A/B
-# against 9a1edf7 (unbatched widening) in alternating runs, and the nvfp4 backward's benchmark.
+# against 9a1edf7 (unbatched widening, the old quantizers) in alternating runs.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
@@ -21,6 +22,7 @@ run nvfp4_backward 150 $T/test_nvfp4_backward_gpu
 grep -F "[ nvfp4 backward ]" /tmp/run.txt | head -12
 run nvfp4 100 $T/test_nvfp4_gpu
 run mxfp8 100 $T/test_mxfp8_gpu
+run formats 100 $T/test_formats_gpu
 build-gpu/forward_digests > $OUT/digests_s35a.txt 2>&1
 diff -q $OUT/digests_s35a.txt docs/data/session20/digests_e7fbf6e.txt >/dev/null \
   && echo "DIGESTS IDENTICAL to e7fbf6e" || echo "DIGESTS DIFFER"
