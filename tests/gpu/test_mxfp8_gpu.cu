@@ -11,13 +11,13 @@
 #include <cstring>
 
 #include "quantized_forward_util.hpp"
-#include "kernels/gemm/widen_sm90.cuh"
 #include "mok/formats.hpp"
 #include "mok/formats/mxfp8_widen.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/mxfp8_experts.hpp"
 #include "mok/schedule/routing_layout.hpp"
+#include "widen_test_util.cuh"
 
 using namespace fwd_test;
 using mok::gpu::MoeForward;
@@ -29,20 +29,6 @@ mok::Config mxfp8_config(int H, int I, int E, int K, int shared, int max_tokens)
   return quantized_config(mok::Precision::mxfp8, H, I, E, K, shared, max_tokens);
 }
 using Mxfp8Layer = QuantizedLayer<Mxfp8Experts>;
-
-// One staging slot through widen_tile<Mxfp8Stage<128>> as the converter warps run it (96 threads),
-// into a B tile in shared memory, copied out as it lies (128B-swizzled).
-__global__ void widen_kernel(const uint8_t* slot_in, uint8_t* tile_out) {
-  using Stage = mok::kern::Mxfp8Stage<128>;
-  __shared__ alignas(128) uint8_t slot[Stage::kSlotBytes];
-  __shared__ alignas(1024) uint8_t tile[128 * 128];
-  for (uint32_t i = threadIdx.x; i < Stage::kSlotBytes; i += blockDim.x) slot[i] = slot_in[i];
-  __syncthreads();
-  mok::kern::widen_tile<mok::kern::Mxfp8Stage<128>, 3>(slot, tile, int(threadIdx.x / 32),
-                                                       int(threadIdx.x % 32));
-  __syncthreads();
-  for (uint32_t i = threadIdx.x; i < sizeof(tile); i += blockDim.x) tile_out[i] = tile[i];
-}
 
 }  // namespace
 
@@ -67,10 +53,7 @@ TEST(Mxfp8Gpu, WideningIsExactForEveryCodeAndScale) {
       const uint16_t f = mok::fmt::mxfp8_widen_factor(scales[r * 2 + b]);
       std::memcpy(&slot[Stage::factor_offset(r, b)], &f, 2);
     }
-  DeviceBuffer<uint8_t> in(slot), out(size_t(128 * 128), 0);
-  widen_kernel<<<1, 96>>>(in.ptr, out.ptr);
-  MOK_CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<uint8_t> tile = out.to_host();
+  const std::vector<uint8_t> tile = widen_test::widen_on_gpu<Stage, 3, 128 * 128>(slot);
   int64_t checked = 0;
   for (uint32_t r = 0; r < 128; ++r)
     for (uint32_t k = 0; k < 64; ++k) {

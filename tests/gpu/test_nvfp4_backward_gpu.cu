@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gemm/widen_sm90.cuh"
 #include "mok/formats.hpp"
 #include "mok/formats/nvfp4_widen.hpp"
 #include "mok/gpu/nvfp4_experts.hpp"
 #include "quantized_backward_util.hpp"
+#include "widen_test_util.cuh"
 
 namespace {
 
@@ -30,20 +30,6 @@ mok::Config nvfp4_config(int H, int I, int E, int K, int shared, int shared_inte
                          int max_tokens) {
   return quantized_config(mok::Precision::nvfp4, H, I, E, K, shared, shared_intermediate,
                           max_tokens);
-}
-
-// One staging slot through widen_tile_mn<Nvfp4MnStage<kCols>> as the backward's two converter
-// warps run it (64 threads), into an MN-major B tile in shared memory, copied out as it lies.
-template <int kCols>
-__global__ void widen_mn_kernel(const uint8_t* slot_in, uint8_t* tile_out) {
-  using Stage = mok::kern::Nvfp4MnStage<kCols>;
-  __shared__ alignas(128) uint8_t slot[Stage::kSlotBytes];
-  __shared__ alignas(1024) uint8_t tile[kCols * 128];
-  for (uint32_t i = threadIdx.x; i < Stage::kSlotBytes; i += blockDim.x) slot[i] = slot_in[i];
-  __syncthreads();
-  mok::kern::widen_tile_mn<Stage, 2>(slot, tile, int(threadIdx.x / 32), int(threadIdx.x % 32));
-  __syncthreads();
-  for (uint32_t i = threadIdx.x; i < sizeof(tile); i += blockDim.x) tile_out[i] = tile[i];
 }
 
 // Every E2M1 code at every position of a 64 x kCols stage and a UE4M3 scale per 16x16 block (one
@@ -72,10 +58,7 @@ void expect_widening_along_rows_is_exact() {
       const uint16_t f = mok::fmt::nvfp4_widen_factor(scales[size_t(r / 16 * kBlocks + b)]);
       std::memcpy(&slot[Stage::factor_offset(uint32_t(r), uint32_t(b))], &f, 2);
     }
-  DeviceBuffer<uint8_t> in(slot), out(size_t(kCols * 128), 0);
-  widen_mn_kernel<kCols><<<1, 64>>>(in.ptr, out.ptr);
-  MOK_CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<uint8_t> tile = out.to_host();
+  const std::vector<uint8_t> tile = widen_test::widen_on_gpu<Stage, 2, kCols * 128, true>(slot);
   for (uint32_t k = 0; k < uint32_t(kRows); ++k)
     for (uint32_t n = 0; n < uint32_t(kCols); ++n) {
       uint16_t got = 0;

@@ -12,10 +12,10 @@
 #include "quantized_forward_util.hpp"
 #include "mok/formats.hpp"
 #include "mok/formats/nvfp4_widen.hpp"
-#include "kernels/gemm/widen_sm90.cuh"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/nvfp4_experts.hpp"
+#include "widen_test_util.cuh"
 
 using namespace fwd_test;
 using mok::gpu::MoeForward;
@@ -27,20 +27,6 @@ mok::Config nvfp4_config(int H, int I, int E, int K, int shared, int max_tokens)
   return quantized_config(mok::Precision::nvfp4, H, I, E, K, shared, max_tokens);
 }
 using Nvfp4Layer = QuantizedLayer<Nvfp4Experts>;
-
-// One staging slot through widen_tile<Nvfp4Stage<256>> as the converter warps run it (96 threads),
-// into a B tile in shared memory, copied out as it lies (128B-swizzled).
-__global__ void widen_kernel(const uint8_t* slot_in, uint8_t* tile_out) {
-  using Stage = mok::kern::Nvfp4Stage<256>;
-  __shared__ alignas(128) uint8_t slot[Stage::kSlotBytes];
-  __shared__ alignas(1024) uint8_t tile[256 * 128];
-  for (uint32_t i = threadIdx.x; i < Stage::kSlotBytes; i += blockDim.x) slot[i] = slot_in[i];
-  __syncthreads();
-  mok::kern::widen_tile<mok::kern::Nvfp4Stage<256>, 3>(slot, tile, int(threadIdx.x / 32),
-                                                       int(threadIdx.x % 32));
-  __syncthreads();
-  for (uint32_t i = threadIdx.x; i < sizeof(tile); i += blockDim.x) tile_out[i] = tile[i];
-}
 
 }  // namespace
 
@@ -68,10 +54,7 @@ TEST(Nvfp4Gpu, WideningIsExactForEveryCodeAndScale) {
       const uint16_t f = mok::fmt::nvfp4_widen_factor(scales[size_t(r / 16 * 4 + b)]);
       std::memcpy(&slot[Stage::factor_offset(uint32_t(r), uint32_t(b))], &f, 2);
     }
-  DeviceBuffer<uint8_t> in(slot), out(size_t(256 * 128), 0);
-  widen_kernel<<<1, 96>>>(in.ptr, out.ptr);
-  MOK_CUDA_OK(cudaDeviceSynchronize());
-  const std::vector<uint8_t> tile = out.to_host();
+  const std::vector<uint8_t> tile = widen_test::widen_on_gpu<Stage, 3, 256 * 128>(slot);
   for (uint32_t r = 0; r < 256; ++r)
     for (uint32_t k = 0; k < 64; ++k) {
       uint16_t got = 0;
