@@ -163,8 +163,9 @@ def _reference(config, x, ids, w, params, d_out=None):
     runs its quantized recipe (the operands quantized as the GPU recipe will, formats.md)."""
     f64 = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
     precision = config.get("precision", "bf16")
-    quant = precision if precision != "bf16" else (
-        "bf16" if x.dtype == torch.bfloat16 else "none")
+    # nvfp4 on Hopper is NVFP4 weights with BF16 activations (recipes.md), as the GPU layer runs it.
+    quant = {"bf16": "bf16" if x.dtype == torch.bfloat16 else "none",
+             "nvfp4": "nvfp4_weights"}.get(precision, precision)
     return _mok.reference_layer(
         config, {n: f64(p) for n, p in zip(PARAMS, params)}, f64(x), ids.detach().int().numpy(),
         f64(w), d_out=None if d_out is None else f64(d_out), numerics="fp64", quant=quant)

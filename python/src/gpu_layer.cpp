@@ -1,9 +1,12 @@
-// mok._mok.GpuLayer: the GPU forward and backward megakernels (BF16) on tensors that cross by
-// DLPack (any framework's CUDA tensors; no link against PyTorch). One layer owns its workspace,
-// schedule and forward context, sized for max_tokens_per_rank, on the device current at
-// construction; every call is asynchronous on the stream it is given. With a unique id it is one
-// rank of an expert-parallel group over NCCL (EpForward / EpBackward): every call is then a
-// collective of the group, and the expert parameters are this rank's E / ep_size experts.
+// mok._mok.GpuLayer: the GPU forward and backward megakernels on tensors that cross by DLPack (any
+// framework's CUDA tensors; no link against PyTorch). One layer owns its workspace, schedule and
+// forward context, sized for max_tokens_per_rank, on the device current at construction; every
+// call is asynchronous on the stream it is given. With a unique id it is one rank of an
+// expert-parallel group over NCCL (EpForward / EpBackward): every call is then a collective of the
+// group, and the expert parameters are this rank's E / ep_size experts. Low precision (fp8_block,
+// nvfp4, mxfp8; one GPU): the layer owns the routed experts' quantized copies, made from the BF16
+// parameters by the GPU quantizers at every forward (the parameters may have changed since), and
+// its backward reads that forward's copies.
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -17,8 +20,11 @@
 #include "bindings.hpp"
 #include "gpu_operands.hpp"
 #include "mok/error.hpp"
+#include "mok/gpu/fp8_block_experts.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
+#include "mok/gpu/mxfp8_experts.hpp"
+#include "mok/gpu/nvfp4_experts.hpp"
 #include "mok/transport/bootstrap.hpp"
 #if defined(MOK_WITH_NCCL_DEVICE)
 #include <nccl.h>
@@ -79,12 +85,15 @@ class GpuLayer {
            std::optional<nb::bytes> unique_id)
       : c_(mok_py::config_from(config)), operands_(c_, 0) {
     c_.validate();
-    if (c_.precision != mok::Precision::bf16)
+    const std::string precision = mok::precision_name(c_.precision);
+    if (c_.precision != mok::Precision::bf16 && recompute)
       throw mok::Error(mok::ErrorCode::unsupported,
-                       std::string("mok.torch runs precision bf16 on the GPU for now; precision ") +
-                           mok::precision_name(c_.precision) +
-                           " runs on CPU tensors (the reference), its GPU kernels through the C++ "
-                           "API (docs/recipes.md)");
+                       "GpuLayer: precision " + precision +
+                           " reads the activations its forward kept: recompute must be False");
+    if (c_.precision != mok::Precision::bf16 && unique_id)
+      throw mok::Error(mok::ErrorCode::unsupported,
+                       "GpuLayer: precision " + precision +
+                           " runs on one GPU for now, not over an expert-parallel NCCL group");
     int gpus = 0;
     if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
       throw mok::Error(mok::ErrorCode::unsupported,
@@ -111,7 +120,14 @@ class GpuLayer {
                              " needs the group's unique_id (mok.nccl_unique_id() on rank 0, "
                              "shared with every rank)");
       forward_ = std::make_unique<mok::gpu::MoeForward>(c_);
-      backward_ = std::make_unique<mok::gpu::MoeBackward>(c_, o);
+      if (c_.precision != mok::Precision::mxfp8)  // mxfp8 has no GPU backward yet
+        backward_ = std::make_unique<mok::gpu::MoeBackward>(c_, o);
+      if (c_.precision == mok::Precision::fp8_block)
+        fp8_block_ = std::make_unique<mok::gpu::Fp8BlockExperts>(c_, true);
+      if (c_.precision == mok::Precision::nvfp4)
+        nvfp4_ = std::make_unique<mok::gpu::Nvfp4Experts>(c_);
+      if (c_.precision == mok::Precision::mxfp8)
+        mxfp8_ = std::make_unique<mok::gpu::Mxfp8Experts>(c_);
     }
     schedule_ = std::make_unique<mok::gpu::Schedule>(c_);
     context_ = std::make_unique<mok::gpu::ForwardContext>(c_, mode);
@@ -132,9 +148,14 @@ class GpuLayer {
   uint64_t forward(const Tensor& x, const Tensor& ids, const Tensor& w, const nb::tuple& params,
                    const Tensor& out, bool training, uintptr_t stream, bool scheduled) {
     const std::string who = "GpuLayer.forward";
+    if (training && mxfp8_)
+      throw mok::Error(mok::ErrorCode::unsupported,
+                       who +
+                           ": precision mxfp8 has no GPU backward yet: run its forward without "
+                           "gradients (torch.no_grad()), or train in fp8_block or nvfp4");
     const mok::gpu::DeviceBatch batch = operands_.batch(who, x, ids, w);
     operands_.require_rows(who, "out", out, batch.tokens);
-    const mok::gpu::DeviceLayerWeights weights = operands_.params(who, params);
+    mok::gpu::DeviceLayerWeights weights = operands_.params(who, params);
     const Scheduled same{x.data(), ids.data(), w.data(), batch.tokens};
     if (scheduled && !(scheduled_ == same))
       throw mok::Error(mok::ErrorCode::invalid_argument,
@@ -145,6 +166,7 @@ class GpuLayer {
     DeviceScope scope(device_);
     if (!scheduled) schedule_batch(batch, st);
     scheduled_ = {};
+    weights = quantized(weights, st, true);
     const mok::gpu::ForwardContext* context = training ? context_.get() : nullptr;
     if (forward_) {
       forward_->forward(*schedule_, batch, weights, ptr<__nv_bfloat16>(out), context, st);
@@ -171,7 +193,9 @@ class GpuLayer {
                            "): a layer keeps one forward's context, so each backward must follow "
                            "its own forward before the layer runs again");
     const mok::gpu::DeviceBatch batch = operands_.batch(who, x, ids, w);
-    const mok::gpu::DeviceLayerWeights weights = operands_.params(who, params);
+    // The forward's quantized weights (autograd changes no parameter between the two).
+    const mok::gpu::DeviceLayerWeights weights =
+        quantized(operands_.params(who, params), nullptr, false);
     operands_.require_rows(who, "d_out", d_out, batch.tokens);
     const mok::gpu::DeviceGradients out =
         operands_.grads(who, batch.tokens, d_x, d_w, grads, weight_grads_);
@@ -196,7 +220,7 @@ class GpuLayer {
     const cudaStream_t st = reinterpret_cast<cudaStream_t>(stream);
     if (forward_) {
       if (generation_ > 0) forward_->check(st);
-      if (backed_) backward_->check(st);
+      if (backed_ && backward_) backward_->check(st);
       return;
     }
 #if defined(MOK_WITH_NCCL_DEVICE)
@@ -214,7 +238,7 @@ class GpuLayer {
 #if defined(MOK_WITH_NCCL_DEVICE)
     if (ep_backward_) return ep_backward_->workspace_bytes();
 #endif
-    return backward_->workspace_bytes();
+    return backward_ ? backward_->workspace_bytes() : 0;
   }
 
  private:
@@ -223,6 +247,19 @@ class GpuLayer {
     int64_t tokens = -1;
     bool operator==(const Scheduled&) const = default;
   };
+  // w with the routed experts' low-precision copies (quantized from w on `st` first when
+  // `quantize`); w itself for bf16.
+  mok::gpu::DeviceLayerWeights quantized(const mok::gpu::DeviceLayerWeights& w, cudaStream_t st,
+                                         bool quantize) const {
+    auto through = [&](auto& q) {
+      if (quantize) q->quantize(w, st);
+      return q->with(w);
+    };
+    if (fp8_block_) return through(fp8_block_);
+    if (nvfp4_) return through(nvfp4_);
+    if (mxfp8_) return through(mxfp8_);
+    return w;
+  }
   void schedule_batch(const mok::gpu::DeviceBatch& batch, cudaStream_t st) {
     if (forward_) {
       forward_->schedule(batch, *schedule_, st);
@@ -249,6 +286,10 @@ class GpuLayer {
 #endif
   std::unique_ptr<mok::gpu::Schedule> schedule_;
   std::unique_ptr<mok::gpu::ForwardContext> context_;
+  // The routed experts' quantized copies (one GPU; by precision, else none).
+  std::unique_ptr<mok::gpu::Fp8BlockExperts> fp8_block_;
+  std::unique_ptr<mok::gpu::Nvfp4Experts> nvfp4_;
+  std::unique_ptr<mok::gpu::Mxfp8Experts> mxfp8_;
 };
 
 }  // namespace
@@ -269,8 +310,9 @@ void mok_py::register_gpu_layer(nb::module_& m) {
       },
       "A new NCCL unique id (on rank 0 of an expert-parallel group; share it with every rank).");
   nb::class_<GpuLayer>(m, "GpuLayer",
-                       "The GPU forward and backward megakernels of one layer (one GPU, BF16), "
-                       "on CUDA tensors passed by DLPack; owns its workspace.")
+                       "The GPU forward and backward megakernels of one layer (BF16; on one GPU "
+                       "also fp8_block, nvfp4 and mxfp8's forward), on CUDA tensors passed by "
+                       "DLPack; owns its workspace and the routed experts' quantized copies.")
       .def(nb::init<const nb::dict&, const std::string&, bool, std::optional<nb::bytes>>(),
            "config"_a, "weight_grads"_a = "write_fp32", "recompute"_a = false,
            "unique_id"_a = nb::none(),
