@@ -46,11 +46,13 @@ __device__ __forceinline__ uint4 nvfp4_widen_word(uint32_t word, uint16_t factor
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
-// A packed NVFP4 chunk as loaded from a staging slot, widened once every load of a batch is in.
+// A converter lane's step is two adjacent 16-byte output chunks of one row (16 elements: NVFP4's
+// whole 16-column block, half of MXFP8's 32), loaded from a staging slot in one access with their
+// one factor, widened once every load of a batch is in.
 struct Nvfp4Codes {
-  uint32_t word;
+  uint2 words;
   uint16_t factor;
-  __device__ uint4 widen() const { return nvfp4_widen_word(word, factor); }
+  __device__ uint4 widen(int j) const { return nvfp4_widen_word(j ? words.y : words.x, factor); }
 };
 
 // A staging slot of a kRows-row B tile (a gate/up tile: gate rows, then up rows): the rows'
@@ -87,11 +89,12 @@ struct Nvfp4Stage : StagingSlot<kRows, kBlockK / 2, uint32_t(kRows / 2 / 16) * 4
   }
   // Byte coordinate of row `row`'s factors in a stage's row of the factor map.
   __host__ __device__ static constexpr int factor_x(int row) { return row / 16 * 8; }
-  // Row `row`'s 16-byte output chunk `chunk` (8 elements): its code word and factor.
+  // Row `row`'s output chunks 2 pair and 2 pair + 1 (16-column block `pair`): two code words and
+  // the block's factor.
   using Codes = Nvfp4Codes;
-  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t chunk) {
-    return {*reinterpret_cast<const uint32_t*>(slot + row * 32u + chunk * 4u),
-            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2))};
+  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t pair) {
+    return {*reinterpret_cast<const uint2*>(slot + row * 32u + pair * 8u),
+            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, pair))};
   }
 };
 
@@ -112,7 +115,7 @@ struct Nvfp4MnStage {
   static constexpr int kChunks = kCols / 8;  // 16-byte output chunks per K row
   static_assert(kCols % 64 == 0 && kCols <= 256, "whole 64-column blocks, one TMA box of codes");
   static_assert(fmt::kNvfp4WidenK == kBlockK && kBlockK % 16 == 0, "whole 16-row scale blocks");
-  static_assert(32 % kChunks == 0, "a warp step widens whole K rows");
+  static_assert(32 % (kChunks / 2) == 0, "a warp step widens whole K rows");
   // Offset of the factor of K row r's 16-column block b (0 to kCols / 16 - 1): forward stage
   // b / 4, the row's 16-row block, column block b % 4 (nvfp4_widen_factor_offset's order).
   __host__ __device__ static constexpr uint32_t factor_offset(uint32_t r, uint32_t b) {
@@ -120,11 +123,11 @@ struct Nvfp4MnStage {
   }
   // Byte coordinate of K rows [k0, k0 + 64)'s factors in a row of the factor map.
   __host__ __device__ static constexpr int factor_x(int k0) { return k0 / 16 * 8; }
-  // K row `row`'s 16-byte output chunk `chunk` (columns 8 chunk to 8 chunk + 7).
+  // K row `row`'s output chunks 2 pair and 2 pair + 1 (columns 16 pair to 16 pair + 15).
   using Codes = Nvfp4Codes;
-  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t chunk) {
-    return {*reinterpret_cast<const uint32_t*>(slot + row * kRowCodeBytes + chunk * 4u),
-            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 2))};
+  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t pair) {
+    return {*reinterpret_cast<const uint2*>(slot + row * kRowCodeBytes + pair * 8u),
+            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, pair))};
   }
 };
 
@@ -137,24 +140,24 @@ struct Mxfp8Stage : StagingSlot<kRows, kBlockK, uint32_t(kRows / 2) * 2 * 2> {
     return Slot::half_offset(r) + Slot::in_half(r) * 4u + b * 2u;
   }
   __host__ __device__ static constexpr int factor_x(int row) { return row * 4; }
-  // Row `row`'s 16-byte output chunk `chunk` (8 codes in two words, one 32-column block's factor).
+  // Row `row`'s output chunks 2 pair and 2 pair + 1 (16 codes, half of a 32-column block).
   struct Codes {
-    uint2 words;
+    uint4 words;
     uint16_t factor;
-    __device__ uint4 widen() const {
+    __device__ uint4 widen(int j) const {
       const uint32_t pre = uint32_t(fmt::kMxfp8WidenPre) * 0x10001u;
       const uint32_t f = uint32_t(factor) * 0x10001u;
+      const uint32_t w[2] = {j ? words.z : words.x, j ? words.w : words.y};
       uint32_t out[4];
 #pragma unroll
-      for (int j = 0; j < 4; ++j)
-        out[j] = mul_bf16x2(
-            mul_bf16x2(fmt::mxfp8_widen_pair_bits(j < 2 ? words.x : words.y, j % 2), pre), f);
+      for (int k = 0; k < 4; ++k)
+        out[k] = mul_bf16x2(mul_bf16x2(fmt::mxfp8_widen_pair_bits(w[k / 2], k % 2), pre), f);
       return make_uint4(out[0], out[1], out[2], out[3]);
     }
   };
-  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t chunk) {
-    return {*reinterpret_cast<const uint2*>(slot + row * 64u + chunk * 8u),
-            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, chunk / 4))};
+  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t pair) {
+    return {*reinterpret_cast<const uint4*>(slot + row * 64u + pair * 16u),
+            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, pair / 2))};
   }
 };
 
@@ -178,57 +181,67 @@ struct WidenRing {
 
 // A converter warp's steps in batches: every load of a batch is issued before its first product
 // (the compiler cannot move loads above the stores, which may alias the slot), so a lane waits
-// for shared memory once per batch, not once per chunk. Step i of warp `warp` widens
-// Stage::load(slot, row(i), chunk) into tile_b + offset(row(i)); full batches of kWidenBatch, then
-// the rest one at a time.
+// for shared memory once per batch, not once per step. Step i of warp `warp` widens
+// Stage::load(slot, row(i), pair) into tile_b + offset(row(i), j) for its chunks j = 0, 1; full
+// batches of kWidenBatch, then one partial batch.
 constexpr int kWidenBatch = 4;
 template <class Stage, int kSteps, int kWarps, class Row, class Offset>
 __device__ __forceinline__ void widen_steps(const uint8_t* slot, uint8_t* tile_b, int warp,
-                                            uint32_t chunk, Row row, Offset offset) {
+                                            uint32_t pair, Row row, Offset offset) {
   const int steps = (kSteps - warp + kWarps - 1) / kWarps;
+  auto store = [&](uint32_t r, const typename Stage::Codes& codes) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      *reinterpret_cast<uint4*>(tile_b + offset(r, uint32_t(j))) = codes.widen(j);
+  };
   int i = 0;
   for (; i + kWidenBatch <= steps; i += kWidenBatch) {
     typename Stage::Codes codes[kWidenBatch];
 #pragma unroll
     for (int b = 0; b < kWidenBatch; ++b)
-      codes[b] = Stage::load(slot, row(warp + (i + b) * kWarps), chunk);
+      codes[b] = Stage::load(slot, row(warp + (i + b) * kWarps), pair);
 #pragma unroll
-    for (int b = 0; b < kWidenBatch; ++b)
-      *reinterpret_cast<uint4*>(tile_b + offset(row(warp + (i + b) * kWarps))) = codes[b].widen();
+    for (int b = 0; b < kWidenBatch; ++b) store(row(warp + (i + b) * kWarps), codes[b]);
   }
-  for (; i < steps; ++i) {
-    const uint32_t r = row(warp + i * kWarps);
-    *reinterpret_cast<uint4*>(tile_b + offset(r)) = Stage::load(slot, r, chunk).widen();
-  }
+  if (i == steps) return;
+  typename Stage::Codes codes[kWidenBatch - 1];  // the last, partial batch
+#pragma unroll
+  for (int b = 0; b < kWidenBatch - 1; ++b)
+    if (i + b < steps) codes[b] = Stage::load(slot, row(warp + (i + b) * kWarps), pair);
+#pragma unroll
+  for (int b = 0; b < kWidenBatch - 1; ++b)
+    if (i + b < steps) store(row(warp + (i + b) * kWarps), codes[b]);
 }
 
 // Converter warp `warp` (0 to kWarps - 1) widens its share of a staged tile (Stage: Nvfp4Stage or
-// Mxfp8Stage) into the K-major BF16 B tile: lane l takes 16-byte output chunk l % 8 of rows
-// 4 g + l / 8 for g = warp, warp + kWarps, ... (a warp reads whole rows of codes and writes four
-// whole swizzled rows per step).
+// Mxfp8Stage) into the K-major BF16 B tile: lane l takes output chunks 2 (l % 4) and 2 (l % 4) + 1
+// of rows 8 g + l / 4 for g = warp, warp + kWarps, ... (a warp reads whole rows of codes; each
+// 8-lane phase of a store writes two rows' chunks, all eight 16-byte bank groups).
 template <class Stage, int kWarps, int kRows = int(Stage::kCodeBytes / Stage::kRowCodeBytes)>
 __device__ __forceinline__ void widen_tile(const uint8_t* slot, uint8_t* tile_b, int warp,
                                            int lane) {
-  const uint32_t chunk = uint32_t(lane % 8), lane_row = uint32_t(lane / 8);
-  widen_steps<Stage, kRows / 4, kWarps>(
-      slot, tile_b, warp, chunk, [&](int g) { return uint32_t(4 * g) + lane_row; },
-      [&](uint32_t row) { return dev::swizzle128_offset(row, chunk * 16u); });
+  static_assert(kRows % 8 == 0, "whole warp steps");
+  const uint32_t pair = uint32_t(lane % 4), lane_row = uint32_t(lane / 4);
+  widen_steps<Stage, kRows / 8, kWarps>(
+      slot, tile_b, warp, pair, [&](int g) { return uint32_t(8 * g) + lane_row; },
+      [&](uint32_t row, uint32_t j) { return dev::swizzle128_offset(row, (2u * pair + j) * 16u); });
 }
 
 // Converter warp `warp` (0 to kWarps - 1) widens its share of a staged Nvfp4MnStage into the
-// MN-major BF16 B tile: per step a warp takes 32 / kChunks whole K rows, lane l one chunk of them
-// (its code word: a warp reads whole rows, conflict-free; each 8 lanes write one whole swizzled
-// 128-byte row of a 64-column block).
+// MN-major BF16 B tile: per step a warp takes 64 / kChunks whole K rows, lane l two adjacent
+// chunks of them (its code words: a warp reads whole rows, conflict-free; each 64-column block's
+// row is one whole swizzled 128-byte row).
 template <class Stage, int kWarps>
 __device__ __forceinline__ void widen_tile_mn(const uint8_t* slot, uint8_t* tile_b, int warp,
                                               int lane) {
-  constexpr int kRowsPerStep = 32 / Stage::kChunks;
-  const uint32_t chunk = uint32_t(lane % Stage::kChunks),
-                 lane_row = uint32_t(lane / Stage::kChunks);
-  const uint32_t block = chunk / 8u * uint32_t(kBlockK) * 128u;  // the chunk's 64-column block
+  constexpr int kPairs = Stage::kChunks / 2, kRowsPerStep = 32 / kPairs;
+  const uint32_t pair = uint32_t(lane % kPairs), lane_row = uint32_t(lane / kPairs);
+  const uint32_t block = pair / 4u * uint32_t(kBlockK) * 128u;  // the pair's 64-column block
   widen_steps<Stage, kBlockK / kRowsPerStep, kWarps>(
-      slot, tile_b, warp, chunk, [&](int g) { return uint32_t(g * kRowsPerStep) + lane_row; },
-      [&](uint32_t row) { return block + dev::swizzle128_offset(row, chunk % 8u * 16u); });
+      slot, tile_b, warp, pair, [&](int g) { return uint32_t(g * kRowsPerStep) + lane_row; },
+      [&](uint32_t row, uint32_t j) {
+        return block + dev::swizzle128_offset(row, (2u * pair + j) % 8u * 16u);
+      });
 }
 
 }  // namespace mok::kern
