@@ -11,6 +11,7 @@ set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
 t0=$(date +%s)
+limit=${LIMIT:-580}  # seconds this call may run (LIMIT=... when less device time is left)
 log=$OUT/s35a.log
 source scripts/device_steps.sh
 bash scripts/gpu_build.sh > $OUT/build.log 2>&1 || { cat $OUT/build.log | head -40; exit 1; }
@@ -30,8 +31,8 @@ wait $base_pid; BASE=$(tail -1 $OUT/base_build.txt); echo "base build: $BASE $(e
 [ -x "$BASE" ] || BASE=""
 bench() {  # NAME BINARY PRESET PRECISION [args]
   local name=$1 bin=$2 preset=$3 prec=$4; shift 4
-  [ $(el) -gt 540 ] && { echo "skip $name $preset $prec"; return; }
-  timeout $(( 580 - $(el) )) $bin bench --precision $prec --preset $preset --iterations 20 "$@" \
+  [ $(el) -gt $(( limit - 40 )) ] && { echo "skip $name $preset $prec"; return; }
+  timeout $(( limit - $(el) )) $bin bench --precision $prec --preset $preset --iterations 20 "$@" \
     > $OUT/bench_${prec}_${preset}_$name.txt 2>&1
   echo "--- $name $preset $prec rc=$? $(el)s"
   grep '^|' $OUT/bench_${prec}_${preset}_$name.txt | grep -vE '^\|---' | grep -v "^| shape"
