@@ -191,14 +191,16 @@ __global__ void mxfp8_weights_rows_kernel(const __nv_bfloat16* x, int64_t blocks
   }
   const uint8_t s = rceil ? fmt::mx_scale_rceil(a.amax) : fmt::mx_scale_floor(a.amax);
   scales[b] = fmt::mx_stored_scale(a, s);
+  // mx_element_in_block's codes by the hardware's pair conversion (fp8_block_pair: equal to the
+  // codec on every finite value, the NaN code for the others).
+  const float encode = exp2_int(127 - int(s));
   uint32_t words[8];
 #pragma unroll
   for (int w = 0; w < 8; ++w) {
-    words[w] = 0;
-#pragma unroll
-    for (int e = 0; e < 4; ++e)
-      words[w] |= uint32_t(fmt::mx_element_in_block(bf16_in(q[w / 2], 4 * (w % 2) + e), s))
-                  << (8 * e);
+    const int e0 = 4 * (w % 2);
+    const uint4& v = q[w / 2];
+    words[w] = uint32_t(fmt::fp8_block_pair(bf16_in(v, e0), bf16_in(v, e0 + 1), encode)) |
+               uint32_t(fmt::fp8_block_pair(bf16_in(v, e0 + 2), bf16_in(v, e0 + 3), encode)) << 16;
   }
   uint4* out = reinterpret_cast<uint4*>(data + b * 32);
   out[0] = make_uint4(words[0], words[1], words[2], words[3]);
@@ -220,8 +222,12 @@ __global__ void mxfp8_weights_transposed_kernel(const __nv_bfloat16* x, int64_t 
   const uint8_t s = rceil ? fmt::mx_scale_rceil(a.amax) : fmt::mx_scale_floor(a.amax);
   scales[b] = fmt::mx_stored_scale(a, s);
   uint8_t* out = data + batch * rows * cols + o * rows + i0;
-  for (int i = 0; i < 32; ++i)
-    out[i] = fmt::mx_element_in_block(bf16_at(in, (i0 + i) * cols + o), s);
+  const float encode = exp2_int(127 - int(s));
+  for (int i = 0; i < 32; i += 2) {
+    const uint16_t pair = fmt::fp8_block_pair(bf16_at(in, (i0 + i) * cols + o),
+                                              bf16_at(in, (i0 + i + 1) * cols + o), encode);
+    out[i] = uint8_t(pair), out[i + 1] = uint8_t(pair >> 8);
+  }
 }
 
 // Each matrix's finite amax (NVFP4's per-tensor scale): amax_bits[batch], grid-stride per matrix
