@@ -76,6 +76,23 @@ inline void drop_expert(mok::Batch& b, int K, int32_t expert) {
   }
 }
 
+// The odd routings of the backward cases: `routing` 1 leaves expert 3 without rows, 2 sends every
+// token to experts 1 and 4; `zero_weights` sets every seventh token's second routing weight to 0.
+inline mok::Batch case_batch(const mok::Config& c, int64_t tokens, uint64_t seed, int routing,
+                             bool zero_weights) {
+  mok::Batch b = mok::tools::random_batch(c, tokens, seed);
+  const int K = c.top_k;
+  if (routing == 1) drop_expert(b, K, 3);
+  if (routing == 2)
+    for (int64_t t = 0; t < b.tokens; ++t) {
+      b.topk_ids[size_t(t * K)] = 1;
+      b.topk_ids[size_t(t * K + 1)] = 4;
+    }
+  if (zero_weights)
+    for (int64_t t = 0; t < b.tokens; t += 7) b.topk_weights[size_t(t * K + 1)] = 0.0;
+  return b;
+}
+
 // One forward (into a context) and backward on one GPU, every output poisoned first (Step: 0xFF
 // bytes, NaN in BF16 and FP32), or the weight gradients' buffers holding `init` (accumulate_fp32).
 template <class Experts>

@@ -115,16 +115,7 @@ TEST(Fp8BlockBackwardGpu, MatchesTheQuantizedReference) {
   for (size_t i = 0; i < cases.size(); ++i) {
     const Case& k = cases[i];
     const mok::LayerParams p = mok::tools::random_params(k.c, 300 + i);
-    mok::Batch b = mok::tools::random_batch(k.c, k.tokens, 310 + i);
-    const int K = k.c.top_k;
-    if (k.routing == 1) drop_expert(b, K, 3);
-    if (k.routing == 2)
-      for (int64_t t = 0; t < b.tokens; ++t) {
-        b.topk_ids[size_t(t * K)] = 1;
-        b.topk_ids[size_t(t * K + 1)] = 4;
-      }
-    if (k.zero_weights)
-      for (int64_t t = 0; t < b.tokens; t += 7) b.topk_weights[size_t(t * K + 1)] = 0.0;
+    const mok::Batch b = case_batch(k.c, k.tokens, 310 + i, k.routing, k.zero_weights);
     const std::vector<double> d_out =
         mok::tools::random_vector(size_t(k.tokens * k.c.hidden), 320 + i, 0.5);
     for (int block_n : k.block_ns) {
