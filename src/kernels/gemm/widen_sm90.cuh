@@ -1,11 +1,12 @@
 // Narrow weights widened in shared memory on their way to BF16 wgmma (Hopper has no FP4 MMA and no
-// block-scaled one): the
-// producer's TMA leader loads a stage's packed codes and block factors into a staging slot, three
-// converter warps of the producer warpgroup expand them into the BF16 B tile of the ring stage
-// (128B-swizzled, K-major, as TMA would have written it), then arrive on the stage's full barrier
-// beside the leader. The consumers' mainloop is the BF16 one. NVFP4 (mok/formats/nvfp4_widen.hpp):
-// per 8 elements one 32-bit code word, one BF16 factor, two bf16x2 products per element pair.
-// MXFP8 (mok/formats/mxfp8_widen.hpp): per 8 elements two code words, likewise.
+// block-scaled one): the producer's TMA leader loads a stage's packed codes and block factors into
+// a staging slot, the converter warps of the producer warpgroup expand them into the BF16 B tile
+// of the ring stage (128B-swizzled, K-major or MN-major, as TMA would have written it), then
+// arrive on the stage's full barrier beside the leader. The consumers' mainloop is the BF16 one.
+// NVFP4 (mok/formats/nvfp4_widen.hpp): per 8 elements one 32-bit code word, one BF16 factor, two
+// bf16x2 products per element pair. MXFP8 (mok/formats/mxfp8_widen.hpp): per 8 elements two code
+// words, likewise. The converters bound the widening programs (their issue rate, not the codes'
+// latency: `mok bench --breakdown 1`), so each lane's work is shaped for fewer instructions.
 #pragma once
 #include <cstdint>
 
