@@ -171,16 +171,19 @@ def _reference(config, x, ids, w, params, d_out=None):
         f64(w), d_out=None if d_out is None else f64(d_out), numerics="fp64", quant=quant)
 
 
-def run_forward(handle, x, topk_ids, topk_weights, params, training, scheduled=False):
+def run_forward(handle, x, topk_ids, topk_weights, params, training, scheduled=False,
+                quantize=True):
     """(out, generation) of the layer `handle` (moe_forward's body; scheduled: schedule() ran for
-    this batch on the GPU)."""
+    this batch on the GPU; quantize=False: a low-precision GPU layer reuses the routed weights it
+    quantized last, see MoE.forward's is_first_microbatch)."""
     h = _handle(handle)
     if x.is_cuda:
         params, fp32_grads = _operands(params)
         layer = h.gpu_layer(x.device, fp32_grads)
         out = _empty(x)
         stream = torch.cuda.current_stream(x.device).cuda_stream
-        gen = layer.forward(x, topk_ids, topk_weights, params, out, training, stream, scheduled)
+        gen = layer.forward(x, topk_ids, topk_weights, params, out, training, stream, scheduled,
+                            quantize)
         return out, torch.tensor(gen, dtype=torch.int64, device="cpu")
     if h.group is not None:
         raise RuntimeError("mok: an expert-parallel layer (process_group) runs on CUDA tensors "
@@ -201,17 +204,17 @@ def run_schedule(handle, x, topk_ids, topk_weights, params):
 @torch.library.custom_op("mok::moe_forward", mutates_args=())
 def moe_forward(handle: int, x: torch.Tensor, topk_ids: torch.Tensor, topk_weights: torch.Tensor,
                 shared_gate: torch.Tensor, shared_up: torch.Tensor, shared_down: torch.Tensor,
-                gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor,
-                training: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor, training: bool,
+                quantize: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """(out [T, H], generation): the routed and shared experts of x [T, H] routed by topk_ids
     (int32 [T, K]) with topk_weights (float32 [T, K])."""
     params = (shared_gate, shared_up, shared_down, gate, up, down)
-    return run_forward(handle, x, topk_ids, topk_weights, params, training)
+    return run_forward(handle, x, topk_ids, topk_weights, params, training, quantize=quantize)
 
 
 @moe_forward.register_fake
 def _(handle, x, topk_ids, topk_weights, shared_gate, shared_up, shared_down, gate, up, down,
-      training):
+      training, quantize=True):
     return _empty(x), torch.empty((), dtype=torch.int64, device="cpu")
 
 
@@ -248,7 +251,7 @@ def _(handle, generation, d_out, x, topk_ids, topk_weights, shared_gate, shared_
 
 
 def _setup_context(ctx, inputs, output):
-    handle, x, ids, w, *params, _ = inputs
+    handle, x, ids, w, *params = inputs[:10]
     ctx.handle = handle
     ctx.save_for_backward(output[1], x, ids, w, *params)
 
@@ -256,16 +259,16 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, d_out, _d_generation):
     generation, x, ids, w, *params = ctx.saved_tensors
     d_x, d_w, *grads = moe_backward(ctx.handle, generation, d_out.contiguous(), x, ids, w, *params)
-    return (None, d_x, None, d_w, *grads, None)
+    return (None, d_x, None, d_w, *grads, None, None)
 
 
 torch.library.register_autograd("mok::moe_forward", _backward, setup_context=_setup_context)
 
 
-def apply(handle, x, topk_ids, topk_weights, params):
+def apply(handle, x, topk_ids, topk_weights, params, quantize=True):
     """out = the layer of `handle` on x [T, H] (autograd: gradients for x, topk_weights and the
     six parameters)."""
     training = torch.is_grad_enabled() and any(
         t.requires_grad for t in (x, topk_weights, *params))
     x, topk_ids, topk_weights = (t.contiguous() for t in (x, topk_ids, topk_weights))
-    return moe_forward(handle, x, topk_ids, topk_weights, *params, training)[0]
+    return moe_forward(handle, x, topk_ids, topk_weights, *params, training, quantize)[0]

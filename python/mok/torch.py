@@ -139,7 +139,7 @@ def forward(x, topk_ids, topk_weights, params, config, recompute=False, training
     params = tuple(params)
     if schedule is None:
         out, generation = torch.ops.mok.moe_forward(h, x, topk_ids, topk_weights, *params,
-                                                    training)
+                                                    training, True)
         return out, (h, generation, x, topk_ids, topk_weights, params)
     if schedule[0] != h or any(a is not b for a, b in zip(schedule[1:], (x, topk_ids,
                                                                           topk_weights))):
@@ -287,7 +287,12 @@ class MoE(nn.Module):
         return route_deepseek_v3(logits, self.expert_bias, self.config["top_k"], self.num_groups,
                                  self.topk_groups, self.normalize, self.scaling_factor)
 
-    def forward(self, x):
+    def forward(self, x, is_first_microbatch=None):
+        """The layer of x [..., H]. is_first_microbatch (low precision on the GPU; as
+        TransformerEngine's): None quantizes the routed weights at this forward, as every forward
+        does by default; True quantizes them and keeps them for the micro-batches after; False
+        reuses what the last quantizing forward made, without looking at the parameters again:
+        only between optimizer steps (the parameters unchanged). Ignored in BF16 and on CPU."""
         H = self.config["hidden"]
         if x.shape[-1] != H:
             raise ValueError(f"mok.torch.MoE: x must be [..., {H}] (hidden = {H}); got shape "
@@ -295,7 +300,8 @@ class MoE(nn.Module):
         flat = x.reshape(-1, H).contiguous()
         ids, weights = self.route(flat)
         params = [getattr(self, n) for n in PARAMS]
-        return _ops.apply(self._handle, flat, ids, weights, params).reshape(x.shape)
+        return _ops.apply(self._handle, flat, ids, weights, params,
+                          quantize=is_first_microbatch is not False).reshape(x.shape)
 
 
 _FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))

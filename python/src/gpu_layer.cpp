@@ -145,9 +145,18 @@ class GpuLayer {
   // out = the layer of x routed by (topk_ids, topk_weights); training: keeps what backward needs.
   // scheduled: schedule() ran for this batch (the same tensors) since the last forward.
   // Returns the forward's generation (backward takes it to check that it is the latest).
+  // quantize = false: a low-precision layer reuses the routed weights its last quantizing forward
+  // made (gradient accumulation over micro-batches between optimizer steps).
   uint64_t forward(const Tensor& x, const Tensor& ids, const Tensor& w, const nb::tuple& params,
-                   const Tensor& out, bool training, uintptr_t stream, bool scheduled) {
+                   const Tensor& out, bool training, uintptr_t stream, bool scheduled,
+                   bool quantize) {
     const std::string who = "GpuLayer.forward";
+    const bool low_precision = fp8_block_ || nvfp4_ || mxfp8_;
+    if (low_precision && !quantize && !weights_quantized_)
+      throw mok::Error(mok::ErrorCode::invalid_argument,
+                       who +
+                           ": is_first_microbatch = False reuses the quantized weights of an "
+                           "earlier forward, but no forward of this layer has quantized them yet");
     if (training && mxfp8_)
       throw mok::Error(mok::ErrorCode::unsupported,
                        who +
@@ -166,7 +175,8 @@ class GpuLayer {
     DeviceScope scope(device_);
     if (!scheduled) schedule_batch(batch, st);
     scheduled_ = {};
-    weights = quantized(weights, st, true);
+    weights = quantized(weights, st, quantize);
+    weights_quantized_ = weights_quantized_ || (low_precision && quantize);
     const mok::gpu::ForwardContext* context = training ? context_.get() : nullptr;
     if (forward_) {
       forward_->forward(*schedule_, batch, weights, ptr<__nv_bfloat16>(out), context, st);
@@ -276,6 +286,7 @@ class GpuLayer {
   int device_ = 0;
   uint64_t generation_ = 0;
   bool trained_ = false, backed_ = false;
+  bool weights_quantized_ = false;  // low precision: a forward has quantized the routed weights
   mok::gpu::WeightGrads weight_grads_ = mok::gpu::WeightGrads::write_fp32;
   std::unique_ptr<Communicator> comm_;             // declared first: destroyed after the EP parts
   std::unique_ptr<mok::gpu::MoeForward> forward_;  // ep_size 1 without a communicator
@@ -321,7 +332,7 @@ void mok_py::register_gpu_layer(nb::module_& m) {
            "rank constructs at the same time); None: one GPU")
       .def("schedule", &GpuLayer::schedule, "x"_a, "topk_ids"_a, "topk_weights"_a, "stream"_a)
       .def("forward", &GpuLayer::forward, "x"_a, "topk_ids"_a, "topk_weights"_a, "params"_a,
-           "out"_a, "training"_a, "stream"_a, "scheduled"_a = false)
+           "out"_a, "training"_a, "stream"_a, "scheduled"_a = false, "quantize"_a = true)
       .def("backward", &GpuLayer::backward, "generation"_a, "x"_a, "topk_ids"_a, "topk_weights"_a,
            "params"_a, "d_out"_a, "d_x"_a, "d_topk_weights"_a, "grads"_a, "stream"_a)
       .def("check", &GpuLayer::check, "stream"_a, nb::call_guard<nb::gil_scoped_release>())

@@ -343,7 +343,7 @@ def test_bad_input_is_named():
 
 def op_args(m, x):
     ids, w = m.route(x)
-    return (m._handle, x, ids, w, *[getattr(m, n) for n in mt.PARAMS], True)
+    return (m._handle, x, ids, w, *[getattr(m, n) for n in mt.PARAMS], True, True)
 
 
 def test_the_custom_operators_pass_opcheck_on_cpu():
@@ -354,7 +354,7 @@ def test_the_custom_operators_pass_opcheck_on_cpu():
                                       "test_autograd_registration"))
     _, generation = torch.ops.mok.moe_forward(*args)
     torch.library.opcheck(torch.ops.mok.moe_backward.default,
-                          (m._handle, generation, d_out, *args[1:-1]),
+                          (m._handle, generation, d_out, *args[1:-2]),
                           test_utils=("test_schema", "test_faketensor"))
 
 
@@ -444,6 +444,34 @@ def test_gpu_low_precision_trains_in_its_recipe_and_repeats_bit_for_bit(precisio
     again = grads_of(m, x, d_out)
     for i, (a, b) in enumerate(zip(got, again)):
         assert torch.equal(a, b), f"a second run, output {i}"
+
+
+@gpu
+def test_gpu_micro_batches_reuse_the_first_ones_quantized_weights():
+    m, x, d_out = make("cuda", torch.bfloat16, precision="nvfp4")
+    fresh = mt.MoE(256, 128, 16, 4, num_shared_experts=1, shared_intermediate=128, max_tokens=96,
+                   precision="nvfp4", device="cuda", dtype=torch.bfloat16)
+    with pytest.raises(mok.Error, match="no forward of this layer has quantized them yet"):
+        fresh(x, is_first_microbatch=False)
+    want = [grads_of(m, x[i::2], d_out[i::2]) for i in range(2)]
+    first = grads_of(m, x[0::2], d_out[0::2], run=lambda t: m(t, is_first_microbatch=True))
+    second = grads_of(m, x[1::2], d_out[1::2], run=lambda t: m(t, is_first_microbatch=False))
+    for i, (a, b) in enumerate(zip(first + second, want[0] + want[1])):
+        assert torch.equal(a, b), f"output {i}"
+    with torch.no_grad():  # what the optimizer would do; reuse keeps the weights of before
+        m.down.mul_(2)
+    stale = m(x, is_first_microbatch=False).detach()
+    assert torch.equal(stale, grads_of(fresh_copy(m, halve_down=True), x, d_out)[0])
+
+
+def fresh_copy(m, halve_down=False):
+    c = mt.MoE(256, 128, 16, 4, num_shared_experts=1, shared_intermediate=128, max_tokens=96,
+               precision=m.config["precision"], device="cuda", dtype=torch.bfloat16)
+    c.load_state_dict(m.state_dict())
+    if halve_down:
+        with torch.no_grad():
+            c.down.div_(2)
+    return c
 
 
 @gpu
