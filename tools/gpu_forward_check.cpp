@@ -13,9 +13,7 @@
 
 #include "cuda_util.hpp"
 #include "mok/gpu/moe_backward.hpp"
-#include "mok/gpu/fp8_block_experts.hpp"
-#include "mok/gpu/mxfp8_experts.hpp"
-#include "mok/gpu/nvfp4_experts.hpp"
+#include "mok/gpu/low_precision_experts.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #endif
 
@@ -146,23 +144,9 @@ GpuForwardReport gpu_forward_check(const Config& c, const LayerParams& p, const 
   const gpu::DeviceBatch batch{b.tokens, as_bf16(x), ids.ptr, w.ptr};
   // fp8_block, nvfp4, mxfp8: the routed experts' weights quantized on the GPU first (fp8_block's
   // with the transposed copies its backward reads).
-  std::unique_ptr<gpu::Fp8BlockExperts> fp8_experts;
-  std::unique_ptr<gpu::Nvfp4Experts> nvfp4_experts;
-  std::unique_ptr<gpu::Mxfp8Experts> mxfp8_experts;
-  gpu::DeviceLayerWeights forward_weights = weights;
-  if (c.precision == Precision::fp8_block) {
-    fp8_experts = std::make_unique<gpu::Fp8BlockExperts>(c, /*backward=*/true);
-    fp8_experts->quantize(weights, nullptr);
-    forward_weights = fp8_experts->with(weights);
-  } else if (c.precision == Precision::nvfp4) {
-    nvfp4_experts = std::make_unique<gpu::Nvfp4Experts>(c);
-    nvfp4_experts->quantize(weights, nullptr);
-    forward_weights = nvfp4_experts->with(weights);
-  } else if (c.precision == Precision::mxfp8) {
-    mxfp8_experts = std::make_unique<gpu::Mxfp8Experts>(c);
-    mxfp8_experts->quantize(weights, nullptr);
-    forward_weights = mxfp8_experts->with(weights);
-  }
+  gpu::LowPrecisionExperts experts(c, /*backward=*/true);
+  experts.quantize(weights, nullptr);
+  const gpu::DeviceLayerWeights forward_weights = experts.with(weights);
   auto run = [&] {
     f->forward(batch, forward_weights, reinterpret_cast<__nv_bfloat16*>(out.ptr), nullptr);
   };

@@ -5,8 +5,8 @@
 // expert-parallel group over NCCL (EpForward / EpBackward): every call is then a collective of the
 // group, and the expert parameters are this rank's E / ep_size experts. Low precision (fp8_block,
 // nvfp4, mxfp8; one GPU): the layer owns the routed experts' quantized copies, made from the BF16
-// parameters by the GPU quantizers at every forward (the parameters may have changed since), and
-// its backward reads that forward's copies.
+// parameters by the GPU quantizers at every forward that asks (by default every one: the
+// parameters may have changed since), and its backward reads the copies its forward read.
 #include <cuda_runtime_api.h>
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
@@ -20,11 +20,9 @@
 #include "bindings.hpp"
 #include "gpu_operands.hpp"
 #include "mok/error.hpp"
-#include "mok/gpu/fp8_block_experts.hpp"
+#include "mok/gpu/low_precision_experts.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
-#include "mok/gpu/mxfp8_experts.hpp"
-#include "mok/gpu/nvfp4_experts.hpp"
 #include "mok/transport/bootstrap.hpp"
 #if defined(MOK_WITH_NCCL_DEVICE)
 #include <nccl.h>
@@ -122,12 +120,7 @@ class GpuLayer {
       forward_ = std::make_unique<mok::gpu::MoeForward>(c_);
       if (c_.precision != mok::Precision::mxfp8)  // mxfp8 has no GPU backward yet
         backward_ = std::make_unique<mok::gpu::MoeBackward>(c_, o);
-      if (c_.precision == mok::Precision::fp8_block)
-        fp8_block_ = std::make_unique<mok::gpu::Fp8BlockExperts>(c_, true);
-      if (c_.precision == mok::Precision::nvfp4)
-        nvfp4_ = std::make_unique<mok::gpu::Nvfp4Experts>(c_);
-      if (c_.precision == mok::Precision::mxfp8)
-        mxfp8_ = std::make_unique<mok::gpu::Mxfp8Experts>(c_);
+      experts_ = std::make_unique<mok::gpu::LowPrecisionExperts>(c_, /*backward=*/true);
     }
     schedule_ = std::make_unique<mok::gpu::Schedule>(c_);
     context_ = std::make_unique<mok::gpu::ForwardContext>(c_, mode);
@@ -151,13 +144,13 @@ class GpuLayer {
                    const Tensor& out, bool training, uintptr_t stream, bool scheduled,
                    bool quantize) {
     const std::string who = "GpuLayer.forward";
-    const bool low_precision = fp8_block_ || nvfp4_ || mxfp8_;
+    const bool low_precision = experts_ && experts_->quantizes();
     if (low_precision && !quantize && !weights_quantized_)
       throw mok::Error(mok::ErrorCode::invalid_argument,
                        who +
                            ": is_first_microbatch = False reuses the quantized weights of an "
                            "earlier forward, but no forward of this layer has quantized them yet");
-    if (training && mxfp8_)
+    if (training && c_.precision == mok::Precision::mxfp8)
       throw mok::Error(mok::ErrorCode::unsupported,
                        who +
                            ": precision mxfp8 has no GPU backward yet: run its forward without "
@@ -175,7 +168,8 @@ class GpuLayer {
     DeviceScope scope(device_);
     if (!scheduled) schedule_batch(batch, st);
     scheduled_ = {};
-    weights = quantized(weights, st, quantize);
+    if (low_precision && quantize) experts_->quantize(weights, st);
+    if (experts_) weights = experts_->with(weights);
     weights_quantized_ = weights_quantized_ || (low_precision && quantize);
     const mok::gpu::ForwardContext* context = training ? context_.get() : nullptr;
     if (forward_) {
@@ -204,8 +198,8 @@ class GpuLayer {
                            "its own forward before the layer runs again");
     const mok::gpu::DeviceBatch batch = operands_.batch(who, x, ids, w);
     // The forward's quantized weights (autograd changes no parameter between the two).
-    const mok::gpu::DeviceLayerWeights weights =
-        quantized(operands_.params(who, params), nullptr, false);
+    mok::gpu::DeviceLayerWeights weights = operands_.params(who, params);
+    if (experts_) weights = experts_->with(weights);
     operands_.require_rows(who, "d_out", d_out, batch.tokens);
     const mok::gpu::DeviceGradients out =
         operands_.grads(who, batch.tokens, d_x, d_w, grads, weight_grads_);
@@ -257,19 +251,6 @@ class GpuLayer {
     int64_t tokens = -1;
     bool operator==(const Scheduled&) const = default;
   };
-  // w with the routed experts' low-precision copies (quantized from w on `st` first when
-  // `quantize`); w itself for bf16.
-  mok::gpu::DeviceLayerWeights quantized(const mok::gpu::DeviceLayerWeights& w, cudaStream_t st,
-                                         bool quantize) const {
-    auto through = [&](auto& q) {
-      if (quantize) q->quantize(w, st);
-      return q->with(w);
-    };
-    if (fp8_block_) return through(fp8_block_);
-    if (nvfp4_) return through(nvfp4_);
-    if (mxfp8_) return through(mxfp8_);
-    return w;
-  }
   void schedule_batch(const mok::gpu::DeviceBatch& batch, cudaStream_t st) {
     if (forward_) {
       forward_->schedule(batch, *schedule_, st);
@@ -297,10 +278,8 @@ class GpuLayer {
 #endif
   std::unique_ptr<mok::gpu::Schedule> schedule_;
   std::unique_ptr<mok::gpu::ForwardContext> context_;
-  // The routed experts' quantized copies (one GPU; by precision, else none).
-  std::unique_ptr<mok::gpu::Fp8BlockExperts> fp8_block_;
-  std::unique_ptr<mok::gpu::Nvfp4Experts> nvfp4_;
-  std::unique_ptr<mok::gpu::Mxfp8Experts> mxfp8_;
+  // The routed experts' quantized copies (one GPU; none in bf16).
+  std::unique_ptr<mok::gpu::LowPrecisionExperts> experts_;
 };
 
 }  // namespace

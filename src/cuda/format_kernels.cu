@@ -4,6 +4,7 @@
 
 #include "mok/formats/block_scale.hpp"
 #include "mok/formats/fp8_block_device.cuh"
+#include "mok/formats/mx_device.cuh"
 #include "mok/gpu/formats_gpu.hpp"
 
 namespace mok::gpu {
@@ -12,6 +13,12 @@ namespace {
 constexpr int kThreads = 256;
 
 int blocks_for(int64_t n) { return int((n + kThreads - 1) / kThreads); }
+
+// BF16 element e (0-7) of a 16-byte load, widened (exact).
+__device__ __forceinline__ float bf16_in(const uint4& q, int e) {
+  const uint32_t w = e < 2 ? q.x : e < 4 ? q.y : e < 6 ? q.z : q.w;
+  return bits_float(e % 2 ? w & 0xFFFF0000u : w << 16);
+}
 
 __global__ void mxfp8_rows_kernel(const float* x, int64_t rows, int64_t cols, bool rceil,
                                   uint8_t* data, uint8_t* scales) {
@@ -92,10 +99,9 @@ __global__ void __launch_bounds__(kWeightThreads)
     const int64_t r = r0 + kWeightRowStep * i;
     uint4 q = make_uint4(0, 0, 0, 0);
     if (inside && r < rows) q = __ldg(reinterpret_cast<const uint4*>(in + r * cols + c0));
-    const uint32_t w[4] = {q.x, q.y, q.z, q.w};
 #pragma unroll
     for (int e = 0; e < kWeightVec; ++e) {
-      v[i][e] = bits_float(e % 2 ? w[e / 2] & 0xFFFF0000u : w[e / 2] << 16);
+      v[i][e] = bf16_in(q, e);
       a.add(v[i][e]);
     }
   }
@@ -167,12 +173,6 @@ __device__ __forceinline__ float bf16_at(const __nv_bfloat16* x, int64_t i) {
   return bits_float(uint32_t(reinterpret_cast<const uint16_t*>(x)[i]) << 16);
 }
 
-// BF16 element e (0-7) of a 16-byte load, widened (exact).
-__device__ __forceinline__ float bf16_in(const uint4& q, int e) {
-  const uint32_t w = e < 2 ? q.x : e < 4 ? q.y : e < 6 ? q.z : q.w;
-  return bits_float(e % 2 ? w & 0xFFFF0000u : w << 16);
-}
-
 // MXFP8 weights along the columns (the forward's copy), one thread per 32-element block: its 64
 // bytes in four 16-byte loads, held in registers from the amax to the codes (two 16-byte stores).
 // x and data 16-byte aligned, cols % 32 == 0.
@@ -191,16 +191,13 @@ __global__ void mxfp8_weights_rows_kernel(const __nv_bfloat16* x, int64_t blocks
   }
   const uint8_t s = rceil ? fmt::mx_scale_rceil(a.amax) : fmt::mx_scale_floor(a.amax);
   scales[b] = fmt::mx_stored_scale(a, s);
-  // mx_element_in_block's codes by the hardware's pair conversion (fp8_block_pair: equal to the
-  // codec on every finite value, the NaN code for the others).
-  const float encode = exp2_int(127 - int(s));
   uint32_t words[8];
 #pragma unroll
   for (int w = 0; w < 8; ++w) {
     const int e0 = 4 * (w % 2);
     const uint4& v = q[w / 2];
-    words[w] = uint32_t(fmt::fp8_block_pair(bf16_in(v, e0), bf16_in(v, e0 + 1), encode)) |
-               uint32_t(fmt::fp8_block_pair(bf16_in(v, e0 + 2), bf16_in(v, e0 + 3), encode)) << 16;
+    words[w] = uint32_t(fmt::mx_element_pair(bf16_in(v, e0), bf16_in(v, e0 + 1), s)) |
+               uint32_t(fmt::mx_element_pair(bf16_in(v, e0 + 2), bf16_in(v, e0 + 3), s)) << 16;
   }
   uint4* out = reinterpret_cast<uint4*>(data + b * 32);
   out[0] = make_uint4(words[0], words[1], words[2], words[3]);
@@ -222,10 +219,9 @@ __global__ void mxfp8_weights_transposed_kernel(const __nv_bfloat16* x, int64_t 
   const uint8_t s = rceil ? fmt::mx_scale_rceil(a.amax) : fmt::mx_scale_floor(a.amax);
   scales[b] = fmt::mx_stored_scale(a, s);
   uint8_t* out = data + batch * rows * cols + o * rows + i0;
-  const float encode = exp2_int(127 - int(s));
   for (int i = 0; i < 32; i += 2) {
-    const uint16_t pair = fmt::fp8_block_pair(bf16_at(in, (i0 + i) * cols + o),
-                                              bf16_at(in, (i0 + i + 1) * cols + o), encode);
+    const uint16_t pair = fmt::mx_element_pair(bf16_at(in, (i0 + i) * cols + o),
+                                               bf16_at(in, (i0 + i + 1) * cols + o), s);
     out[i] = uint8_t(pair), out[i + 1] = uint8_t(pair >> 8);
   }
 }

@@ -13,6 +13,12 @@
 
 namespace mok::fmt {
 
+// mx_element_in_block of x and y (x in the low byte) by the hardware's pair conversion: the
+// device weight quantizers' codes.
+__device__ __forceinline__ uint16_t mx_element_pair(float x, float y, uint8_t scale) {
+  return fp8_block_pair(x, y, exp2_int(127 - int(scale)));
+}
+
 // (x, y) of a finite block with scale byte `scale`, as MX values in FP32.
 __device__ __forceinline__ float2 mx_round_pair(float x, float y, uint8_t scale) {
   const float encode = exp2_int(127 - int(scale)), decode = e8m0_to_float(scale);

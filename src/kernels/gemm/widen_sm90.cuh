@@ -9,6 +9,7 @@
 // latency: `mok bench --breakdown 1`), so each lane's work is shaped for fewer instructions.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/gemm/tile_geometry.cuh"
 #include "mok/device/mbarrier.cuh"
@@ -195,23 +196,22 @@ __device__ __forceinline__ void widen_steps(const uint8_t* slot, uint8_t* tile_b
     for (int j = 0; j < 2; ++j)
       *reinterpret_cast<uint4*>(tile_b + offset(r, uint32_t(j))) = codes.widen(j);
   };
+  // One batch from step i; kFull: all kWidenBatch of its steps exist (the full batches' loop
+  // checks none), else the last, partial one (fewer steps, each checked).
+  auto batch = [&](int i, auto full) {
+    constexpr bool kFull = decltype(full)::value;
+    constexpr int kCount = kFull ? kWidenBatch : kWidenBatch - 1;
+    typename Stage::Codes codes[kCount];
+#pragma unroll
+    for (int b = 0; b < kCount; ++b)
+      if (kFull || i + b < steps) codes[b] = Stage::load(slot, row(warp + (i + b) * kWarps), pair);
+#pragma unroll
+    for (int b = 0; b < kCount; ++b)
+      if (kFull || i + b < steps) store(row(warp + (i + b) * kWarps), codes[b]);
+  };
   int i = 0;
-  for (; i + kWidenBatch <= steps; i += kWidenBatch) {
-    typename Stage::Codes codes[kWidenBatch];
-#pragma unroll
-    for (int b = 0; b < kWidenBatch; ++b)
-      codes[b] = Stage::load(slot, row(warp + (i + b) * kWarps), pair);
-#pragma unroll
-    for (int b = 0; b < kWidenBatch; ++b) store(row(warp + (i + b) * kWarps), codes[b]);
-  }
-  if (i == steps) return;
-  typename Stage::Codes codes[kWidenBatch - 1];  // the last, partial batch
-#pragma unroll
-  for (int b = 0; b < kWidenBatch - 1; ++b)
-    if (i + b < steps) codes[b] = Stage::load(slot, row(warp + (i + b) * kWarps), pair);
-#pragma unroll
-  for (int b = 0; b < kWidenBatch - 1; ++b)
-    if (i + b < steps) store(row(warp + (i + b) * kWarps), codes[b]);
+  for (; i + kWidenBatch <= steps; i += kWidenBatch) batch(i, std::true_type{});
+  if (i < steps) batch(i, std::false_type{});
 }
 
 // Converter warp `warp` (0 to kWarps - 1) widens its share of a staged tile (Stage: Nvfp4Stage or
