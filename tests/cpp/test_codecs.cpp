@@ -157,12 +157,13 @@ TEST(BF16, EveryCodeRoundTripsAndMidpointsGoToEven) {
 }
 
 // The NVFP4 widening (nvfp4_widen.hpp) as the kernel computes it, in exact arithmetic: each pair's
-// bits read as BF16 (value * 2^-126, subnormal for e = 0), times 2^63, times the block's factor
-// S * 2^63, is E2M1 * UE4M3 for every element code, position and scale code (field_value's
-// definitions), NaN for a NaN scale; both products are exact, so BF16 rounding changes nothing.
+// bits read as BF16 (value * 2^-126, subnormal for e = 0) times the block's factor S * 2^118 is
+// E2M1 * UE4M3 * 2^-8 for every element code, position and scale code (field_value's
+// definitions), NaN for a NaN scale; the product is exact, so BF16 rounding changes nothing, and
+// the epilogue's kNvfp4WidenUnscale restores the value.
 TEST(Nvfp4Widen, EveryCodeAndScaleWidensExactly) {
-  const double pre = std::ldexp(1.0, 63);
-  ASSERT_EQ(double(bf16_to_float(kNvfp4WidenPre)), pre);
+  const double unscale = std::ldexp(1.0, 8);
+  ASSERT_EQ(double(kNvfp4WidenUnscale), unscale);
   for (unsigned scale = 0; scale < 256; ++scale) {
     const double factor = double(bf16_to_float(nvfp4_widen_factor(uint8_t(scale))));
     const double s = field_value(scale & 0x7Fu, 4, 3, 7);
@@ -170,7 +171,7 @@ TEST(Nvfp4Widen, EveryCodeAndScaleWidensExactly) {
       EXPECT_TRUE(std::isnan(factor)) << scale;
       continue;
     }
-    ASSERT_EQ(factor, s * pre) << scale;
+    ASSERT_EQ(factor, std::ldexp(s, 118)) << scale;
     for (unsigned code = 0; code < 16; ++code) {
       for (int k = 0; k < 8; ++k) {
         const uint32_t word = uint32_t(code) << (4 * nvfp4_packed_nibble(k));
@@ -178,8 +179,8 @@ TEST(Nvfp4Widen, EveryCodeAndScaleWidensExactly) {
         const uint16_t lane = uint16_t(k % 2 ? pair >> 16 : pair & 0xFFFFu);
         const uint16_t other = uint16_t(k % 2 ? pair & 0xFFFFu : pair >> 16);
         ASSERT_EQ(other, 0u) << "element " << k << " leaked into its neighbour";
-        const double widened = double(bf16_to_float(lane)) * pre * factor;
-        const double want = field_value(code, 2, 1, 1) * s;
+        const double widened = double(bf16_to_float(lane)) * factor;
+        const double want = field_value(code, 2, 1, 1) * s / unscale;
         ASSERT_EQ(widened, want) << "code " << code << " element " << k << " scale " << scale;
         ASSERT_EQ(double(round_to_bf16(float(widened))), widened);  // exact in BF16
         ASSERT_EQ(std::signbit(widened), (code & 8u) != 0) << code;
@@ -215,10 +216,11 @@ TEST(Mxfp8Widen, EveryFiniteCodeAndScaleWidensExactly) {
     for (unsigned code = 0; code < 256; ++code) {
       if ((code & 0x7Fu) == 0x7Fu) continue;  // NaN: only in NaN-scale blocks
       for (int k = 0; k < 4; ++k) {
-        const uint32_t word = uint32_t(code) << (8 * k);
+        const uint32_t word = mxfp8_packed_word(uint32_t(code) << (8 * k));
         const uint32_t pair = mxfp8_widen_pair_bits(word, k / 2);
         const uint16_t lane = uint16_t(k % 2 ? pair >> 16 : pair & 0xFFFFu);
         ASSERT_EQ(uint16_t(k % 2 ? pair & 0xFFFFu : pair >> 16), 0u) << "byte " << k << " leaked";
+        ASSERT_EQ(mxfp8_widen_pair_bits(word, 1 - k / 2), 0u) << "byte " << k << " leaked";
         const double value = field_value(code, 4, 3, 7);
         ASSERT_EQ(double(bf16_to_float(lane)) * pre, value) << "code " << code;
         const double want = value * factor;
@@ -231,6 +233,14 @@ TEST(Mxfp8Widen, EveryFiniteCodeAndScaleWidensExactly) {
       }
     }
   }
+  // The packing moves every bit once: a permutation of the word's 32 bits.
+  uint32_t seen = 0;
+  for (int bit = 0; bit < 32; ++bit) {
+    const uint32_t moved = mxfp8_packed_word(1u << bit);
+    ASSERT_EQ(moved & (moved - 1), 0u) << bit;
+    seen |= moved;
+  }
+  EXPECT_EQ(seen, 0xFFFFFFFFu);
   EXPECT_EQ(mxfp8_widen_factor_offset(128, 0, 1, 0), 128 * 2 * 2);
   EXPECT_EQ(mxfp8_widen_factor_offset(128, 5, 0, 1), (5 * 2 + 1) * 2);
 }

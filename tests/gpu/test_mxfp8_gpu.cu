@@ -46,8 +46,13 @@ TEST(Mxfp8Gpu, WideningIsExactForEveryCodeAndScale) {
     if ((codes[i] & 0x7F) == 0x7F) codes[i] ^= 1;  // no NaN codes (only in NaN-scale blocks)
   }
   for (size_t b = 0; b < scales.size(); ++b) scales[b] = uint8_t(b % 2 ? 127 + b / 4 : b);
-  scales[77] = 0xFF;  // a NaN block
-  std::memcpy(slot.data(), codes.data(), codes.size());
+  scales[77] = 0xFF;                              // a NaN block
+  for (size_t i = 0; i < codes.size(); i += 4) {  // the packed words Mxfp8Experts writes
+    uint32_t word = 0;
+    std::memcpy(&word, &codes[i], 4);
+    word = mok::fmt::mxfp8_packed_word(word);
+    std::memcpy(&slot[i], &word, 4);
+  }
   for (uint32_t r = 0; r < 128; ++r)
     for (uint32_t b = 0; b < 2; ++b) {
       const uint16_t f = mok::fmt::mxfp8_widen_factor(scales[r * 2 + b]);
@@ -110,8 +115,12 @@ TEST(Mxfp8Gpu, ExpertsPackTheHostQuantizersCodesAndFactors) {
       for (int64_t i = 0; i < n; ++i)
         w[size_t(i)] = mok::fmt::round_to_bf16(float((*part.w)[size_t(e * n + i)]));
       const mok::Mxfp8Tensor want = mok::quantize_mxfp8(w.data(), part.rows, part.cols, {1, 32});
-      ASSERT_EQ(std::memcmp(want.data.data(), &codes[size_t(e * n)], size_t(n)), 0)
-          << "expert " << e;
+      for (int64_t i = 0; i < n; i += 4) {  // each word of four codes, packed
+        uint32_t word = 0, got = 0;
+        std::memcpy(&word, &want.data[size_t(i)], 4);
+        std::memcpy(&got, &codes[size_t(e * n + i)], 4);
+        ASSERT_EQ(got, mok::fmt::mxfp8_packed_word(word)) << "expert " << e << " code " << i;
+      }
       for (int64_t r = 0; r < part.rows; ++r)
         for (int64_t b = 0; b < part.cols / 32; ++b) {
           const int64_t at = mok::fmt::mxfp8_widen_factor_offset(part.rows, r, b / 2, int(b % 2));

@@ -33,8 +33,8 @@ mok::Config nvfp4_config(int H, int I, int E, int K, int shared, int shared_inte
 }
 
 // Every E2M1 code at every position of a 64 x kCols stage and a UE4M3 scale per 16x16 block (one
-// of them NaN), widened: E2M1 * UE4M3 exactly, element (k, n) where TMA would have put an MN-major
-// B tile's (64-column block n / 64, 128B-swizzled row k).
+// of them NaN), widened: E2M1 * UE4M3 * 2^-8 exactly, element (k, n) where TMA would have put an
+// MN-major B tile's (64-column block n / 64, 128B-swizzled row k).
 template <int kCols>
 void expect_widening_along_rows_is_exact() {
   using Stage = mok::kern::Nvfp4MnStage<kCols>;
@@ -68,7 +68,8 @@ void expect_widening_along_rows_is_exact() {
         ASSERT_TRUE(std::isnan(mok::fmt::bf16_to_float(got))) << k << "," << n;
         continue;
       }
-      const float want = mok::fmt::e2m1_to_float(code) * mok::fmt::ue4m3_to_float(scale);
+      const float want = mok::fmt::e2m1_to_float(code) * mok::fmt::ue4m3_to_float(scale) /
+                         mok::fmt::kNvfp4WidenUnscale;
       ASSERT_EQ(mok::fmt::bf16_to_float(got), want) << "row " << k << " column " << n;
       ASSERT_EQ(std::signbit(mok::fmt::bf16_to_float(got)), (code & 8) != 0);
     }

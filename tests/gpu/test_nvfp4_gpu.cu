@@ -32,7 +32,8 @@ using Nvfp4Layer = QuantizedLayer<Nvfp4Experts>;
 
 // The widening alone: every E2M1 code at every position of a 256 x 64 stage and every UE4M3 scale
 // (NaN too) across its blocks, widened by the hardware's mul.bf16x2 (BF16 subnormals on the way),
-// equals E2M1 * UE4M3 exactly, each element where TMA's 128B swizzle would have put it.
+// equals E2M1 * UE4M3 * 2^-8 exactly (the epilogue's kNvfp4WidenUnscale restores it), each element
+// where TMA's 128B swizzle would have put it.
 TEST(Nvfp4Gpu, WideningIsExactForEveryCodeAndScale) {
   MOK_REQUIRE_GPU();
   using Stage = mok::kern::Nvfp4Stage<256>;
@@ -60,8 +61,8 @@ TEST(Nvfp4Gpu, WideningIsExactForEveryCodeAndScale) {
       uint16_t got = 0;
       std::memcpy(&got, &tile[mok::dev::swizzle128_offset(r, k * 2)], 2);
       const uint8_t scale = scales[r / 16 * 4 + k / 16];
-      const float want =
-          mok::fmt::e2m1_to_float(codes[r * 64 + k]) * mok::fmt::ue4m3_to_float(scale);
+      const float want = mok::fmt::e2m1_to_float(codes[r * 64 + k]) *
+                         mok::fmt::ue4m3_to_float(scale) / mok::fmt::kNvfp4WidenUnscale;
       if ((scale & 0x7F) == 0x7F) {
         ASSERT_TRUE(std::isnan(mok::fmt::bf16_to_float(got))) << r << "," << k;
       } else {

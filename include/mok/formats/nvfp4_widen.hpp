@@ -6,8 +6,11 @@
 // The packed layout (per matrix [N, K], K contiguous, each 32-bit word 8 consecutive K elements):
 // the even elements 0, 2, 4, 6 in nibbles 0-3 (bits 0-15) and the odd ones 1, 3, 5, 7 in nibbles
 // 4-7, so that one shift puts elements 2j and 2j + 1 into the two 16-bit lanes of a bf16x2.
-// Scales: per 64 of K (one ring stage), per 16 rows, the 4 blocks' factors S * 2^63 as BF16
-// ([E][K / 64][N / 16][4]): a tile's stage is one contiguous TMA box.
+// Scales: per 64 of K (one ring stage), per 16 rows, the 4 blocks' factors S * 2^118 as BF16
+// ([E][K / 64][N / 16][4]): a tile's stage is one contiguous TMA box. One product per element pair
+// widens (its bits, value * 2^-126, times the factor): the widened tile holds E2M1 * S * 2^-8,
+// exact in BF16 (at most 6 significant bits, 2^-18 to 10.5), and the epilogues multiply the FP32
+// accumulators by 2^8 with the per-tensor factor. S * 2^126 would overflow BF16 above S = 4.
 #pragma once
 #include <cstdint>
 
@@ -15,8 +18,8 @@
 
 namespace mok::fmt {
 
-constexpr int kNvfp4WidenK = 64;             // K per stage: 32 code bytes per row, 4 scale blocks
-constexpr uint16_t kNvfp4WidenPre = 0x5F00;  // BF16 2^63: the first of the widening's two products
+constexpr int kNvfp4WidenK = 64;              // K per stage: 32 code bytes per row, 4 scale blocks
+constexpr float kNvfp4WidenUnscale = 256.0f;  // the widened tile's 2^-8, undone in the epilogue
 
 // Nibble (0-7) of a packed word that holds element k (0-7) of its 8.
 MOK_HD int nvfp4_packed_nibble(int k) { return (k & 1) ? 4 + k / 2 : k / 2; }
@@ -29,12 +32,12 @@ MOK_HD uint32_t nvfp4_widen_pair_bits(uint32_t word, int j) {
   return ((v << 6) & 0x01C001C0u) | ((v << 12) & 0x80008000u);
 }
 
-// The BF16 factor of a block: its UE4M3 scale times 2^63, exact (a 4-bit significand and an
-// exponent in [-9, 8] + 63); a NaN scale (a block that held a non-finite value) gives BF16's
+// The BF16 factor of a block: its UE4M3 scale times 2^118, exact (a 4-bit significand and an
+// exponent in [-9, 8] + 118); a NaN scale (a block that held a non-finite value) gives BF16's
 // canonical NaN on host and device alike (the GPU's NaN product carries another payload).
 MOK_HD uint16_t nvfp4_widen_factor(uint8_t ue4m3_scale) {
   if ((ue4m3_scale & 0x7F) == 0x7F) return 0x7FC0;
-  return bf16_from_float(ue4m3_to_float(ue4m3_scale) * 9.223372036854775808e18f);
+  return bf16_from_float(ue4m3_to_float(ue4m3_scale) * 0x1p118f);
 }
 
 // Byte offset of the factor of (row r, stage k-block kb, 16-column block c) in a matrix of

@@ -44,8 +44,9 @@ struct Nvfp4Weights {
 };
 
 // The routed experts' weights in MXFP8 as the GPU forward reads them (Mxfp8Experts writes them
-// from the BF16 ones): E4M3 codes in the BF16 layouts, each 1x32 block's E8M0 scale along K as a
-// BF16 factor (mok/formats/mxfp8_widen.hpp).
+// from the BF16 ones): E4M3 codes in the BF16 layouts, each word of four permuted as
+// fmt::mxfp8_packed_word, each 1x32 block's E8M0 scale along K as a BF16 factor
+// (mok/formats/mxfp8_widen.hpp).
 struct Mxfp8Weights {
   const uint8_t* gate = nullptr;           // [E, I, H]
   const uint8_t* up = nullptr;             // [E, I, H]

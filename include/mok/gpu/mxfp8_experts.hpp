@@ -1,8 +1,9 @@
 // The routed experts' weights in MXFP8 on the device (precision mxfp8's forward copy: E4M3 with an
 // E8M0 scale per 32 along K, RCEIL): quantized from their BF16 weights by a GPU kernel (the codes
-// and scales of quantize_mxfp8(..., {1, 32}) bit for bit), the scales packed as the BF16 factors
-// the forward widens with (mok/formats/mxfp8_widen.hpp). Half the BF16 weights' bytes,
-// plus 1/32 for the factors and 1/64 for the scales they are packed from.
+// and scales of quantize_mxfp8(..., {1, 32}) bit for bit), each word of four codes and the scales
+// packed as the forward widens them (mok/formats/mxfp8_widen.hpp's packed words and BF16
+// factors). Half the BF16 weights' bytes, plus 1/32 for the factors and 1/64 for the scales they
+// are packed from.
 #pragma once
 #include <cuda_runtime_api.h>
 

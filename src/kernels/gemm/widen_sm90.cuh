@@ -3,8 +3,8 @@
 // a staging slot, the converter warps of the producer warpgroup expand them into the BF16 B tile
 // of the ring stage (128B-swizzled, K-major or MN-major, as TMA would have written it), then
 // arrive on the stage's full barrier beside the leader. The consumers' mainloop is the BF16 one.
-// NVFP4 (mok/formats/nvfp4_widen.hpp): per 8 elements one 32-bit code word, one BF16 factor, two
-// bf16x2 products per element pair. MXFP8 (mok/formats/mxfp8_widen.hpp): per 8 elements two code
+// NVFP4 (mok/formats/nvfp4_widen.hpp): per 8 elements one 32-bit code word, one BF16 factor, one
+// bf16x2 product per element pair. MXFP8 (mok/formats/mxfp8_widen.hpp): per 8 elements two code
 // words, likewise. The converters bound the widening programs (their issue rate, not the codes'
 // latency: `mok bench --breakdown 1`), so each lane's work is shaped for fewer instructions.
 #pragma once
@@ -36,15 +36,13 @@ __device__ __forceinline__ uint32_t mul_bf16x2(uint32_t a, uint32_t b) {
 // two one); Program::kWidenSlots.
 constexpr int kWidenSlots = 3;
 
-// One packed NVFP4 word (8 elements) times its block's BF16 factor: 16 bytes of BF16, per pair
-// two exact products (by 2^63, then by the factor).
+// One packed NVFP4 word (8 elements) times its block's BF16 factor: 16 bytes of BF16 (the values
+// times 2^-8), per pair one exact product.
 __device__ __forceinline__ uint4 nvfp4_widen_word(uint32_t word, uint16_t factor_bits) {
-  const uint32_t pre = uint32_t(fmt::kNvfp4WidenPre) * 0x10001u;
   const uint32_t factor = uint32_t(factor_bits) * 0x10001u;
   uint32_t out[4];
 #pragma unroll
-  for (int j = 0; j < 4; ++j)
-    out[j] = mul_bf16x2(mul_bf16x2(fmt::nvfp4_widen_pair_bits(word, j), pre), factor);
+  for (int j = 0; j < 4; ++j) out[j] = mul_bf16x2(fmt::nvfp4_widen_pair_bits(word, j), factor);
   return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
@@ -94,9 +92,9 @@ struct Nvfp4Stage : StagingSlot<kRows, kBlockK / 2, uint32_t(kRows / 2 / 16) * 4
   // Row `row`'s output chunks 2 pair and 2 pair + 1 (16-column block `pair`): two code words and
   // the block's factor.
   using Codes = Nvfp4Codes;
-  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t pair) {
-    return {*reinterpret_cast<const uint2*>(slot + row * 32u + pair * 8u),
-            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, pair))};
+  __device__ static Codes load(uint32_t slot, uint32_t row, uint32_t pair) {
+    return {dev::ld_shared_v2(slot + row * 32u + pair * 8u),
+            dev::ld_shared_u16(slot + factor_offset(row, pair))};
   }
 };
 
@@ -127,9 +125,9 @@ struct Nvfp4MnStage {
   __host__ __device__ static constexpr int factor_x(int k0) { return k0 / 16 * 8; }
   // K row `row`'s output chunks 2 pair and 2 pair + 1 (columns 16 pair to 16 pair + 15).
   using Codes = Nvfp4Codes;
-  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t pair) {
-    return {*reinterpret_cast<const uint2*>(slot + row * kRowCodeBytes + pair * 8u),
-            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, pair))};
+  __device__ static Codes load(uint32_t slot, uint32_t row, uint32_t pair) {
+    return {dev::ld_shared_v2(slot + row * kRowCodeBytes + pair * 8u),
+            dev::ld_shared_u16(slot + factor_offset(row, pair))};
   }
 };
 
@@ -157,9 +155,9 @@ struct Mxfp8Stage : StagingSlot<kRows, kBlockK, uint32_t(kRows / 2) * 2 * 2> {
       return make_uint4(out[0], out[1], out[2], out[3]);
     }
   };
-  __device__ static Codes load(const uint8_t* slot, uint32_t row, uint32_t pair) {
-    return {*reinterpret_cast<const uint4*>(slot + row * 64u + pair * 16u),
-            *reinterpret_cast<const uint16_t*>(slot + factor_offset(row, pair / 2))};
+  __device__ static Codes load(uint32_t slot, uint32_t row, uint32_t pair) {
+    return {dev::ld_shared_v4(slot + row * 64u + pair * 16u),
+            dev::ld_shared_u16(slot + factor_offset(row, pair / 2))};
   }
 };
 
@@ -188,13 +186,13 @@ struct WidenRing {
 // batches of kWidenBatch, then one partial batch.
 constexpr int kWidenBatch = 4;
 template <class Stage, int kSteps, int kWarps, class Row, class Offset>
-__device__ __forceinline__ void widen_steps(const uint8_t* slot, uint8_t* tile_b, int warp,
+__device__ __forceinline__ void widen_steps(const uint8_t* slot_ptr, uint8_t* tile_b_ptr, int warp,
                                             uint32_t pair, Row row, Offset offset) {
   const int steps = (kSteps - warp + kWarps - 1) / kWarps;
+  const uint32_t slot = dev::smem_addr(slot_ptr), tile_b = dev::smem_addr(tile_b_ptr);
   auto store = [&](uint32_t r, const typename Stage::Codes& codes) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j)
-      *reinterpret_cast<uint4*>(tile_b + offset(r, uint32_t(j))) = codes.widen(j);
+    for (int j = 0; j < 2; ++j) dev::st_shared_v4(tile_b + offset(r, uint32_t(j)), codes.widen(j));
   };
   // One batch from step i; kFull: all kWidenBatch of its steps exist (the full batches' loop
   // checks none), else the last, partial one (fewer steps, each checked).

@@ -678,8 +678,8 @@ struct BackwardProgram {
         if (kFp8Block && !w.shared())
           dgrad_down_epilogue_fp8<kBlockN>(p, w, d, row0);
         else if (kNvfp4 && !w.shared())
-          dgrad_down_epilogue<kBlockN, false, true>(p, w, d, row0,
-                                                    __ldg(p.down_s_dec + w.expert()));
+          dgrad_down_epilogue<kBlockN, false, true>(
+              p, w, d, row0, __ldg(p.down_s_dec + w.expert()) * fmt::kNvfp4WidenUnscale);
         else
           dgrad_down_epilogue<kBlockN, kRecompute>(p, w, d, row0);
         publish_dgrad_down(p, w, wg);
@@ -688,7 +688,8 @@ struct BackwardProgram {
       case BackwardKind::dgrad_gate_up:
         static_cast<DownRowCounts&>(owed) = store_down<kBlockN, kNvfp4>(
             p, as_down_tile(w), d, destinations,
-            kNvfp4 && !w.shared() ? __ldg(p.gate_up_s_dec + w.expert()) : 1.0f);
+            kNvfp4 && !w.shared() ? __ldg(p.gate_up_s_dec + w.expert()) * fmt::kNvfp4WidenUnscale
+                                  : 1.0f);
         timer.add(kTimeConsumerEpilogueDown, since);
         break;
       default:

@@ -87,7 +87,8 @@ __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const Tile
   const int64_t col0 = int64_t(w.n_tile) * (kBlockN / 2);
   __nv_bfloat16* out = (routed ? p.act : p.act_shared) + row0 * width + col0;
   constexpr bool kNvfp4 = kRouted == RoutedWeights::nvfp4;
-  const float s = kNvfp4 && routed ? __ldg(p.gate_up_s_dec + w.expert) : 1.0f;
+  const float s =
+      kNvfp4 && routed ? __ldg(p.gate_up_s_dec + w.expert) * fmt::kNvfp4WidenUnscale : 1.0f;
   if (kNvfp4 && routed)
     swiglu_tile<kBlockN, true>(d, out + r * width, out + (r + 8) * width, s, s);
   else if (kRouted == RoutedWeights::mxfp8 && routed)
@@ -387,8 +388,9 @@ struct ForwardProgram {
       timer.add(kTimeConsumerPublish, publish_since);
     } else {
       const bool scaled = kNvfp4 && w.kind == TileKind::routed_down;
-      owed = store_down<kBlockN, kNvfp4>(p, w, d, destinations,
-                                         scaled ? __ldg(p.down_s_dec + w.expert) : 1.0f);
+      owed = store_down<kBlockN, kNvfp4>(
+          p, w, d, destinations,
+          scaled ? __ldg(p.down_s_dec + w.expert) * fmt::kNvfp4WidenUnscale : 1.0f);
       timer.add(kTimeConsumerEpilogueDown, since);
     }
   }
