@@ -4,6 +4,7 @@
 
 #include "mok/formats/block_scale.hpp"
 #include "mok/formats/fp8_block_device.cuh"
+#include "mok/formats/mxfp8_widen.hpp"
 #include "mok/formats/mx_device.cuh"
 #include "mok/gpu/formats_gpu.hpp"
 
@@ -175,7 +176,9 @@ __device__ __forceinline__ float bf16_at(const __nv_bfloat16* x, int64_t i) {
 
 // MXFP8 weights along the columns (the forward's copy), one thread per 32-element block: its 64
 // bytes in four 16-byte loads, held in registers from the amax to the codes (two 16-byte stores).
-// x and data 16-byte aligned, cols % 32 == 0.
+// x and data 16-byte aligned, cols % 32 == 0. kPacked: each word of four codes in the widening's
+// order (fmt::mxfp8_packed_word).
+template <bool kPacked>
 __global__ void mxfp8_weights_rows_kernel(const __nv_bfloat16* x, int64_t blocks, bool rceil,
                                           uint8_t* data, uint8_t* scales) {
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -198,6 +201,7 @@ __global__ void mxfp8_weights_rows_kernel(const __nv_bfloat16* x, int64_t blocks
     const uint4& v = q[w / 2];
     words[w] = uint32_t(fmt::mx_element_pair(bf16_in(v, e0), bf16_in(v, e0 + 1), s)) |
                uint32_t(fmt::mx_element_pair(bf16_in(v, e0 + 2), bf16_in(v, e0 + 3), s)) << 16;
+    if constexpr (kPacked) words[w] = fmt::mxfp8_packed_word(words[w]);
   }
   uint4* out = reinterpret_cast<uint4*>(data + b * 32);
   out[0] = make_uint4(words[0], words[1], words[2], words[3]);
@@ -375,21 +379,40 @@ cudaError_t quantize_fp8_block_rows(const float* x, int64_t rows, int64_t cols, 
   return cudaGetLastError();
 }
 
-cudaError_t quantize_mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
-                                   int64_t cols, MxScaleRule rule, bool transposed, uint8_t* data,
-                                   uint8_t* scales, cudaStream_t stream) {
+namespace {
+// quantize_mxfp8_weights; packed (not transposed): the codes' words as fmt::mxfp8_packed_word.
+cudaError_t mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows, int64_t cols,
+                          MxScaleRule rule, bool transposed, bool packed, uint8_t* data,
+                          uint8_t* scales, cudaStream_t stream) {
   if (batches < 0 || rows < 0 || cols < 0 || (transposed ? rows : cols) % 32 != 0 ||
       reinterpret_cast<uintptr_t>(x) % 16 != 0 || reinterpret_cast<uintptr_t>(data) % 16 != 0)
     return cudaErrorInvalidValue;
   const int64_t n = batches * rows * cols / 32;
   if (n == 0) return cudaSuccess;
+  const bool rceil = rule == MxScaleRule::rceil;
   if (transposed)
-    mxfp8_weights_transposed_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-        x, batches, rows, cols, rule == MxScaleRule::rceil, data, scales);
+    mxfp8_weights_transposed_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, batches, rows, cols,
+                                                                            rceil, data, scales);
+  else if (packed)
+    mxfp8_weights_rows_kernel<true>
+        <<<blocks_for(n), kThreads, 0, stream>>>(x, n, rceil, data, scales);
   else
-    mxfp8_weights_rows_kernel<<<blocks_for(n), kThreads, 0, stream>>>(
-        x, n, rule == MxScaleRule::rceil, data, scales);
+    mxfp8_weights_rows_kernel<false>
+        <<<blocks_for(n), kThreads, 0, stream>>>(x, n, rceil, data, scales);
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t quantize_mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                   int64_t cols, MxScaleRule rule, bool transposed, uint8_t* data,
+                                   uint8_t* scales, cudaStream_t stream) {
+  return mxfp8_weights(x, batches, rows, cols, rule, transposed, false, data, scales, stream);
+}
+
+cudaError_t quantize_mxfp8_weights_packed(const __nv_bfloat16* x, int64_t batches, int64_t rows,
+                                          int64_t cols, MxScaleRule rule, uint8_t* data,
+                                          uint8_t* scales, cudaStream_t stream) {
+  return mxfp8_weights(x, batches, rows, cols, rule, false, true, data, scales, stream);
 }
 
 namespace {

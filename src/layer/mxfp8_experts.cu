@@ -13,22 +13,13 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// Each 32-element block of a matrix set, one thread per block: its codes' words permuted in place
-// (fmt::mxfp8_packed_word) and its factor (fmt::mxfp8_widen_factor_offset's layout) from its
-// scale, [E, rows, cols / 32]. codes 16-byte aligned.
-__global__ void pack_kernel(uint8_t* codes, const uint8_t* scales, uint16_t* factors,
-                            int64_t experts, int64_t rows, int64_t cols) {
+// The factors of each matrix (fmt::mxfp8_widen_factor_offset's layout) from its scales
+// [E, rows, cols / 32], one thread per scale.
+__global__ void pack_factors_kernel(const uint8_t* scales, uint16_t* factors, int64_t experts,
+                                    int64_t rows, int64_t cols) {
   const int64_t per_row = cols / 32, per_matrix = rows * per_row;
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < experts * per_matrix;
        i += int64_t(gridDim.x) * blockDim.x) {
-    uint4* block_codes = reinterpret_cast<uint4*>(codes + i * 32);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      uint4 v = block_codes[h];
-      v = make_uint4(fmt::mxfp8_packed_word(v.x), fmt::mxfp8_packed_word(v.y),
-                     fmt::mxfp8_packed_word(v.z), fmt::mxfp8_packed_word(v.w));
-      block_codes[h] = v;
-    }
     const int64_t e = i / per_matrix, r = i % per_matrix / per_row, block = i % per_row;
     const int64_t at = fmt::mxfp8_widen_factor_offset(rows, r, block / 2, int(block % 2));
     factors[e * per_matrix + at / 2] = fmt::mxfp8_widen_factor(scales[i]);
@@ -98,12 +89,11 @@ void Mxfp8Experts::quantize(const DeviceLayerWeights& w, cudaStream_t stream) {
     const auto& part = parts[m];
     uint8_t* scales = quantized_scales(m);
     detail::check_cuda(
-        quantize_mxfp8_weights(part.from, experts_, part.rows, part.cols, MxScaleRule::rceil, false,
-                               const_cast<uint8_t*>(part.codes), scales, stream),
+        quantize_mxfp8_weights_packed(part.from, experts_, part.rows, part.cols, MxScaleRule::rceil,
+                                      const_cast<uint8_t*>(part.codes), scales, stream),
         "quantizing the expert weights to mxfp8");
-    pack_kernel<<<blocks_for(experts_ * part.rows * part.cols / 32), kThreads, 0, stream>>>(
-        const_cast<uint8_t*>(part.codes), scales, const_cast<uint16_t*>(part.factors), experts_,
-        part.rows, part.cols);
+    pack_factors_kernel<<<blocks_for(experts_ * part.rows * part.cols / 32), kThreads, 0, stream>>>(
+        scales, const_cast<uint16_t*>(part.factors), experts_, part.rows, part.cols);
     detail::check_cuda(cudaGetLastError(), "packing the mxfp8 expert weights");
   }
 }
