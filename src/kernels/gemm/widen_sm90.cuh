@@ -9,7 +9,6 @@
 // latency: `mok bench --breakdown 1`), so each lane's work is shaped for fewer instructions.
 #pragma once
 #include <cstdint>
-#include <type_traits>
 
 #include "kernels/gemm/tile_geometry.cuh"
 #include "mok/device/mbarrier.cuh"
@@ -179,37 +178,30 @@ struct WidenRing {
   }
 };
 
-// A converter warp's steps in batches: every load of a batch is issued before its first product
-// (the compiler cannot move loads above the stores, which may alias the slot), so a lane waits
-// for shared memory once per batch, not once per step. Step i of warp `warp` widens
-// Stage::load(slot, row(i), pair) into tile_b + offset(row(i), j) for its chunks j = 0, 1; full
-// batches of kWidenBatch, then one partial batch.
-constexpr int kWidenBatch = 4;
+// A converter warp's steps, software-pipelined: step i's codes are loaded kWidenAhead steps before
+// they are widened and stored, so shared memory's latency hides behind the steps between (the
+// compiler cannot move a load above a store, which may alias the slot: only the program order
+// can). Step i of warp `warp` widens Stage::load(slot, row(i), pair) into tile_b + offset(row(i),
+// j) for its chunks j = 0, 1. Unrolled whole: the codes stay in registers, kWidenAhead + 1 live.
+constexpr int kWidenAhead = 3;
 template <class Stage, int kSteps, int kWarps, class Row, class Offset>
 __device__ __forceinline__ void widen_steps(const uint8_t* slot_ptr, uint8_t* tile_b_ptr, int warp,
                                             uint32_t pair, Row row, Offset offset) {
+  constexpr int kMaxSteps = (kSteps + kWarps - 1) / kWarps;
   const int steps = (kSteps - warp + kWarps - 1) / kWarps;
   const uint32_t slot = dev::smem_addr(slot_ptr), tile_b = dev::smem_addr(tile_b_ptr);
-  auto store = [&](uint32_t r, const typename Stage::Codes& codes) {
+  typename Stage::Codes codes[kMaxSteps];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) dev::st_shared_v4(tile_b + offset(r, uint32_t(j)), codes.widen(j));
-  };
-  // One batch from step i; kFull: all kWidenBatch of its steps exist (the full batches' loop
-  // checks none), else the last, partial one (fewer steps, each checked).
-  auto batch = [&](int i, auto full) {
-    constexpr bool kFull = decltype(full)::value;
-    constexpr int kCount = kFull ? kWidenBatch : kWidenBatch - 1;
-    typename Stage::Codes codes[kCount];
+  for (int i = 0; i < kMaxSteps + kWidenAhead; ++i) {
+    if (i < kMaxSteps && i < steps) codes[i] = Stage::load(slot, row(warp + i * kWarps), pair);
+    const int s = i - kWidenAhead;
+    if (s >= 0 && s < steps) {
+      const uint32_t r = row(warp + s * kWarps);
 #pragma unroll
-    for (int b = 0; b < kCount; ++b)
-      if (kFull || i + b < steps) codes[b] = Stage::load(slot, row(warp + (i + b) * kWarps), pair);
-#pragma unroll
-    for (int b = 0; b < kCount; ++b)
-      if (kFull || i + b < steps) store(row(warp + (i + b) * kWarps), codes[b]);
-  };
-  int i = 0;
-  for (; i + kWidenBatch <= steps; i += kWidenBatch) batch(i, std::true_type{});
-  if (i < steps) batch(i, std::false_type{});
+      for (int j = 0; j < 2; ++j)
+        dev::st_shared_v4(tile_b + offset(r, uint32_t(j)), codes[s].widen(j));
+    }
+  }
 }
 
 // Converter warp `warp` (0 to kWarps - 1) widens its share of a staged tile (Stage: Nvfp4Stage or
