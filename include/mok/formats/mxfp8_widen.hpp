@@ -6,9 +6,9 @@
 // order. Shared by the widening kernel code, the weight packer (gpu::Mxfp8Experts) and the host
 // tests.
 //
-// Codes: [N, K] bytes as the quantizer writes them, each 32-bit word of four (K elements k0-k3)
-// then permuted by mxfp8_packed_word so that its two bf16x2 pairs take one and four instructions
-// (a byte per element would take about eleven). Factors: per 64 of K (one ring stage), per row,
+// Codes: [N, K] bytes, each 32-bit word of four (K elements k0-k3) in mxfp8_packed_word's order,
+// so that its two bf16x2 pairs take one and four instructions (a byte per element would take
+// about eleven); the GPU weight quantizer writes them so (quantize_mxfp8_weights_packed). Factors: per 64 of K (one ring stage), per row,
 // its two blocks' 2^(scale - 127) as BF16 ([E][K / 64][N][2]).
 #pragma once
 #include <cstdint>
