@@ -208,8 +208,7 @@ struct GatherRows {
 // synccheck); the leader's arrive_expect_tx for B is the stage's one more arrival.
 // gathering_warpgroup: the CTA's producer runs as a whole warpgroup (some tiles gather).
 // A widened tile's B goes to a staging slot (its own full barrier), which the leader first waits
-// to be free, up to kCodesAhead k-blocks before the stage's A; the converter warps
-// (converter_role) then arrive on the stage's full barrier.
+// to be free; the converter warps (converter_role) then arrive on the stage's full barrier.
 template <class Program>
 __device__ __forceinline__ void producer_role(const typename Program::Maps& maps,
                                               const typename Program::Params& p,
@@ -244,34 +243,9 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
     const typename Program::Inputs in = Program::inputs(maps, p, tiles, w);
     bool ok = true;  // a failed wait ends the warp (lanes stay converged for the shuffles); the
                      // other producer warps and the consumers stop at their own bounded waits
-    // Widened B: the leader keeps a tile's codes up to kCodesAhead k-blocks ahead of its A, each
-    // as soon as its staging slot is free, so that they land before the converters reach them
-    // (issued only once the ring stage was free, the converters waited out each TMA's latency).
-    // Codes are weights: they wait for no ready counter, so the first ones load during that wait.
-    int codes_kb = 0;  // the next k-block whose codes the leader loads
-    auto load_codes_until = [&](int end) {
-      if constexpr (Program::kWidens) {
-        end = end < w.k_blocks ? end : w.k_blocks;
-        for (; ok && in.widen && codes_kb < end; ++codes_kb) {
-          const uint64_t since = timer.now();
-          if (!dev::mbar_wait(&staging.empty[staged.stage], staged.phase ^ 1u, p.wait_cycles)) {
-            record_fault(p, Program::kRoleRing, t);
-            ok = false;
-            break;
-          }
-          timer.add(kTimeLeaderWaitsStaging, since);
-          uint64_t* staged_full = &staging.full[staged.stage];
-          dev::mbar_arrive_expect_tx(staged_full, Program::Staged::kBytes);
-          Program::load_staged(in, staging.slot(staged.stage), staged_full, codes_kb);
-          staged.advance();
-        }
-      }
-    };
-    constexpr int kCodesAhead = widen_slots<Program>() - 1;
-    if (leader && Program::kLoads) load_codes_until(kCodesAhead);
     // The leader waits for its TMA loads; when gathering, every warp's lane 0 acquires for its
     // warp's copies (the warp's lanes are ordered after it by the __syncwarp below).
-    if (ok && in.ready && (leader || (in.gather && lane == 0)) &&
+    if (in.ready && (leader || (in.gather && lane == 0)) &&
         !(in.ready == satisfied && in.needed <= satisfied_count)) {
       const uint64_t since = timer.now();
       ok = wait_unless_aborted(p, [&] { return dev::load_acquire_gpu(in.ready) >= in.needed; });
@@ -312,10 +286,23 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
         dev::mbar_arrive(bar);
         continue;
       }
+      if constexpr (Program::kWidens) {
+        if (in.widen) {
+          const uint64_t slot_since = timer.now();
+          if (!dev::mbar_wait(&staging.empty[staged.stage], staged.phase ^ 1u, p.wait_cycles)) {
+            record_fault(p, Program::kRoleRing, t);
+            ok = false;
+            break;
+          }
+          timer.add(kTimeLeaderWaitsStaging, slot_since);
+          uint64_t* staged_full = &staging.full[staged.stage];
+          dev::mbar_arrive_expect_tx(staged_full, Program::Staged::kBytes);
+          Program::load_staged(in, staging.slot(staged.stage), staged_full, kb);
+          staged.advance();
+        }
+      }
       dev::mbar_arrive_expect_tx(bar, Program::stage_bytes(in, a_top_only, kb));
       Program::load_stage(in, ring.a(cursor.stage), ring.b(cursor.stage), bar, kb, a_top_only);
-      load_codes_until(kb + 1 + kCodesAhead);
-      if (!ok) break;
     }
     if (leader && ok)
       trace_event<Program::kTrace>(p, kTraceProducer, t, kTraceProducer, int(w.kind));
@@ -325,8 +312,8 @@ __device__ __forceinline__ void producer_role(const typename Program::Maps& maps
 
 // The converter warps of a Program that widens: they walk the leader's tile sequence (reading the
 // tile queue) and, per stage, once it is free, widen a staged B tile into it, or only arrive for
-// tiles loaded whole by TMA (the full barrier counts them on every stage). Codes run ahead of
-// the ring: a converter waits for the stage to be free and for its codes to land.
+// tiles loaded whole by TMA (the full barrier counts them on every stage). The staging slot's
+// landing implies the stage is free: the leader waited for that before loading the slot.
 template <class Program>
 __device__ __forceinline__ void converter_role(const typename Program::Maps& maps,
                                                const typename Program::Params& p,
