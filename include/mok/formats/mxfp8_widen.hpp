@@ -8,8 +8,9 @@
 //
 // Codes: [N, K] bytes, each 32-bit word of four (K elements k0-k3) in mxfp8_packed_word's order,
 // so that its two bf16x2 pairs take one and four instructions (a byte per element would take
-// about eleven); the GPU weight quantizer writes them so (quantize_mxfp8_weights_packed). Factors: per 64 of K (one ring stage), per row,
-// its two blocks' 2^(scale - 127) as BF16 ([E][K / 64][N][2]).
+// about eleven); the GPU weight quantizer writes them so (quantize_mxfp8_weights_packed).
+// Factors: per 64 of K (one ring stage), per row, its two blocks' 2^(scale - 127) as BF16
+// ([E][K / 64][N][2]).
 #pragma once
 #include <cstdint>
 
