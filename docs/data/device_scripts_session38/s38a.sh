@@ -44,19 +44,21 @@ wait $base_pid; BASE=$(tail -1 $OUT/base_build.txt); echo "base build: $BASE $(e
 [ -x "$BASE" ] || { tail -5 $OUT/base_build.txt; BASE=""; }
 bench() {  # NAME BINARY PRESET PRECISION [args]
   local name=$1 bin=$2 preset=$3 prec=$4; shift 4
-  [ $(el) -gt $(( limit - 40 )) ] && { echo "skip $name $preset $prec"; return; }
+  local f=$OUT/bench_${prec}_${preset}$(echo "$@" | tr -d ' -')_$name.txt
+  [ $(el) -gt $(( limit - 40 )) ] && { echo "skip $name $preset $prec $*"; return; }
   timeout $(( limit - $(el) )) $bin bench --precision $prec --preset $preset --iterations ${ITER:-20} "$@" \
-    > $OUT/bench_${prec}_${preset}_$name.txt 2>&1
-  echo "--- $name $preset $prec rc=$? $(el)s"
-  grep '^|' $OUT/bench_${prec}_${preset}_$name.txt | grep -vE '^\|---' | grep -v "^| shape"
+    > $f 2>&1
+  echo "--- $name $preset $prec $* rc=$? $(el)s"
+  grep '^|' $f | grep -vE '^\|---' | grep -v "^| shape"
 }
 bench new build-gpu/mok mok-default nvfp4 --breakdown 1
 bench new build-gpu/mok qwen3-30b mxfp8 --breakdown 1
 bench new build-gpu/mok fine nvfp4 --breakdown 1
-for preset in mok-default qwen3-30b fine dsv3; do
+for shape in "mok-default" "qwen3-30b" "fine" "dsv3" "dsv3 --tokens 8192"; do
   for prec in nvfp4 mxfp8; do
-    [ -n "$BASE" ] && bench base $BASE $preset $prec
-    bench new build-gpu/mok $preset $prec
+    set -- $shape
+    [ -n "$BASE" ] && bench base $BASE $1 $prec "${@:2}"
+    bench new build-gpu/mok $1 $prec "${@:2}"
   done
 done
 for b in "new build-gpu/mok" "base $BASE" "new2 build-gpu/mok"; do
