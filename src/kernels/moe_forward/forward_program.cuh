@@ -224,8 +224,8 @@ struct ForwardProgram {
   __device__ static bool gathering_warpgroup(const Params& p) {
     return !kWidens && p.gather_rows != 0;  // the producer warps widen B instead
   }
-  // Gathered A: written by cp.async, so the consumers fence the async proxy. (Widened B: the
-  // converter warps fence before they arrive.)
+  // Gathered A: written by cp.async, so the consumers fence the async proxy. (Widened B: each
+  // widening warp fences its own stores.)
   __device__ static bool inputs_gathered(const Params& p, const Work& w) {
     return !kWidens && gathers_rows(p, w);
   }
