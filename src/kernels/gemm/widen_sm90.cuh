@@ -161,11 +161,10 @@ struct Mxfp8Stage : StagingSlot<kRows, kBlockK, uint32_t(kRows / 2) * 2 * 2> {
 };
 
 // The staging ring: slots after the BF16 ring in dynamic shared memory, a full barrier per slot
-// (the leader's arrive_expect_tx and the TMA bytes) and an empty one (each of kWarps converter
-// warps); kSlots of them.
+// (the leader's arrive_expect_tx and the TMA bytes) and an empty one (each of kWarps converters);
+// kSlots of them.
 template <int kSlotBytes, int kWarps, int kSlots>
 struct WidenRing {
-  static constexpr int kSlotCount = kSlots;
   uint8_t* slots;
   uint64_t* full;
   uint64_t* empty;
@@ -185,7 +184,7 @@ struct WidenRing {
 // can). Step i of warp `warp` widens Stage::load(slot, row(i), pair) into tile_b + offset(row(i),
 // j) for its chunks j = 0, 1. Unrolled whole: the codes stay in registers, kWidenAhead + 1 live.
 constexpr int kWidenAhead = 3;
-template <class Stage, int kSteps, int kWarps, int kAhead, class Row, class Offset>
+template <class Stage, int kSteps, int kWarps, class Row, class Offset>
 __device__ __forceinline__ void widen_steps(const uint8_t* slot_ptr, uint8_t* tile_b_ptr, int warp,
                                             uint32_t pair, Row row, Offset offset) {
   constexpr int kMaxSteps = (kSteps + kWarps - 1) / kWarps;
@@ -193,9 +192,9 @@ __device__ __forceinline__ void widen_steps(const uint8_t* slot_ptr, uint8_t* ti
   const uint32_t slot = dev::smem_addr(slot_ptr), tile_b = dev::smem_addr(tile_b_ptr);
   typename Stage::Codes codes[kMaxSteps];
 #pragma unroll
-  for (int i = 0; i < kMaxSteps + kAhead; ++i) {
+  for (int i = 0; i < kMaxSteps + kWidenAhead; ++i) {
     if (i < kMaxSteps && i < steps) codes[i] = Stage::load(slot, row(warp + i * kWarps), pair);
-    const int s = i - kAhead;
+    const int s = i - kWidenAhead;
     if (s >= 0 && s < steps) {
       const uint32_t r = row(warp + s * kWarps);
 #pragma unroll
@@ -209,13 +208,12 @@ __device__ __forceinline__ void widen_steps(const uint8_t* slot_ptr, uint8_t* ti
 // Mxfp8Stage) into the K-major BF16 B tile: lane l takes output chunks 2 (l % 4) and 2 (l % 4) + 1
 // of rows 8 g + l / 4 for g = warp, warp + kWarps, ... (a warp reads whole rows of codes; each
 // 8-lane phase of a store writes two rows' chunks, all eight 16-byte bank groups).
-template <class Stage, int kWarps, int kAhead = kWidenAhead,
-          int kRows = int(Stage::kCodeBytes / Stage::kRowCodeBytes)>
+template <class Stage, int kWarps, int kRows = int(Stage::kCodeBytes / Stage::kRowCodeBytes)>
 __device__ __forceinline__ void widen_tile(const uint8_t* slot, uint8_t* tile_b, int warp,
                                            int lane) {
   static_assert(kRows % 8 == 0, "whole warp steps");
   const uint32_t pair = uint32_t(lane % 4), lane_row = uint32_t(lane / 4);
-  widen_steps<Stage, kRows / 8, kWarps, kAhead>(
+  widen_steps<Stage, kRows / 8, kWarps>(
       slot, tile_b, warp, pair, [&](int g) { return uint32_t(8 * g) + lane_row; },
       [&](uint32_t row, uint32_t j) { return dev::swizzle128_offset(row, (2u * pair + j) * 16u); });
 }
@@ -230,7 +228,7 @@ __device__ __forceinline__ void widen_tile_mn(const uint8_t* slot, uint8_t* tile
   constexpr int kPairs = Stage::kChunks / 2, kRowsPerStep = 32 / kPairs;
   const uint32_t pair = uint32_t(lane % kPairs), lane_row = uint32_t(lane / kPairs);
   const uint32_t block = pair / 4u * uint32_t(kBlockK) * 128u;  // the pair's 64-column block
-  widen_steps<Stage, kBlockK / kRowsPerStep, kWarps, kWidenAhead>(
+  widen_steps<Stage, kBlockK / kRowsPerStep, kWarps>(
       slot, tile_b, warp, pair, [&](int g) { return uint32_t(g * kRowsPerStep) + lane_row; },
       [&](uint32_t row, uint32_t j) {
         return block + dev::swizzle128_offset(row, (2u * pair + j) % 8u * 16u);

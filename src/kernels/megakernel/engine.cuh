@@ -36,10 +36,7 @@
 //   Staged (kBytes, kSlotBytes)                        staged in kWidenSlots slots,
 //   load_staged(in, slot, bar, kb)                     TMA into a staging slot, widened to BF16
 //   widen_stage(in, slot, b, warp, lane)               by the producer warpgroup's last
-//                                                      kWidenWarps warps (widen_sm90.cuh),
-//   kConsumersWiden, widened(w),                       or by the consumer warpgroups in their
-//   mainloop_widening(d, ring, c, staging, staged,     mainloop (mainloop_widening_sm90.cuh;
-//                     w, wg, multiply, p, times)       no converter warps)
+//                                                      kWidenWarps warps (widen_sm90.cuh)
 #pragma once
 #include <cuda.h>
 #include <cuda_bf16.h>
@@ -156,7 +153,7 @@ constexpr int widen_slots() {
 }
 template <class Program>
 constexpr int widen_warps() {
-  if constexpr (Program::kWidens && !Program::kConsumersWiden) {
+  if constexpr (Program::kWidens) {
     static_assert(
         Program::kWidenWarps >= 1 && Program::kWidenWarps <= 3 - (Program::kStoreWarp ? 1 : 0),
         "converters beside the TMA leader's warp 0 (and the store warp 1)");
@@ -165,14 +162,9 @@ constexpr int widen_warps() {
     return 0;
   }
 }
-// The staging slots' empty arrivals: each converter warp's, or each consumer warp's.
-template <class Program>
-constexpr int widen_arrivals() {
-  return Program::kConsumersWiden ? kConsumers * 4 : widen_warps<Program>();
-}
 template <class Program>
 using StagingRing =
-    WidenRing<widen_slot_bytes<Program>(), widen_arrivals<Program>(), widen_slots<Program>()>;
+    WidenRing<widen_slot_bytes<Program>(), widen_warps<Program>(), widen_slots<Program>()>;
 // A Program's dynamic shared memory: the ring, and the staging slots if it widens.
 template <class Program>
 constexpr int program_smem_bytes() {
@@ -415,12 +407,10 @@ struct ConsumerTimes {
 template <class Program>
 __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
                                               const SmemRing<Program::kBlockN>& ring,
-                                              const TileQueue& queue,
-                                              const StagingRing<Program>& staging) {
+                                              const TileQueue& queue) {
   constexpr int kBlockN = Program::kBlockN;
   const typename Program::Tiles tiles = Program::Tiles::make(p);
   dev::RingCursor<TileShape<kBlockN>::kStages> cursor;
-  dev::RingCursor<widen_slots<Program>()> staged;  // kConsumersWiden: the next staging slot
   const int wg = threadIdx.x / 128;
   float d[kBlockN / 2];
   ConsumerTimes<Program::kTimings> times(p);
@@ -444,31 +434,6 @@ __device__ __forceinline__ bool consumer_role(const typename Program::Params& p,
     if (threadIdx.x % 128 == 0) trace_start<Program::kTrace>(kTraceConsumer0 + wg);
     const typename Program::Work w = tiles.at(t, p);
     int row0 = int(w.m_block * kBlockM + wg * 64);
-    if constexpr (Program::kConsumersWiden) {
-      // Both warpgroups widen every stage of a widened tile, a padding one without multiplying.
-      if (Program::widened(w)) {
-        const bool padding = Program::all_padding(p, w, row0);
-        const typename Program::Prefetch prefetch = Program::prefetch(p, w, row0);
-        if (!Program::mainloop_widening(d, ring, cursor, staging, staged, w, wg, !padding, p,
-                                        times)) {
-          record_fault(p, Program::kRoleConsumer, t);
-          return false;
-        }
-        asm volatile("" : "+r"(row0));
-        release_owed();
-        if (padding) {
-          Program::skipped(p, w, wg);
-          continue;
-        }
-        const uint64_t epilogue_since = times.timer.now();
-        Program::epilogue(p, w, d, row0, wg, prefetch, owed, times.timer, ring, cursor);
-        times.timer.add(kTimeConsumerEpilogue, epilogue_since);
-        if (threadIdx.x % 128 == 0)
-          trace_event<Program::kTrace>(p, kTraceConsumer0 + wg, t, kTraceConsumer0 + wg,
-                                       int(w.kind));
-        continue;
-      }
-    }
     if (Program::all_padding(p, w, row0)) {
       if (!skip_tile<kBlockN>(ring, cursor, w.k_blocks, p.wait_cycles)) {
         record_fault(p, Program::kRoleConsumer, t);
@@ -563,7 +528,7 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
       producer_role<Program>(maps, p, ring, queue, gather, staging);
       return;
     }
-    if constexpr (kConverters > 0)
+    if constexpr (Program::kWidens)
       if (warp >= 4 - kConverters) {
         converter_role<Program>(maps, p, ring, queue, staging);
         return;
@@ -573,7 +538,7 @@ __device__ __forceinline__ void run_megakernel(const Launch& launch) {
     return;
   }
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(kConsumerRegs));
-  if (consumer_role<Program>(p, ring, queue, staging)) Program::combine(p);
+  if (consumer_role<Program>(p, ring, queue)) Program::combine(p);
 }
 
 }  // namespace mok::kern

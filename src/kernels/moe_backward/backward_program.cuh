@@ -400,7 +400,7 @@ struct BackwardProgram {
   // One wgmma group in flight in the BF16 mainloops; not beside fp8_block's promoting one, where
   // ptxas then serialised every wgmma of the kernel (C7515).
   static constexpr bool kMmaInFlight = !kFp8Block;
-  static constexpr bool kStoreWarp = true, kWidens = kNvfp4, kConsumersWiden = false;
+  static constexpr bool kStoreWarp = true, kWidens = kNvfp4;
   static constexpr int kWidenWarps = 2, kWidenSlots = 2;  // warps 2-3, beside the store warp
   using Staged = Nvfp4MnStage<kBlockN_>;
   __device__ static void prepare_cta(const Params& p) {

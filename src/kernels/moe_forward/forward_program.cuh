@@ -15,7 +15,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/gemm/mainloop_widening_sm90.cuh"
 #include "kernels/gemm/widen_sm90.cuh"
 #include "kernels/megakernel/engine.cuh"
 #include "kernels/moe_forward/combine_role.cuh"
@@ -183,8 +182,8 @@ struct ForwardProgram {
   static constexpr bool kFp8Block = kRouted == RoutedWeights::fp8_block;
   static constexpr bool kNvfp4 = kRouted == RoutedWeights::nvfp4;
   static constexpr bool kMxfp8 = kRouted == RoutedWeights::mxfp8;
-  static constexpr bool kWidens = kNvfp4 || kMxfp8, kConsumersWiden = kWidens;
-  static constexpr int kWidenSlots = 3;
+  static constexpr bool kWidens = kNvfp4 || kMxfp8;
+  static constexpr int kWidenWarps = 3, kWidenSlots = 3;  // producer warps 1-3
   static_assert(!kFp8Block || (kBlockN_ == 256 && !kMmaInFlight_ && kProbe == 0),
                 "fp8_block: 256-wide tiles (one 1x128 block per gate/up row), promotion after "
                 "every k-block");
@@ -335,21 +334,9 @@ struct ForwardProgram {
                        in.b_batch);
     }
   }
-  // Routed tiles come as codes, widened by both consumer warpgroups in their mainloop.
-  __device__ static bool widened(const Work& w) { return kWidens && is_routed(w); }
-  template <class Staging, class Times>
-  __device__ static bool mainloop_widening(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
-                                           dev::RingCursor<TileShape<kBlockN>::kStages>& cursor,
-                                           const Staging& staging,
-                                           dev::RingCursor<Staging::kSlotCount>& staged,
-                                           const Work& w, int wg, bool multiply, const Params& p,
-                                           Times& times) {
-    if (!multiply)
-      return mma_tile_widening<Staged, kBlockN, false>(d, ring, cursor, staging, staged, w.k_blocks,
-                                                       wg, p.wait_cycles, false, nullptr, nullptr);
-    return mma_tile_widening<Staged, kBlockN, true>(d, ring, cursor, staging, staged, w.k_blocks,
-                                                    wg, p.wait_cycles, times.timer.on,
-                                                    &times.starved, &times.starved_first);
+  __device__ static void widen_stage(const Inputs&, const uint8_t* slot, uint8_t* tile_b, int warp,
+                                     int lane) {
+    widen_tile<Staged, kWidenWarps>(slot, tile_b, warp, lane);
   }
 
   template <class Times>
