@@ -14,6 +14,15 @@
       GTEST_SKIP() << "no GPU on this machine";                    \
   } while (0)
 
+// The GPU's free bytes now, for tests whose buffers may not fit a smaller card (they skip, naming
+// the bytes); a failed query fails the test.
+inline double gpu_free_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  const cudaError_t e = cudaMemGetInfo(&free_bytes, &total_bytes);
+  EXPECT_EQ(e, cudaSuccess) << cudaGetErrorString(e);
+  return double(free_bytes);
+}
+
 template <class T>
 struct DeviceBuffer {
   T* ptr = nullptr;

@@ -98,15 +98,14 @@ void expect_samples_match(const char* name, int64_t T) {
   const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width(), K = c.top_k,
                 E = c.num_experts;
   const mok::tools::BenchLayer data(c, int(E), T, 0);
-  // The gradients take as many bytes as the weights, with a quarter more for the context and the
+  // The gradients take as many bytes as the weights, a quarter more for the context and the
   // workspaces: mok-default's ~64 GB beside its 51 GB of weights exceed an H100's 80 GB (a failed
-  // allocation would end the test as an error, not as a finding).
+  // allocation would leave a null buffer, which the backward refuses: an error, not a finding).
   const double needed = 1.25 * 2 * double(2 * T * H + 3 * S * H + 3 * E * I * H);
-  size_t free_bytes = 0, total_bytes = 0;
-  MOK_CUDA_OK(cudaMemGetInfo(&free_bytes, &total_bytes));
-  if (needed > double(free_bytes))
-    GTEST_SKIP() << name << ": its gradients need " << needed * 1e-9 << " GB, "
-                 << double(free_bytes) * 1e-9 << " GB are free";
+  const double free_bytes = gpu_free_bytes();
+  if (needed > free_bytes)
+    GTEST_SKIP() << name << ": its gradients need " << needed * 1e-9 << " GB, " << free_bytes * 1e-9
+                 << " GB are free";
   DeviceBuffer<uint16_t> d_out(size_t(T * H)), d_x(size_t(T * H), 0xFF);
   MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(reinterpret_cast<__nv_bfloat16*>(d_out.ptr), T * H, 5,
                                           1.0f, nullptr));

@@ -540,11 +540,10 @@ TEST(MoeBackwardGpu, StandardShapesAgreeAcrossTileWidths) {
     const double needed =
         1.25 * 3 * 2 *
         double(T * H + 3 * c.shared_width() * H + 3 * int64_t(c.num_experts) * c.intermediate * H);
-    size_t free_bytes = 0, total_bytes = 0;
-    MOK_CUDA_OK(cudaMemGetInfo(&free_bytes, &total_bytes));
-    if (needed > double(free_bytes)) {
+    const double free_bytes = gpu_free_bytes();
+    if (needed > free_bytes) {
       std::printf("[ skipped ] %s: its three backwards' outputs need %.0f GB, %.0f GB are free\n",
-                  shape.name, needed * 1e-9, double(free_bytes) * 1e-9);
+                  shape.name, needed * 1e-9, free_bytes * 1e-9);
       continue;
     }
     DeviceBuffer<uint16_t> d_out(size_t(T * H));
