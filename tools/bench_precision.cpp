@@ -1,8 +1,9 @@
 // `mok bench --precision P`: a low-precision forward (EP = 1) beside mok's BF16 forward on the
 // same inputs in alternating rounds, on the standard shapes or the layer given: their times and
-// TFLOP/s by design.md's formula (the same FLOPs), the weight quantization timed apart, and how
-// far the low-precision output is from the BF16 one. With --direction backward: the backward
-// (BF16 weight gradients) and the whole step of each, and how far the low-precision d_x is.
+// TFLOP/s by design.md's formula (the same FLOPs), the weight quantization timed apart, how far
+// the low-precision output is from the BF16 one, and how far each is from the exact layer (FP64,
+// no rounding) on sampled rows. With --direction backward: the backward (BF16 weight gradients)
+// and the whole step of each, and the same distances for d_x.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include <utility>
 
 #include "bench_layer.hpp"
+#include "bench_sampled_check.hpp"
 #include "cuda_util.hpp"
 #include "layer/forward_hooks.hpp"
 #include "layer/layer_runner.hpp"
@@ -83,9 +85,10 @@ void print_backward_breakdown(const std::vector<BackwardBreakdown>& rows, const 
 int bench_precision_backward(const BenchOptions& o, Precision precision) {
   std::printf(
       "| shape | T | BF16 backward ms | TFLOP/s | %s backward ms | TFLOP/s | speed-up | BF16 "
-      "step ms | %s step ms | step speed-up | d_x differs from BF16 by | dispatch CTAs |\n"
-      "|---|---|---|---|---|---|---|---|---|---|---|---|\n",
-      o.layer.precision.c_str(), o.layer.precision.c_str());
+      "step ms | %s step ms | step speed-up | d_x differs from BF16 by | d_x vs exact layer: "
+      "BF16 / %s | dispatch CTAs |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+      o.layer.precision.c_str(), o.layer.precision.c_str(), o.layer.precision.c_str());
   gpu::ForwardOptions fo = bench_forward_options(o);
   gpu::ForwardOptions fq = fo;
   fq.row_path = gpu::RowPath::automatic;
@@ -170,11 +173,14 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
     for (gpu::MoeBackward* bk : {&b16, &b8}) bk->check(nullptr);
     const double flops = backward_flops(c, tokens), ms16 = middle(a), ms8 = middle(b);
     const double difference = relative_l2_error(host_values(d_x8), host_values(d_x16));
+    const double exact16 = sampled_exact_error(c, data, d_x16.ptr, d_out.ptr),
+                 exact8 = sampled_exact_error(c, data, d_x8.ptr, d_out.ptr);
     std::printf(
-        "| %s | %lld | %.3f | %.0f | %.3f | %.0f | %.2f | %.3f | %.3f | %.2f | %.1e | %d |\n",
+        "| %s | %lld | %.3f | %.0f | %.3f | %.0f | %.2f | %.3f | %.3f | %.2f | %.1e | %.1e / "
+        "%.1e | %d |\n",
         name.c_str(), (long long)tokens, ms16, flops / (ms16 * 1e-3) * 1e-12, ms8,
         flops / (ms8 * 1e-3) * 1e-12, ms16 / ms8, middle(sa), middle(sb), middle(sa) / middle(sb),
-        difference, b8.dispatch_ctas());
+        difference, exact16, exact8, b8.dispatch_ctas());
     std::fflush(stdout);
     if (!o.breakdown) continue;
     // The variants run after the context is filled; their gradients are wrong (later runs of
@@ -229,8 +235,9 @@ int bench_precision_command(const BenchOptions& o) {
   if (o.direction == "backward") return bench_precision_backward(o, precision);
   std::printf(
       "| shape | T | BF16 ms | BF16 TFLOP/s | %s ms | %s TFLOP/s | speed-up | weight "
-      "quantization ms | output differs from BF16 by |\n|---|---|---|---|---|---|---|---|---|\n",
-      o.layer.precision.c_str(), o.layer.precision.c_str());
+      "quantization ms | output differs from BF16 by | output vs exact layer: BF16 / %s |\n"
+      "|---|---|---|---|---|---|---|---|---|---|\n",
+      o.layer.precision.c_str(), o.layer.precision.c_str(), o.layer.precision.c_str());
   gpu::ForwardOptions fo = bench_forward_options(o);
   gpu::ForwardOptions fq = fo;
   fq.row_path = gpu::RowPath::automatic;  // the low precisions take the dispatch copy
@@ -269,9 +276,12 @@ int bench_precision_command(const BenchOptions& o) {
     low.check(nullptr);
     const double flops = forward_flops(c, tokens), ms_bf16 = middle(a), ms_low = middle(b);
     const double difference = relative_l2_error(host_values(out_q), host_values(data.out));
-    std::printf("| %s | %lld | %.3f | %.0f | %.3f | %.0f | %.2f | %.3f | %.1e |\n", name.c_str(),
-                (long long)tokens, ms_bf16, flops / (ms_bf16 * 1e-3) * 1e-12, ms_low,
-                flops / (ms_low * 1e-3) * 1e-12, ms_bf16 / ms_low, quantize_ms, difference);
+    const double exact_bf16 = sampled_exact_error(c, data, data.out.ptr),
+                 exact_low = sampled_exact_error(c, data, out_q.ptr);
+    std::printf("| %s | %lld | %.3f | %.0f | %.3f | %.0f | %.2f | %.3f | %.1e | %.1e / %.1e |\n",
+                name.c_str(), (long long)tokens, ms_bf16, flops / (ms_bf16 * 1e-3) * 1e-12, ms_low,
+                flops / (ms_low * 1e-3) * 1e-12, ms_bf16 / ms_low, quantize_ms, difference,
+                exact_bf16, exact_low);
     std::fflush(stdout);
     if (o.breakdown) {  // one profiled run of each (same outputs; a few clock reads per tile)
       gpu::detail::ForwardHooks timed;

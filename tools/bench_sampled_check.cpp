@@ -27,41 +27,46 @@ std::vector<double> bf16_values(const __nv_bfloat16* from, int64_t first, int64_
   return v;
 }
 
-// The forward operands of one MLP as the reference's row math reads them. The values are BF16
-// already, which the reference's BF16 operand rounding leaves as they are; the backward's
-// copies stay empty (only mlp_row_forward runs).
-ref::PreparedMlp forward_mlp(const __nv_bfloat16* gate, const __nv_bfloat16* up,
-                             const __nv_bfloat16* down, int64_t first, int64_t hidden,
-                             int64_t width) {
+// One MLP's weights as the reference's row math reads them. The values are BF16 already, which
+// the reference's BF16 operand rounding leaves as they are; with `backward` the dgrad GEMMs'
+// copies too (the same values: no recipe quantizes them here).
+ref::PreparedMlp prepared_mlp(const __nv_bfloat16* gate, const __nv_bfloat16* up,
+                              const __nv_bfloat16* down, int64_t first, int64_t hidden,
+                              int64_t width, bool backward) {
   ref::PreparedMlp m;
   m.hidden = hidden;
   m.width = width;
   m.gate_fwd = bf16_values(gate, first, width * hidden);
   m.up_fwd = bf16_values(up, first, width * hidden);
   m.down_fwd = bf16_values(down, first, hidden * width);
+  if (backward) {
+    m.gate_bwd = m.gate_fwd;
+    m.up_bwd = m.up_fwd;
+    m.down_bwd = m.down_fwd;
+  }
   return m;
 }
 
-}  // namespace
-
-double sampled_reference_error(const Config& c, const BenchLayer& data) {
+// The relative L2 error of `got`'s sampled rows against the reference with rounding r: the
+// layer's output, or with d_out given its d_x (shared dx + the sum over k of each slot's dx).
+double sampled_error(const Config& c, const BenchLayer& data, const __nv_bfloat16* got_rows,
+                     const __nv_bfloat16* d_out_rows, const ref::Rounding& r) {
   const int64_t T = data.tokens, H = c.hidden, I = c.intermediate, S = c.shared_width(),
                 K = c.top_k;
   if (T == 0) return 0;
+  const bool backward = d_out_rows != nullptr;
   std::vector<int64_t> picks{0};
   if (T / 2 > 0) picks.push_back(T / 2);
   if (T - 1 > T / 2) picks.push_back(T - 1);
   const size_t P = picks.size();
-  ref::Rounding r;
-  r.numerics = Numerics::fp32;
-  r.quant = OperandQuant::bf16;
   const ref::Rounding shared_r = r.for_shared();
-  std::vector<std::vector<double>> x(P);
+  std::vector<std::vector<double>> x(P), d_out(P);
   std::vector<int32_t> ids(P * size_t(K));
   std::vector<double> weights(P * size_t(K)), y_shared(P * size_t(H), 0.0),
       y_slots(P * size_t(K * H));
   for (size_t p = 0; p < P; ++p) {
     x[p] = bf16_values(data.x.ptr, picks[p] * H, H);
+    if (backward) d_out[p] = bf16_values(d_out_rows, picks[p] * H, H);
     std::vector<float> w(static_cast<size_t>(K));
     cuda_ok(cudaMemcpy(&ids[p * size_t(K)], data.ids.ptr + picks[p] * K, size_t(K) * 4,
                        cudaMemcpyDeviceToHost),
@@ -70,12 +75,23 @@ double sampled_reference_error(const Config& c, const BenchLayer& data) {
             "cudaMemcpy");
     std::copy(w.begin(), w.end(), weights.begin() + std::ptrdiff_t(p * size_t(K)));
   }
-  ref::RowForward row;
+  // Row p's shared output (or dx), and slot (p, k)'s expert output (or dx, weighted).
+  auto row = [&](const ref::PreparedMlp& m, size_t p, double weight, const ref::Rounding& rr,
+                 ref::RowBackward& out) -> const std::vector<double>& {
+    if (!backward) {
+      ref::mlp_row_forward(m, x[p].data(), rr, out.fwd);
+      return out.fwd.y;
+    }
+    ref::mlp_row_backward(m, x[p].data(), d_out[p].data(), weight, rr, out);
+    return out.dx;
+  };
   if (S > 0) {
-    const ref::PreparedMlp shared = forward_mlp(data.sg.ptr, data.su.ptr, data.sd.ptr, 0, H, S);
+    const ref::PreparedMlp shared =
+        prepared_mlp(data.sg.ptr, data.su.ptr, data.sd.ptr, 0, H, S, backward);
+    ref::RowBackward out;
     for (size_t p = 0; p < P; ++p) {
-      ref::mlp_row_forward(shared, x[p].data(), shared_r, row);
-      std::copy(row.y.begin(), row.y.end(), y_shared.begin() + std::ptrdiff_t(p * size_t(H)));
+      const std::vector<double>& y = row(shared, p, 1.0, shared_r, out);
+      std::copy(y.begin(), y.end(), y_shared.begin() + std::ptrdiff_t(p * size_t(H)));
     }
   }
   // Each expert the sampled tokens use, once: its weights on the host, then its rows. The experts
@@ -91,16 +107,17 @@ double sampled_reference_error(const Config& c, const BenchLayer& data) {
   int device = 0;
   cuda_ok(cudaGetDevice(&device), "cudaGetDevice");
   auto work = [&] {
-    ref::RowForward out;
+    ref::RowBackward out;
     try {
       cuda_ok(cudaSetDevice(device), "cudaSetDevice");  // a new thread starts on device 0
       for (size_t i = next++; i < experts.size(); i = next++) {
         const int64_t e = experts[i];
-        const ref::PreparedMlp m = forward_mlp(data.g.ptr, data.u.ptr, data.d.ptr, e * I * H, H, I);
+        const ref::PreparedMlp m =
+            prepared_mlp(data.g.ptr, data.u.ptr, data.d.ptr, e * I * H, H, I, backward);
         for (size_t slot = 0; slot < ids.size(); ++slot) {
           if (ids[slot] != e) continue;
-          ref::mlp_row_forward(m, x[slot / size_t(K)].data(), r, out);
-          std::copy(out.y.begin(), out.y.end(), y_slots.begin() + std::ptrdiff_t(slot * size_t(H)));
+          const std::vector<double>& y = row(m, slot / size_t(K), weights[slot], r, out);
+          std::copy(y.begin(), y.end(), y_slots.begin() + std::ptrdiff_t(slot * size_t(H)));
         }
       }
     } catch (...) {
@@ -117,13 +134,33 @@ double sampled_reference_error(const Config& c, const BenchLayer& data) {
   for (std::thread& t : pool) t.join();
   if (failed) std::rethrow_exception(failed);
   std::vector<double> want(P * size_t(H)), got;
-  ref::combine_rows(r, int64_t(P), H, K, y_shared.data(), y_slots.data(), weights.data(),
-                    want.data());
+  if (backward)
+    ref::reduce_input_grads(r, int64_t(P), H, K, y_shared.data(), y_slots.data(), want.data());
+  else
+    ref::combine_rows(r, int64_t(P), H, K, y_shared.data(), y_slots.data(), weights.data(),
+                      want.data());
   for (const int64_t t : picks) {
-    const std::vector<double> mine = bf16_values(data.out.ptr, t * H, H);
+    const std::vector<double> mine = bf16_values(got_rows, t * H, H);
     got.insert(got.end(), mine.begin(), mine.end());
   }
   return relative_l2_error(got, want);
+}
+
+}  // namespace
+
+double sampled_reference_error(const Config& c, const BenchLayer& data) {
+  ref::Rounding r;
+  r.numerics = Numerics::fp32;
+  r.quant = OperandQuant::bf16;
+  return sampled_error(c, data, data.out.ptr, nullptr, r);
+}
+
+double sampled_exact_error(const Config& c, const BenchLayer& data, const __nv_bfloat16* got,
+                           const __nv_bfloat16* d_out) {
+  ref::Rounding r;
+  r.numerics = Numerics::fp64;
+  r.quant = OperandQuant::none;
+  return sampled_error(c, data, got, d_out, r);
 }
 
 }  // namespace mok::tools
