@@ -111,11 +111,11 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
     q.fp8_ue8m0 = o.layer.fp8_scales == "ue8m0";
     const int64_t H = c.hidden, EIH = int64_t(c.num_experts) * c.intermediate * H,
                   SH = int64_t(c.shared_width()) * H;
-    // The BF16 weights and their gradients, the quantized experts (fp8_block's in both
-    // orientations): what must fit beside each other (activations, contexts and workspaces come
-    // on top).
+    // The BF16 weights and their gradients, the quantized experts (fp8_block's and mxfp8's in
+    // both orientations, a byte per element each): what must fit beside each other (activations,
+    // contexts and workspaces come on top).
     const double quantized_bytes =
-        precision == Precision::fp8_block ? 2.0 * double(EIH) : 0.5 * double(EIH);
+        precision == Precision::nvfp4 ? 0.5 * double(EIH) : 2.0 * double(EIH);
     const double needed = 3.0 * double(4 * (EIH + SH)) + 3.0 * quantized_bytes;
     size_t free_bytes = 0, total_bytes = 0;
     cuda_ok(cudaMemGetInfo(&free_bytes, &total_bytes), "cudaMemGetInfo");
@@ -215,10 +215,6 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
 
 int bench_precision_command(const BenchOptions& o) {
   const Precision precision = parse_precision(o.layer.precision);
-  if (precision == Precision::mxfp8 && o.direction != "forward")
-    throw Error(ErrorCode::unsupported, std::string("mok bench --precision ") + o.layer.precision +
-                                            ": the GPU runs its forward only for now "
-                                            "(--direction forward)");
   if (o.ep > 1) throw UsageError("mok bench --precision: EP = 1 only (no --ep)");
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)

@@ -142,8 +142,8 @@ GpuForwardReport gpu_forward_check(const Config& c, const LayerParams& p, const 
   const gpu::DeviceLayerWeights weights{
       as_bf16(sg), as_bf16(su), as_bf16(sd), as_bf16(g), as_bf16(u), as_bf16(d), {}, {}, {}};
   const gpu::DeviceBatch batch{b.tokens, as_bf16(x), ids.ptr, w.ptr};
-  // fp8_block, nvfp4, mxfp8: the routed experts' weights quantized on the GPU first (fp8_block's
-  // with the transposed copies its backward reads).
+  // fp8_block, nvfp4, mxfp8: the routed experts' weights quantized on the GPU first (with the
+  // transposed copies fp8_block's and mxfp8's backwards read).
   gpu::LowPrecisionExperts experts(c, /*backward=*/true);
   experts.quantize(weights, nullptr);
   const gpu::DeviceLayerWeights forward_weights = experts.with(weights);

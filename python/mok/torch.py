@@ -178,7 +178,7 @@ class MoE(nn.Module):
     memory, about 1.2-1.3x the backward's time; the same bits). precision: "bf16"; "fp8_block",
     "nvfp4" (NVFP4 weights, BF16 activations) and "mxfp8" run their quantized recipes
     (docs/recipes.md): on CPU tensors the reference, on one GPU the low-precision megakernels
-    (mxfp8: the forward only, under torch.no_grad(); not with recompute or a process group), the
+    (not with recompute or a process group), the
     routed experts' weights quantized from the BF16 parameters by GPU kernels at every forward.
     On the GPU, x is BF16 and the parameters BF16 (BF16 gradients) or FP32 (master weights:
     rounded to BF16 for the GEMMs, FP32 gradients from the backward's FP32 accumulators);

@@ -118,8 +118,7 @@ class GpuLayer {
                              " needs the group's unique_id (mok.nccl_unique_id() on rank 0, "
                              "shared with every rank)");
       forward_ = std::make_unique<mok::gpu::MoeForward>(c_);
-      if (c_.precision != mok::Precision::mxfp8)  // mxfp8 has no GPU backward yet
-        backward_ = std::make_unique<mok::gpu::MoeBackward>(c_, o);
+      backward_ = std::make_unique<mok::gpu::MoeBackward>(c_, o);
       experts_ = std::make_unique<mok::gpu::LowPrecisionExperts>(c_, /*backward=*/true);
     }
     schedule_ = std::make_unique<mok::gpu::Schedule>(c_);
@@ -150,11 +149,6 @@ class GpuLayer {
                        who +
                            ": is_first_microbatch = False reuses the quantized weights of an "
                            "earlier forward, but no forward of this layer has quantized them yet");
-    if (training && c_.precision == mok::Precision::mxfp8)
-      throw mok::Error(mok::ErrorCode::unsupported,
-                       who +
-                           ": precision mxfp8 has no GPU backward yet: run its forward without "
-                           "gradients (torch.no_grad()), or train in fp8_block or nvfp4");
     const mok::gpu::DeviceBatch batch = operands_.batch(who, x, ids, w);
     operands_.require_rows(who, "out", out, batch.tokens);
     mok::gpu::DeviceLayerWeights weights = operands_.params(who, params);

@@ -210,24 +210,37 @@ __global__ void mxfp8_weights_rows_kernel(const __nv_bfloat16* x, int64_t blocks
 
 // MXFP8 weights along the rows (the backward's K-major copy: each matrix's transpose quantized
 // along its columns), one thread per 32-element block: codes [cols, rows], scales likewise.
+// Consecutive threads take consecutive columns of the same 32 rows (coalesced 2-byte reads).
+// kPacked: each word of four codes in the widening's order (fmt::mxfp8_packed_word).
+template <bool kPacked>
 __global__ void mxfp8_weights_transposed_kernel(const __nv_bfloat16* x, int64_t batches,
                                                 int64_t rows, int64_t cols, bool rceil,
                                                 uint8_t* data, uint8_t* scales) {
   const int64_t per_matrix = cols * (rows / 32);
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= batches * per_matrix) return;
-  const int64_t batch = b / per_matrix, o = b % per_matrix / (rows / 32), i0 = b % (rows / 32) * 32;
+  const int64_t batch = b / per_matrix, o = b % per_matrix % cols,
+                block = b % per_matrix / cols, i0 = block * 32;
   const __nv_bfloat16* in = x + batch * rows * cols;
+  float v[32];
   fmt::BlockAmax a;
-  for (int i = 0; i < 32; ++i) a.add(bf16_at(in, (i0 + i) * cols + o));
-  const uint8_t s = rceil ? fmt::mx_scale_rceil(a.amax) : fmt::mx_scale_floor(a.amax);
-  scales[b] = fmt::mx_stored_scale(a, s);
-  uint8_t* out = data + batch * rows * cols + o * rows + i0;
-  for (int i = 0; i < 32; i += 2) {
-    const uint16_t pair = fmt::mx_element_pair(bf16_at(in, (i0 + i) * cols + o),
-                                               bf16_at(in, (i0 + i + 1) * cols + o), s);
-    out[i] = uint8_t(pair), out[i + 1] = uint8_t(pair >> 8);
+#pragma unroll
+  for (int i = 0; i < 32; ++i) {
+    v[i] = bf16_at(in, (i0 + i) * cols + o);
+    a.add(v[i]);
   }
+  const uint8_t s = rceil ? fmt::mx_scale_rceil(a.amax) : fmt::mx_scale_floor(a.amax);
+  scales[batch * per_matrix + o * (rows / 32) + block] = fmt::mx_stored_scale(a, s);
+  uint32_t words[8];
+#pragma unroll
+  for (int w = 0; w < 8; ++w) {
+    words[w] = uint32_t(fmt::mx_element_pair(v[4 * w], v[4 * w + 1], s)) |
+               uint32_t(fmt::mx_element_pair(v[4 * w + 2], v[4 * w + 3], s)) << 16;
+    if constexpr (kPacked) words[w] = fmt::mxfp8_packed_word(words[w]);
+  }
+  uint4* out = reinterpret_cast<uint4*>(data + batch * rows * cols + o * rows + i0);
+  out[0] = make_uint4(words[0], words[1], words[2], words[3]);
+  out[1] = make_uint4(words[4], words[5], words[6], words[7]);
 }
 
 // Each matrix's finite amax (NVFP4's per-tensor scale): amax_bits[batch], grid-stride per matrix
@@ -390,9 +403,12 @@ cudaError_t mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
   const int64_t n = batches * rows * cols / 32;
   if (n == 0) return cudaSuccess;
   const bool rceil = rule == MxScaleRule::rceil;
-  if (transposed)
-    mxfp8_weights_transposed_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, batches, rows, cols,
-                                                                            rceil, data, scales);
+  if (transposed && packed)
+    mxfp8_weights_transposed_kernel<true>
+        <<<blocks_for(n), kThreads, 0, stream>>>(x, batches, rows, cols, rceil, data, scales);
+  else if (transposed)
+    mxfp8_weights_transposed_kernel<false>
+        <<<blocks_for(n), kThreads, 0, stream>>>(x, batches, rows, cols, rceil, data, scales);
   else if (packed)
     mxfp8_weights_rows_kernel<true>
         <<<blocks_for(n), kThreads, 0, stream>>>(x, n, rceil, data, scales);
@@ -410,9 +426,9 @@ cudaError_t quantize_mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int6
 }
 
 cudaError_t quantize_mxfp8_weights_packed(const __nv_bfloat16* x, int64_t batches, int64_t rows,
-                                          int64_t cols, MxScaleRule rule, uint8_t* data,
-                                          uint8_t* scales, cudaStream_t stream) {
-  return mxfp8_weights(x, batches, rows, cols, rule, false, true, data, scales, stream);
+                                          int64_t cols, MxScaleRule rule, bool transposed,
+                                          uint8_t* data, uint8_t* scales, cudaStream_t stream) {
+  return mxfp8_weights(x, batches, rows, cols, rule, transposed, true, data, scales, stream);
 }
 
 namespace {

@@ -8,6 +8,7 @@
 #include "layer/forward_schedule.hpp"
 #include "mok/device/tensor_map.hpp"
 #include "mok/error.hpp"
+#include "mok/formats/mxfp8_widen.hpp"
 #include "mok/schedule/routing_layout.hpp"
 #include "mok/schedule/tile_order.hpp"
 
@@ -57,15 +58,17 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
             who + " runs one GPU (ep_size = 1), got ep_size = " + std::to_string(c.ep_size) +
                 " (EmulatedEpBackward runs an EP group on one GPU)");
   }
-  const bool fp8 = c.precision == Precision::fp8_block, nvfp4 = c.precision == Precision::nvfp4;
+  const bool fp8 = c.precision == Precision::fp8_block, nvfp4 = c.precision == Precision::nvfp4,
+             mxfp8 = c.precision == Precision::mxfp8, low = fp8 || nvfp4 || mxfp8;
+  const bool widens = nvfp4 || mxfp8;  // 128-wide tiles only (their staging slots)
   const std::string name = precision_name(c.precision);
-  require(c.precision == Precision::bf16 || fp8 || nvfp4, ErrorCode::unsupported,
-          "precision " + name + ": the GPU backward runs bf16, fp8_block and nvfp4 for now");
-  require(!(fp8 || nvfp4) || transport != Transport::nccl, ErrorCode::unsupported,
+  require(c.precision == Precision::bf16 || low, ErrorCode::unsupported,
+          "precision " + name + ": the GPU backward runs bf16, fp8_block, nvfp4 and mxfp8");
+  require(!low || transport != Transport::nccl, ErrorCode::unsupported,
           who + ": precision " + name +
               " runs on one GPU and on emulated EP groups for now, not over NCCL (as the "
               "forward)");
-  require(!(fp8 || nvfp4) || o.gate_up == GateUpMode::keep, ErrorCode::unsupported,
+  require(!low || o.gate_up == GateUpMode::keep, ErrorCode::unsupported,
           who + ": precision " + name +
               " reads the activations its forward kept (fp8_block: the E4M3 act the down GEMM "
               "read): BackwardOptions::gate_up must be GateUpMode::keep");
@@ -88,8 +91,9 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   kernels = h.backward_kernels ? h.backward_kernels
             : fp8              ? &kern::fp8_block_backward_kernels()
             : nvfp4            ? &kern::nvfp4_backward_kernels()
+            : mxfp8            ? &kern::mxfp8_backward_kernels()
                                : &kern::production_backward_kernels();
-  require(!(fp8 || nvfp4) || h.backward_kernels == nullptr, ErrorCode::invalid_argument,
+  require(!low || h.backward_kernels == nullptr, ErrorCode::invalid_argument,
           who + ": the timeline's backward kernels are bf16 ones (precision " + name + ")");
   require(h.trace_events == 0 || (h.backward_kernels && ranks == 1 && !h.staged_backward),
           ErrorCode::invalid_argument,
@@ -104,14 +108,15 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   // standard shapes (docs/benchmarks.md, the backward's lever index), 256 took 12-25% less time
   // at I = 768-3072 and 25% more at fine's I = 512.
   const bool wide_ok = H % 256 == 0 && I % 256 == 0 && S % 256 == 0;
-  require(o.block_n == 0 || o.block_n == 128 || (o.block_n == 256 && wide_ok && !nvfp4),
+  require(o.block_n == 0 || o.block_n == 128 || (o.block_n == 256 && wide_ok && !widens),
           ErrorCode::invalid_argument,
           who + ": block_n = " + std::to_string(o.block_n) +
-              (nvfp4 ? ": precision nvfp4's backward runs 128-wide tiles (its staging slots fit "
-                       "beside the ring only then): allowed 0 (automatic) or 128"
-                     : ": allowed 0 (automatic), 128, or 256 when H, I and S are multiples of "
-                       "256"));
-  block_n = o.block_n != 0 ? o.block_n : wide_ok && I >= 768 && !nvfp4 ? 256 : 128;
+              (widens ? ": precision " + name +
+                            "'s backward runs 128-wide tiles (its staging slots fit beside the "
+                            "ring only then): allowed 0 (automatic) or 128"
+                      : std::string(": allowed 0 (automatic), 128, or 256 when H, I and S are "
+                                    "multiples of 256")));
+  block_n = o.block_n != 0 ? o.block_n : wide_ok && I >= 768 && !widens ? 256 : 128;
   check_cuda(kernels->prepare(block_n, &per_sm), "preparing the backward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the backward kernel does not fit on an SM");
   grid = o.max_ctas > 0 ? std::min(o.max_ctas, sms) : sms;
@@ -139,6 +144,15 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   capacity_blocks = capacity / kTileRows;
   token_rows = sched::pad_to_tile(max_t, kTileRows);
   token_blocks = token_rows / kTileRows;
+  // The kernel's tile table counts tiles in 32 bits (backward_tiles.cuh): every tile a full batch
+  // could have (recomputing, 128-wide), routed and shared, below 2^31.
+  const double tiles = double(capacity_blocks) * double(3 * I + H) / 128.0 +
+                       double(token_blocks) * double(3 * S + H) / 128.0 +
+                       double(El) * 3.0 * double(H) * double(I) / (128.0 * 128.0) +
+                       3.0 * double(H) * double(S) / (128.0 * 128.0);
+  require(tiles < 2147483648.0, ErrorCode::unsupported,
+          who + ": a batch of this configuration could need " + std::to_string(int64_t(tiles)) +
+              " backward tiles; the kernel's tile table counts below 2^31");
   ranks_.resize(size_t(ranks));
   try {
     for (RankBackward& r : ranks_) allocate(r);
@@ -185,6 +199,11 @@ void BackwardRunner::allocate(RankBackward& r) {
     check_cuda(cudaMemset(r.dgu_scales, 0, size_t(capacity * (2 * I / 128)) * sizeof(float)),
                "cudaMemset");
   }
+  if (config.precision == Precision::mxfp8) {
+    r.dy_mx = alloc<__nv_bfloat16>(size_t(capacity * H));
+    r.dgu_mx = alloc<__nv_bfloat16>(size_t(capacity * 2 * I));
+    check_cuda(cudaMemset(r.dgu_mx, 0, size_t(capacity * 2 * I) * 2), "cudaMemset");  // as above
+  }
   r.step_begin = alloc<int64_t>(size_t(1 + El + 3 * lag + 1));
   const size_t words = size_t(2 * capacity_blocks + token_blocks + max_t + 2 + 1 + El +
                               capacity_blocks + token_blocks);
@@ -208,7 +227,8 @@ void BackwardRunner::release() {
           (void*)r.dgu_shared, (void*)r.act_shared_copy, (void*)r.dx_slots, (void*)r.dx_shared,
           (void*)r.dw_partial, (void*)r.act, (void*)r.gate_up, (void*)r.act_shared,
           (void*)r.gate_up_shared, (void*)r.step_begin, (void*)r.counters, (void*)r.dy_e4m3,
-          (void*)r.dy_scales, (void*)r.dgu_e4m3, (void*)r.dgu_scales})
+          (void*)r.dy_scales, (void*)r.dgu_e4m3, (void*)r.dgu_scales, (void*)r.dy_mx,
+          (void*)r.dgu_mx})
       cudaFree(p);
     r = RankBackward{};
   }
@@ -277,6 +297,16 @@ void BackwardRunner::require_call(const RankCall& call, int r) const {
     pointer(q.gate_up_s_dec, 4, "the nvfp4 gate and up per-tensor factors");
     pointer(q.down_s_dec, 4, "the nvfp4 down per-tensor factors");
   }
+  if (c.precision == Precision::mxfp8) {
+    const Mxfp8Weights& q = call.weights.mxfp8;
+    const char* hint = " (mxfp8's backward copies: Mxfp8Experts(c, /*backward=*/true))";
+    pointer(q.gate_t, 16, (std::string("the transposed mxfp8 gate weights") + hint).c_str());
+    pointer(q.up_t, 16, (std::string("the transposed mxfp8 up weights") + hint).c_str());
+    pointer(q.down_t, 16, (std::string("the transposed mxfp8 down weights") + hint).c_str());
+    pointer(q.gate_t_factors, 16, "the transposed mxfp8 gate factors");
+    pointer(q.up_t_factors, 16, "the transposed mxfp8 up factors");
+    pointer(q.down_t_factors, 16, "the transposed mxfp8 down factors");
+  }
   pointer(g.gate, 16, "the gate gradient");
   pointer(g.up, 16, "the up gradient");
   pointer(g.down, 16, "the down gradient");
@@ -331,6 +361,19 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
     m.down_factors = dev::make_byte_map_3d(q.down_factors, El, I / 64, H / 2, 32, stages);
     m.gate_factors = dev::make_byte_map_3d(q.gate_factors, El, H / 64, I / 2, 32, stages);
     m.up_factors = dev::make_byte_map_3d(q.up_factors, El, H / 64, I / 2, 32, stages);
+    m.down_mn = m.gate_mn = m.up_mn = m.dy_mn;  // never read: every routed dgrad tile widens
+  } else if (c.precision == Precision::mxfp8) {  // the transposed copies, widened K-major
+    const Mxfp8Weights& q = wt.mxfp8;
+    const uint32_t bn = uint32_t(block_n), k_bytes = uint32_t(fmt::kMxfp8WidenK);
+    m.dy_k = map(w.dy_mx, cap, H, 128);  // the MX-rounded A rows (dW_down reads dy_routed)
+    m.dgu_k = map(w.dgu_mx, cap, 2 * I, 128);
+    m.down_codes = dev::make_byte_map_3d(q.down_t, El, I, H, k_bytes, bn);
+    m.gate_codes = dev::make_byte_map_3d(q.gate_t, El, H, I, k_bytes, bn);
+    m.up_codes = dev::make_byte_map_3d(q.up_t, El, H, I, k_bytes, bn);
+    // Per k-block of 64 one row of per-row factor pairs (4 bytes a row), half a tile per box.
+    m.down_factors = dev::make_byte_map_3d(q.down_t_factors, El, H / 64, I * 4, bn * 2, 1);
+    m.gate_factors = dev::make_byte_map_3d(q.gate_t_factors, El, I / 64, H * 4, bn * 2, 1);
+    m.up_factors = dev::make_byte_map_3d(q.up_t_factors, El, I / 64, H * 4, bn * 2, 1);
     m.down_mn = m.gate_mn = m.up_mn = m.dy_mn;  // never read: every routed dgrad tile widens
   } else {
     m.down_mn = map(wt.down, El * H, I, 64);
@@ -448,6 +491,10 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
     p.nvfp4 = 1;
     p.gate_up_s_dec = wt.nvfp4.gate_up_s_dec;
     p.down_s_dec = wt.nvfp4.down_s_dec;
+  }
+  if (c.precision == Precision::mxfp8) {
+    p.mxfp8 = 1;
+    p.dy_mx = w.dy_mx, p.dgu_mx = w.dgu_mx;
   }
   p.step_begin = w.step_begin;
   p.block_n = block_n;

@@ -31,6 +31,8 @@ struct RankBackward {
   // fp8_block: the routed dgrad GEMMs' E4M3 operands and their scales per 128 columns.
   uint8_t *dy_e4m3 = nullptr, *dgu_e4m3 = nullptr;
   float *dy_scales = nullptr, *dgu_scales = nullptr;
+  // mxfp8: the routed dgrad GEMMs' A rows rounded to MX values (BF16).
+  __nv_bfloat16 *dy_mx = nullptr, *dgu_mx = nullptr;
   float* dw_partial = nullptr;
   int64_t* step_begin = nullptr;
   uint32_t* counters = nullptr;  // x_ready | act_ready | act_shared_ready | token_done |

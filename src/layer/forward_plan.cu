@@ -155,8 +155,7 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   int per_sm = 0;
   check_cuda(plan.kernels->prepare(plan.kernel, &per_sm), "preparing the forward kernel");
   require(per_sm >= 1, ErrorCode::unsupported, "the forward kernel does not fit on an SM");
-  if (plan.kernel.probe == 0 &&
-      !mxfp8) {  // the training instantiation, for forwards given a context
+  if (plan.kernel.probe == 0) {  // the training instantiation, for forwards given a context
     kern::ForwardKernel training = plan.kernel;
     training.keep_gate_up = true;
     check_cuda(plan.kernels->prepare(training, &per_sm), "preparing the training forward kernel");

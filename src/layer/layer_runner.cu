@@ -42,10 +42,6 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
   // A context that recomputes keeps nothing: its forward runs the inference kernel.
   const ForwardContext* first = calls[0].context;
   l.kernel.keep_gate_up = first != nullptr && first->keeps();
-  require(first == nullptr || config_.precision != Precision::mxfp8, ErrorCode::unsupported,
-          who_ +
-              ": precision mxfp8 runs inference forwards on the GPU for now (no backward, so "
-              "no ForwardContext)");
   require(first == nullptr || config_.precision == Precision::bf16 || first->keeps(),
           ErrorCode::unsupported,
           who_ + ": precision " + precision_name(config_.precision) +

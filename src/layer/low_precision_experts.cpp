@@ -6,7 +6,7 @@ LowPrecisionExperts::LowPrecisionExperts(const Config& c, bool backward) {
   if (c.precision == Precision::fp8_block)
     fp8_block_ = std::make_unique<Fp8BlockExperts>(c, backward);
   if (c.precision == Precision::nvfp4) nvfp4_ = std::make_unique<Nvfp4Experts>(c);
-  if (c.precision == Precision::mxfp8) mxfp8_ = std::make_unique<Mxfp8Experts>(c);
+  if (c.precision == Precision::mxfp8) mxfp8_ = std::make_unique<Mxfp8Experts>(c, backward);
 }
 
 void LowPrecisionExperts::quantize(const DeviceLayerWeights& w, cudaStream_t stream) {

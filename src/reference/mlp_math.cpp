@@ -158,9 +158,10 @@ void mlp_row_backward(const PreparedMlp& m, const double* x, const double* d_out
   out.dy.resize(size_t(H));
   for (int64_t h = 0; h < H; ++h) out.dy[size_t(h)] = r.store(weight * dout[size_t(h)]);
 
-  // fp8_block's dgrad GEMM reads d_out unweighted; its FP32 accumulator da' = down^T q(d_out)
-  // gives the routing weight's gradient <da', aq> without y, and da = weight * da'.
-  const bool unweighted = r.quant == OperandQuant::fp8_block;
+  // fp8_block's and mxfp8's dgrad GEMM reads d_out unweighted; its FP32 accumulator
+  // da' = down^T q(d_out) gives the routing weight's gradient <da', aq> without y, and
+  // da = weight * da'.
+  const bool unweighted = r.dgrad_only();
   std::vector<double> dq = unweighted ? dout : out.dy;
   r.quantize_row(dq.data(), H);
 
@@ -182,8 +183,8 @@ void mlp_row_backward(const PreparedMlp& m, const double* x, const double* d_out
     out.down_a = out.dy;
     out.down_b = out.fwd.a;
   }
-  // fp8_block's forward keeps g and u in BF16 (its context), and the SwiGLU backward reads those:
-  // before E4M3 quantization of dg | du, FP32 ones would flip ~2% of the codes.
+  // These recipes' forwards keep g and u in BF16 (their contexts), and the SwiGLU backward reads
+  // those: before E4M3 quantization of dg | du, FP32 ones would flip ~2% of the codes.
   auto kept = [&](double v) { return unweighted ? double(fmt::round_to_bf16(float(v))) : v; };
   out.dg.resize(size_t(W));
   out.du.resize(size_t(W));

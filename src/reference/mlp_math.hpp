@@ -25,11 +25,16 @@ struct Rounding {
     if (quant != OperandQuant::none) r.quant = OperandQuant::bf16;
     return r;
   }
-  // The weight-gradient GEMMs' operands: fp8_block computes them in BF16 (SonicMoE's recipe:
-  // FP8 for the two dgrad GEMMs only); the other recipes keep their own blocks along tokens.
+  // fp8_block and mxfp8 quantize the dgrad GEMMs' operands only (SonicMoE's recipe): the
+  // weight-gradient GEMMs take BF16 operands, and the dgrad-down GEMM reads d_out unweighted
+  // (mlp_row_backward). NVFP4 keeps its own blocks along tokens.
+  bool dgrad_only() const {
+    return quant == OperandQuant::fp8_block || quant == OperandQuant::mxfp8;
+  }
+  // The weight-gradient GEMMs' operands (above).
   Rounding for_wgrad() const {
     Rounding r = *this;
-    if (quant == OperandQuant::fp8_block) r.quant = OperandQuant::bf16;
+    if (dgrad_only()) r.quant = OperandQuant::bf16;
     return r;
   }
 
@@ -70,14 +75,14 @@ struct RowBackward {
   std::vector<double> dx;      // [H]
   double d_weight = 0;         // the gradient of the routing weight
   // This row's operands of d_down = sum over rows down_a^T down_b, before their rounding along
-  // tokens: dy [H] and a [width]; fp8_block: d_out [H] (unweighted) and weight * aq [width].
+  // tokens: dy [H] and a [width]; dgrad_only recipes: d_out [H] (unweighted) and weight * aq.
   std::vector<double> down_a, down_b;
 };
 
-// Backward of `weight * mlp(x)` for one row, given d_out [H]. Every recipe but fp8_block:
-// d_weight = <d_out, y>, and da = down^T q(weight * d_out). fp8_block (as the GPU computes it):
-// da' = down^T q(d_out) (d_out unweighted, 1x128 blocks along H), d_weight = <da', aq>,
-// da = weight * da'.
+// Backward of `weight * mlp(x)` for one row, given d_out [H]. bf16, nvfp4 and none:
+// d_weight = <d_out, y>, and da = down^T q(weight * d_out). fp8_block and mxfp8
+// (Rounding::dgrad_only, as the GPU computes them): da' = down^T q(d_out) (d_out unweighted, in
+// the recipe's blocks along H), d_weight = <da', aq>, da = weight * da'.
 void mlp_row_backward(const PreparedMlp& m, const double* x, const double* d_out, double weight,
                       const Rounding& r, RowBackward& out);
 

@@ -1,7 +1,8 @@
-// The low-precision backward tests' common steps (fp8_block's and nvfp4's): a layer's routed
-// experts quantized by Experts (Fp8BlockExperts with its transposed copies, Nvfp4Experts), one
-// forward (into a context) and backward on one GPU with every output poisoned first, the
-// comparison with the quantized CPU reference backward, and an emulated group against EP 1.
+// The low-precision backward tests' common steps (fp8_block's, nvfp4's, mxfp8's): a layer's routed
+// experts quantized by Experts (Fp8BlockExperts and Mxfp8Experts with their transposed copies,
+// Nvfp4Experts), one forward (into a context) and backward on one GPU with every output poisoned
+// first, the comparison with the quantized CPU reference backward, and an emulated group against
+// EP 1.
 #pragma once
 #include <cuda_bf16.h>
 

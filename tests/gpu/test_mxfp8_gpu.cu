@@ -2,7 +2,7 @@
 // 32 along K, widened exactly to BF16 in shared memory; x and the activations rounded to their MX
 // values by the dispatch copy and the gate/up epilogue; BF16 wgmma on those exact values, FP32
 // accumulation): the widening is exact for every code and scale; Mxfp8Experts packs the host
-// quantizer's codes and scales; dispatch writes the CPU's MX values of every routed row; the
+// quantizer's codes and scales (the backward's transposed copies too); dispatch writes the CPU's MX values of every routed row; the
 // forward matches the quantized CPU reference (the same operand quantization, FP64 math) within
 // its bound on odd shapes and routings, outputs poisoned first; its bits repeat under dispatch
 // delays and at EP 2 and 4 (emulated groups); and the configurations it does not take are clear
@@ -92,40 +92,50 @@ TEST(Mxfp8Gpu, ExpertsPackTheHostQuantizersCodesAndFactors) {
   p.down[size_t(5 * I + 7)] = 1e-30;
   p.gate[size_t(3 * I * H + 5)] = 3e30;
   const GpuLayer bf16(p);
-  Mxfp8Experts experts(c);
+  Mxfp8Experts experts(c, /*backward=*/true);
   experts.quantize(bf16.weights(), nullptr);
   MOK_CUDA_OK(cudaDeviceSynchronize());
   const mok::gpu::Mxfp8Weights q = experts.weights();
+  // The forward's copies, then the backward's: each matrix's transpose [cols, rows] quantized
+  // along its columns.
   const struct {
     const std::vector<double>* w;
     int64_t rows, cols;
+    bool transposed;
     const uint8_t* codes;
     const uint16_t* factors;
-  } parts[3] = {{&p.gate, I, H, q.gate, q.gate_factors},
-                {&p.up, I, H, q.up, q.up_factors},
-                {&p.down, H, I, q.down, q.down_factors}};
-  for (int m = 0; m < 3; ++m) {
+  } parts[6] = {{&p.gate, I, H, false, q.gate, q.gate_factors},
+                {&p.up, I, H, false, q.up, q.up_factors},
+                {&p.down, H, I, false, q.down, q.down_factors},
+                {&p.gate, I, H, true, q.gate_t, q.gate_t_factors},
+                {&p.up, I, H, true, q.up_t, q.up_t_factors},
+                {&p.down, H, I, true, q.down_t, q.down_t_factors}};
+  for (int m = 0; m < 6; ++m) {
     SCOPED_TRACE("matrix " + std::to_string(m));
     const auto& part = parts[m];
     const int64_t n = part.rows * part.cols;
+    const int64_t rows = part.transposed ? part.cols : part.rows,
+                  cols = part.transposed ? part.rows : part.cols;
     const std::vector<uint8_t> codes = fetch(part.codes, size_t(E * n));
     const std::vector<uint16_t> factors = fetch(part.factors, size_t(E * n / 32));
     for (int64_t e = 0; e < E; ++e) {
       std::vector<float> w(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i)
-        w[size_t(i)] = mok::fmt::round_to_bf16(float((*part.w)[size_t(e * n + i)]));
-      const mok::Mxfp8Tensor want = mok::quantize_mxfp8(w.data(), part.rows, part.cols, {1, 32});
+      for (int64_t r = 0; r < part.rows; ++r)
+        for (int64_t k = 0; k < part.cols; ++k)
+          w[size_t(part.transposed ? k * part.rows + r : r * part.cols + k)] =
+              mok::fmt::round_to_bf16(float((*part.w)[size_t(e * n + r * part.cols + k)]));
+      const mok::Mxfp8Tensor want = mok::quantize_mxfp8(w.data(), rows, cols, {1, 32});
       for (int64_t i = 0; i < n; i += 4) {  // each word of four codes, packed
         uint32_t word = 0, got = 0;
         std::memcpy(&word, &want.data[size_t(i)], 4);
         std::memcpy(&got, &codes[size_t(e * n + i)], 4);
         ASSERT_EQ(got, mok::fmt::mxfp8_packed_word(word)) << "expert " << e << " code " << i;
       }
-      for (int64_t r = 0; r < part.rows; ++r)
-        for (int64_t b = 0; b < part.cols / 32; ++b) {
-          const int64_t at = mok::fmt::mxfp8_widen_factor_offset(part.rows, r, b / 2, int(b % 2));
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t b = 0; b < cols / 32; ++b) {
+          const int64_t at = mok::fmt::mxfp8_widen_factor_offset(rows, r, b / 2, int(b % 2));
           ASSERT_EQ(factors[size_t(e * n / 32 + at / 2)],
-                    mok::fmt::mxfp8_widen_factor(want.scales[size_t(r * (part.cols / 32) + b)]))
+                    mok::fmt::mxfp8_widen_factor(want.scales[size_t(r * (cols / 32) + b)]))
               << "expert " << e << " row " << r << " block " << b;
         }
     }

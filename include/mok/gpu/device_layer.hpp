@@ -54,6 +54,15 @@ struct Mxfp8Weights {
   const uint16_t* gate_factors = nullptr;  // [E, H / 64, I, 2]
   const uint16_t* up_factors = nullptr;    // [E, H / 64, I, 2]
   const uint16_t* down_factors = nullptr;  // [E, I / 64, H, 2]
+  // The backward's K-major copies: each matrix transposed, its 1x32 blocks along the dgrad GEMM's
+  // K (the weight's rows, where the forward's run along its columns), packed alike. dgrad-down
+  // reads down_t, dgrad-gate/up gate_t and up_t. nullptr unless made (Mxfp8Experts(c, true)).
+  const uint8_t* gate_t = nullptr;           // [E, H, I]
+  const uint8_t* up_t = nullptr;             // [E, H, I]
+  const uint8_t* down_t = nullptr;           // [E, I, H]
+  const uint16_t* gate_t_factors = nullptr;  // [E, I / 64, H, 2]
+  const uint16_t* up_t_factors = nullptr;    // [E, I / 64, H, 2]
+  const uint16_t* down_t_factors = nullptr;  // [E, H / 64, I, 2]
 };
 
 struct DeviceLayerWeights {                    // BF16, layouts of mok/layer.hpp

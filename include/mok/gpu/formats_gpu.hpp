@@ -46,12 +46,12 @@ cudaError_t quantize_fp8_block_weights(const __nv_bfloat16* x, int64_t batches, 
 cudaError_t quantize_mxfp8_weights(const __nv_bfloat16* x, int64_t batches, int64_t rows,
                                    int64_t cols, MxScaleRule rule, bool transposed, uint8_t* data,
                                    uint8_t* scales, cudaStream_t stream);
-// The forward's copy as the GPU forward widens it (gpu::Mxfp8Experts): quantize_mxfp8_weights(...,
-// transposed = false) with each word of four codes permuted as fmt::mxfp8_packed_word
-// (mok/formats/mxfp8_widen.hpp), in the same pass.
+// The copies as the GPU widens them (gpu::Mxfp8Experts: the forward's, and with `transposed` the
+// backward's): quantize_mxfp8_weights with each word of four codes permuted as
+// fmt::mxfp8_packed_word (mok/formats/mxfp8_widen.hpp), in the same pass.
 cudaError_t quantize_mxfp8_weights_packed(const __nv_bfloat16* x, int64_t batches, int64_t rows,
-                                          int64_t cols, MxScaleRule rule, uint8_t* data,
-                                          uint8_t* scales, cudaStream_t stream);
+                                          int64_t cols, MxScaleRule rule, bool transposed,
+                                          uint8_t* data, uint8_t* scales, cudaStream_t stream);
 
 // Expert weights x [batches, rows, cols] BF16 in NVFP4 (E2M1, UE4M3 per 16x16 block, each
 // matrix's FP32 per-tensor factor; formats.md), as quantize_nvfp4(..., {16, 16}) of each matrix:

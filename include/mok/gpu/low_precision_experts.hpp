@@ -16,8 +16,8 @@ namespace mok::gpu {
 
 class LowPrecisionExperts {
  public:
-  // For c.precision's recipe; `backward`: fp8_block's transposed copies too (its backward's dgrad
-  // GEMMs read them; the other precisions' backwards read the forward's copies).
+  // For c.precision's recipe; `backward`: fp8_block's and mxfp8's transposed copies too (their
+  // backwards' dgrad GEMMs read them; nvfp4's backward reads the forward's copies).
   explicit LowPrecisionExperts(const Config& c, bool backward = false);
   // Whether the precision quantizes the routed weights (all but bf16).
   bool quantizes() const { return fp8_block_ || nvfp4_ || mxfp8_; }

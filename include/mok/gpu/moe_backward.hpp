@@ -2,7 +2,9 @@
 // megakernel after a one-block kernel that lays out its tiles. Precision fp8_block runs the routed
 // experts' two dgrad GEMMs in E4M3 with DeepSeek-V3's block scales (d_out quantized by dispatch,
 // dg | du in the dgrad-down epilogue, the weights' transposed copies from
-// Fp8BlockExperts(c, true)) and their weight gradients from BF16 operands (docs/recipes.md). It
+// Fp8BlockExperts(c, true)) and their weight gradients from BF16 operands; mxfp8 likewise on MX
+// values (the transposed copies from Mxfp8Experts(c, true) widened exactly to BF16, d_out and
+// dg | du rounded to MX values); nvfp4 widens the forward's weights (docs/recipes.md). It
 // reads the forward's Schedule and the ForwardContext a training forward filled:
 //   MoeForward f(c);  MoeBackward b(c);  Schedule s(c);  ForwardContext ctx(c);
 //   f.schedule(batch, s, stream);
@@ -68,8 +70,9 @@ class BackwardRunner;
 class MoeBackward {
  public:
   // Throws mok::Error for configurations it does not take (ep_size != 1: EmulatedEpBackward runs
-  // an EP group on one GPU; precision mxfp8 or nvfp4; fp8_block with GateUpMode::recompute; H, I
-  // or S not multiples of 128; options out of range) and for allocation failures.
+  // an EP group on one GPU; a low precision with GateUpMode::recompute; nvfp4 or mxfp8 with
+  // block_n 256; H, I or S not multiples of 128; options out of range) and for allocation
+  // failures.
   explicit MoeBackward(const Config& c, const BackwardOptions& options = {});
   MoeBackward(const Config& c, const BackwardOptions& options, const detail::ForwardHooks& hooks);
   ~MoeBackward();
@@ -79,7 +82,7 @@ class MoeBackward {
   // The gradients of the forward that filled `context` from schedule `s` with the same batch and
   // weights, given d_out [T, H] BF16. Asynchronous on `stream`; capturable in a CUDA graph.
   // Throws mok::Error for a context or schedule of another configuration or precision, fp8_block
-  // weights without their transposed copies, a context no forward
+  // or mxfp8 weights without their transposed copies, a context no forward
   // of this schedule's current batch filled, a GateUpMode::recompute context given to a backward
   // that keeps, T other than the scheduled batch's, and pointers that are null or not 16-byte
   // aligned.

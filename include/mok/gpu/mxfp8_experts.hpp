@@ -3,7 +3,8 @@
 // and scales of quantize_mxfp8(..., {1, 32}) bit for bit), each word of four codes and the scales
 // packed as the forward widens them (mok/formats/mxfp8_widen.hpp's packed words and BF16
 // factors). Half the BF16 weights' bytes, plus 1/32 for the factors and 1/64 for the scales they
-// are packed from.
+// are packed from; the backward's transposed copies (blocks along the dgrad GEMMs' K) as much
+// again.
 #pragma once
 #include <cuda_runtime_api.h>
 
@@ -16,9 +17,9 @@ namespace mok::gpu {
 
 class Mxfp8Experts {
  public:
-  // For the rank's local experts of c. Throws mok::Error unless H and I are multiples of 64, and
-  // for allocation failures.
-  explicit Mxfp8Experts(const Config& c);
+  // For the rank's local experts of c; `backward`: the backward's transposed copies too.
+  // Throws mok::Error unless H and I are multiples of 64, and for allocation failures.
+  explicit Mxfp8Experts(const Config& c, bool backward = false);
   ~Mxfp8Experts();
   Mxfp8Experts(const Mxfp8Experts&) = delete;
   Mxfp8Experts& operator=(const Mxfp8Experts&) = delete;
@@ -32,14 +33,15 @@ class Mxfp8Experts {
   DeviceLayerWeights with(const DeviceLayerWeights& w) const;
 
  private:
-  // The quantizer's E8M0 scales of one matrix set (0 gate, 1 up, 2 down), [E, rows, cols / 32],
-  // which the factors are packed from.
+  // The quantizer's E8M0 scales of one matrix set (0 gate, 1 up, 2 down; 3-5 their transposed
+  // copies), [E, rows, cols / 32], which the factors are packed from.
   uint8_t* quantized_scales(int matrix) const;
 
   int64_t experts_, hidden_, intermediate_;
-  uint8_t* codes_ = nullptr;     // gate | up | down
-  uint8_t* scales_ = nullptr;    // the quantizer's, gate | up | down
-  uint16_t* factors_ = nullptr;  // gate | up | down
+  int sets_;                     // 3, or 6 with the backward's copies
+  uint8_t* codes_ = nullptr;     // gate | up | down (| gate_t | up_t | down_t)
+  uint8_t* scales_ = nullptr;    // the quantizer's, likewise
+  uint16_t* factors_ = nullptr;  // likewise
 };
 
 }  // namespace mok::gpu

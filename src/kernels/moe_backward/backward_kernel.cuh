@@ -25,7 +25,7 @@ namespace {
 
 // kGroup: an emulated group's shares in device memory (launch.group); kRecompute:
 // GateUpMode::recompute (BackwardProgram); kTrace: the timeline recorded; kRouted: the routed
-// dgrad tiles' weights (bf16, fp8_block or nvfp4).
+// dgrad tiles' weights (bf16, fp8_block, nvfp4 or mxfp8).
 template <int kBlockN, bool kGroup, bool kRecompute, bool kTrace, RoutedWeights kRouted>
 __global__ void __launch_bounds__(kThreads, 1)
     moe_backward_kernel(const __grid_constant__ BackwardLaunch launch) {
@@ -53,13 +53,17 @@ cudaError_t with_block_n(int block_n, F&& f) {
 }
 
 namespace {
+// The widening sets (nvfp4, mxfp8) have 128-wide tiles only.
+template <int kBlockN, RoutedWeights kRouted>
+constexpr bool kBackwardWidth =
+    kBlockN == 128 || (kRouted != RoutedWeights::nvfp4 && kRouted != RoutedWeights::mxfp8);
 // One instantiation of a set: the kernel for (group, recompute). A set without recompute
-// (fp8_block, nvfp4) has no recompute kernels, nvfp4's no 256-wide ones: nullptr.
+// (the low precisions) has no recompute kernels, the widening ones no 256-wide ones: nullptr.
 template <int kBlockN, bool kTrace, bool kGroups, RoutedWeights kRouted>
 auto backward_kernel_for(bool group, bool recompute) {
   using Kernel = void (*)(BackwardLaunch);
   constexpr bool kBf16 = kRouted == RoutedWeights::bf16;
-  if constexpr (kRouted == RoutedWeights::nvfp4 && kBlockN != 128) {
+  if constexpr (!kBackwardWidth<kBlockN, kRouted>) {
     return Kernel(nullptr);
   } else {
     if (recompute && !kBf16) return Kernel(nullptr);
@@ -71,26 +75,31 @@ auto backward_kernel_for(bool group, bool recompute) {
                      : Kernel(moe_backward_kernel<kBlockN, false, false, kTrace, kRouted>);
   }
 }
-// Its dynamic shared memory: the ring, and nvfp4's staging slots.
+// Its dynamic shared memory: the ring, and the widening sets' staging slots.
 template <int kBlockN, RoutedWeights kRouted>
 constexpr int backward_smem_bytes() {
-  if constexpr (kRouted == RoutedWeights::nvfp4 && kBlockN != 128)
+  if constexpr (!kBackwardWidth<kBlockN, kRouted>)
     return 0;
   else
     return program_smem_bytes<BackwardProgram<kBlockN, false, false, kRouted>>();
 }
-// nvfp4's two staging slots fit beside the ring and the tile table only just: ptxas counts
-// 26,176 bytes of static shared memory, the table and 1,544 bytes of barriers and queues (1,600
-// allowed here, so that a larger table fails to compile instead of to launch).
+// The two staging slots fit beside the ring and the tile table: besides the table ptxas counts
+// 1,544 bytes of static shared memory, barriers and queues (1,600 allowed here, so that a larger
+// table fails to compile instead of to launch). mxfp8's slots (8.5 KB each) fit only with the
+// table's 32-bit entries.
 static_assert(backward_smem_bytes<128, RoutedWeights::nvfp4>() + int(sizeof(BackwardTable)) +
                       1600 <=
                   232448,
               "nvfp4's backward: the ring, two staging slots and the tile table in one CTA");
+static_assert(backward_smem_bytes<128, RoutedWeights::mxfp8>() + int(sizeof(BackwardTable)) +
+                      1600 <=
+                  232448,
+              "mxfp8's backward: the ring, two staging slots and the tile table in one CTA");
 }  // namespace
 
 // A kernel set's prepare and launch (BackwardKernels). kGroups: the set has the emulated groups'
 // instantiations (the timeline's runs one rank). kRouted: the routed dgrad tiles' weights
-// (fp8_block's and nvfp4's sets have no recompute).
+// (the low precisions' sets have no recompute).
 template <bool kTrace, bool kGroups, RoutedWeights kRouted = RoutedWeights::bf16>
 cudaError_t prepare_backward_set(int block_n, int* ctas_per_sm) {
   return with_block_n(block_n, [&](auto n) {
@@ -122,7 +131,8 @@ cudaError_t launch_backward_set(const BackwardShare* shares, int ranks, Backward
     if (shares[r].params.block_n != shares[0].params.block_n ||
         shares[r].params.recompute != shares[0].params.recompute ||
         shares[r].params.fp8_block != (kRouted == RoutedWeights::fp8_block ? 1 : 0) ||
-        shares[r].params.nvfp4 != (kRouted == RoutedWeights::nvfp4 ? 1 : 0))
+        shares[r].params.nvfp4 != (kRouted == RoutedWeights::nvfp4 ? 1 : 0) ||
+        shares[r].params.mxfp8 != (kRouted == RoutedWeights::mxfp8 ? 1 : 0))
       return cudaErrorInvalidValue;
     backward_steps_kernel<<<1, 1024, 0, stream>>>(shares[r].params);
     if (ranks > 1) backward_share_copy_kernel<<<1, 128, 0, stream>>>(shares[r], group + r);

@@ -70,9 +70,13 @@ struct BackwardMaps {
   // (backward_fp8_block.cuh): A = dy_e4m3 [capacity, H] and dgu_e4m3 [capacity, 2I] (boxes of 128
   // rows), B = down_t [E * I, H] and gate_t, up_t [E * H, I] (boxes of block_n rows).
   CUtensorMap dy_k8, dgu_k8, down_t_k8, gate_t_k8, up_t_k8;
-  // nvfp4's routed dgrad B (Nvfp4MnStage, widened into MN-major tiles): the forward's packed codes
-  // [E, H, I / 2] and [E, I, H / 2] x 2 (boxes of 64 rows x block_n / 2 bytes) and their factors
-  // [E, I / 64, H / 2] and [E, H / 64, I / 2] x 2 (bytes; boxes of block_n / 64 rows x 32 bytes).
+  // The routed dgrad B of nvfp4 (Nvfp4MnStage, widened into MN-major tiles): the forward's packed
+  // codes [E, H, I / 2] and [E, I, H / 2] x 2 (boxes of 64 rows x block_n / 2 bytes) and their
+  // factors [E, I / 64, H / 2] and [E, H / 64, I / 2] x 2 (bytes; boxes of block_n / 64 rows x 32
+  // bytes). Of mxfp8 (Mxfp8Stage, K-major as the forward's): the transposed copies' codes
+  // [E, I, H] and [E, H, I] x 2 (boxes of block_n rows x 64 bytes) and factors [E, H / 64, 4 I]
+  // and [E, I / 64, 4 H] x 2 (bytes; boxes of one row x 2 block_n bytes, half a tile's rows).
+  // mxfp8's dgrad A maps (dy_k, dgu_k) read dy_mx and dgu_mx.
   CUtensorMap down_codes, gate_codes, up_codes, down_factors, gate_factors, up_factors;
 };
 enum BackwardOutput : int {
@@ -121,6 +125,11 @@ struct BackwardParams : ForwardParams {
   // (BackwardMaps' codes and factors); ForwardParams' gate_up_s_dec and down_s_dec scale their
   // accumulators.
   int nvfp4;
+  // mxfp8 (its own instantiation): the routed dgrad tiles widen the transposed MXFP8 weights, and
+  // their A rows are MX values (BF16).
+  int mxfp8;
+  __nv_bfloat16* dy_mx;   // [capacity, H]: each routed row's d_out, rounded by dispatch
+  __nv_bfloat16* dgu_mx;  // [capacity, 2I]: dg | du, rounded in the dgrad-down epilogue
 };
 
 // A backward GEMM tile's kind (BackwardWork; the timeline's TraceEvent::kind).
@@ -162,5 +171,7 @@ const BackwardKernels& production_backward_kernels();
 const BackwardKernels& fp8_block_backward_kernels();
 // nvfp4's (moe_backward_nvfp4.cu): 128-wide tiles, one rank and emulated groups, no recompute.
 const BackwardKernels& nvfp4_backward_kernels();
+// mxfp8's (moe_backward_mxfp8.cu): likewise.
+const BackwardKernels& mxfp8_backward_kernels();
 
 }  // namespace mok::kern

@@ -14,7 +14,10 @@
 //                  dW_down = d_out^T (w act), dW_gate | dW_up = [dg | du]^T x; stored or added
 // Routed dgrad tiles under fp8_block: backward_fp8_block.cuh. Under nvfp4 the B tiles are the
 // forward's NVFP4 weights widened by producer warps 2-3 into the same MN-major BF16 tiles
-// (Nvfp4MnStage), and the epilogues scale the accumulators by the per-tensor factor.
+// (Nvfp4MnStage), and the epilogues scale the accumulators by the per-tensor factor. Under mxfp8
+// they are the transposed MXFP8 copies widened into K-major tiles (Mxfp8Stage, as the forward's),
+// A is d_out and dg | du rounded to MX values (dy_mx by the dispatch, dgu_mx by the dgrad-down
+// epilogue), and the weight gradients read the unrounded BF16 rows.
 // The row movers are the forward's: dispatch copies each routed row's d_out and x rows into their
 // rings (padding rows zero) and publishes the block once; the combine sums each token's dx slots
 // and shared dx in fixed k order, then its router-weight partials in n-tile order.
@@ -22,6 +25,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/megakernel/engine.cuh"
 #include "kernels/moe_backward/backward_fp8_block.cuh"
@@ -63,6 +67,16 @@ struct DyDispatchRowsFp8Block : DyDispatchRows<kBlockN> {
   __device__ static float* ring_scales(const ForwardParams& p) { return backward(p).dy_scales; }
 };
 
+// mxfp8: the same d_out rows again, rounded to their MX values along H (mx_round_block, as the
+// forward's x) into dy_mx for the routed dgrad-down tiles; the BF16 copy stays for dW_down.
+template <int kBlockN>
+struct DyDispatchRowsMx : DyDispatchRows<kBlockN> {
+  static constexpr bool kMxRounded = true;
+  __device__ static uint4* ring(const ForwardParams& p) {
+    return reinterpret_cast<uint4*>(backward(p).dy_mx);
+  }
+};
+
 // The dispatch-backward: d_x = shared dx + sum over k of the dx slots (weights 1), then each
 // (token, k)'s router-weight gradient from its dgrad-down partials in n-tile order.
 struct BackwardCombineSums {
@@ -90,7 +104,7 @@ struct BackwardInputs {
   int loads;  // k-blocks loaded (wgrad: a staged one-block tile's second stage stays empty)
   bool wgrad, recompute;
   bool fp8;    // a routed dgrad tile of fp8_block: E4M3 K-major operands, 128 of K per stage
-  bool widen;  // a routed dgrad tile of nvfp4: B staged as codes, widened (converter_role)
+  bool widen;  // a routed dgrad tile of nvfp4 or mxfp8: B staged as codes, widened
   const uint32_t* ready;
   uint32_t needed;
   int role, timing;
@@ -126,7 +140,9 @@ __device__ __forceinline__ uint32_t load_pair(const __nv_bfloat16* at) {
 
 // The dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from row0).
 // kScaled: dA' is the accumulator times `scale` (nvfp4's per-tensor factor of the down weights).
-template <int kBlockN, bool kRecomputed, bool kScaled = false>
+// kMx (mxfp8's routed tiles): dg | du also rounded to their MX values (1x32 blocks along the row:
+// a quad of lanes holds a row's block, 8 values each) into dgu_mx, dgrad-gate/up's A.
+template <int kBlockN, bool kRecomputed, bool kScaled = false, bool kMx = false>
 __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, const BackwardWork& w,
                                                     const float (&d)[kBlockN / 2], int row0,
                                                     float scale = 1.0f) {
@@ -163,8 +179,10 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
       return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
     };
     float dot = 0.0f;
+    static_assert(!kMx || kPairs % 4 == 0, "whole 32-column blocks per chunk");
 #pragma unroll
     for (int chunk = 0; chunk < kBlockN / 8 / kPairs; ++chunk) {
+      [[maybe_unused]] float dg_v[2 * kPairs], du_v[2 * kPairs];  // kMx: the chunk's, FP32
       uint32_t a_raw[kPairs], g_raw[kPairs], u_raw[kPairs];
 #pragma unroll
       for (int jj = 0; jj < kPairs; ++jj) {
@@ -191,10 +209,33 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
         float dg0, du0, dg1, du1;
         grads(x0, g.x, u.x, dg0, du0);
         grads(x1, g.y, u.y, dg1, du1);
+        if constexpr (kMx) dg_v[2 * jj] = dg0, dg_v[2 * jj + 1] = dg1, du_v[2 * jj] = du0,
+                           du_v[2 * jj + 1] = du1;
         *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(dg0, dg1);
         *reinterpret_cast<__nv_bfloat162*>(dg_out + width + c) = __floats2bfloat162_rn(du0, du1);
         *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
             __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
+      }
+      if constexpr (kMx) {
+        __nv_bfloat16* const dg_mx = p.dgu_mx + row * 2 * width + n0;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // dg, then du
+          const float* v = half ? du_v : dg_v;
+#pragma unroll
+          for (int b = 0; b < kPairs / 4; ++b) {  // this lane's 8 values of each 32-column block
+            float block[8];
+            fmt::BlockAmax amax;
+#pragma unroll
+            for (int i = 0; i < 8; ++i) amax.add(block[i] = v[8 * b + i]);
+            fmt::mx_round_values(block, fmt::reduce_block_amax(amax, 3));
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+              const int c = 8 * (chunk * kPairs + 4 * b + jj) + f.col0;
+              *reinterpret_cast<__nv_bfloat162*>(dg_mx + half * width + c) =
+                  __floats2bfloat162_rn(block[2 * jj], block[2 * jj + 1]);
+            }
+          }
+        }
       }
     }
     // The row's kBlockN columns live in one quad: a fixed butterfly, then the quad's first lane.
@@ -373,18 +414,18 @@ __device__ __forceinline__ void wgrad_stage(const BackwardParams& p, const Backw
 // kRecompute: GateUpMode::recompute's instantiation (its recompute tiles' epilogue beside the
 // others made ptxas spill four times as much in the kernel that keeps). kTrace_: the timeline's
 // instantiation (`mok trace --direction backward`; moe_backward_trace.cu), never the library's.
-// kRouted: the routed dgrad tiles' weights: bf16, fp8_block (backward_fp8_block.cuh) or nvfp4.
+// kRouted: the routed dgrad tiles' weights: bf16, fp8_block (backward_fp8_block.cuh), nvfp4 or
+// mxfp8.
 template <int kBlockN_, bool kRecompute, bool kTrace_ = false,
           RoutedWeights kRouted = RoutedWeights::bf16>
 struct BackwardProgram {
   static constexpr bool kFp8Block = kRouted == RoutedWeights::fp8_block;
   static constexpr bool kNvfp4 = kRouted == RoutedWeights::nvfp4;
-  static_assert(kRouted != RoutedWeights::mxfp8, "no mxfp8 backward");
+  static constexpr bool kMxfp8 = kRouted == RoutedWeights::mxfp8;
   static_assert(kRouted == RoutedWeights::bf16 || !kRecompute,
-                "fp8_block and nvfp4 read the forward's kept activations");
-  // nvfp4's staging slots: beside the ring and the tile table (24 KB of static shared memory)
-  // only two slots of 128-wide tiles fit.
-  static_assert(!kNvfp4 || kBlockN_ == 128, "nvfp4: 128-wide tiles");
+                "the low precisions read the forward's kept activations");
+  // The staging slots: beside the ring and the tile table only two slots of 128-wide tiles fit.
+  static_assert(!(kNvfp4 || kMxfp8) || kBlockN_ == 128, "nvfp4, mxfp8: 128-wide tiles");
   using Params = BackwardParams;
   using Maps = BackwardMaps;
   using Work = BackwardWork;
@@ -400,9 +441,9 @@ struct BackwardProgram {
   // One wgmma group in flight in the BF16 mainloops; not beside fp8_block's promoting one, where
   // ptxas then serialised every wgmma of the kernel (C7515).
   static constexpr bool kMmaInFlight = !kFp8Block;
-  static constexpr bool kStoreWarp = true, kWidens = kNvfp4;
+  static constexpr bool kStoreWarp = true, kWidens = kNvfp4 || kMxfp8;
   static constexpr int kWidenWarps = 2, kWidenSlots = 2;  // warps 2-3, beside the store warp
-  using Staged = Nvfp4MnStage<kBlockN_>;
+  using Staged = std::conditional_t<kMxfp8, Mxfp8Stage<kBlockN_>, Nvfp4MnStage<kBlockN_>>;
   __device__ static void prepare_cta(const Params& p) {
     fill_backward_table(p);
     if (threadIdx.x == 0)
@@ -456,6 +497,10 @@ struct BackwardProgram {
       return !batch_ok(p) ||
              dispatch_role<kBlockN, DyDispatchRows<kBlockN>, DyDispatchRowsFp8Block<kBlockN>,
                            ForwardDispatchRows<kBlockN>>(p, cta, ctas);
+    else if constexpr (kMxfp8)
+      return !batch_ok(p) ||
+             dispatch_role<kBlockN, DyDispatchRows<kBlockN>, DyDispatchRowsMx<kBlockN>,
+                           ForwardDispatchRows<kBlockN>>(p, cta, ctas);
     else
       return !batch_ok(p) ||
              dispatch_role<kBlockN, DyDispatchRows<kBlockN>, ForwardDispatchRows<kBlockN>>(p, cta,
@@ -489,7 +534,7 @@ struct BackwardProgram {
     in.loads = w.k_loaded;
     in.timing = kTimeGateUpWaitsDispatch;
     in.fp8 = kFp8Block && !shared && w.dgrad();
-    in.widen = kNvfp4 && !shared && w.dgrad();
+    in.widen = kWidens && !shared && w.dgrad();
     in.expert = shared ? 0 : w.expert();
     switch (w.kind) {
       case BackwardKind::recompute:
@@ -513,7 +558,8 @@ struct BackwardProgram {
           in.a = &maps.dy_k8, in.b = &maps.down_t_k8;
           in.b_k0 = 0, in.b_mn0 = w.expert() * p.intermediate + w.n_tile * kBlockN;
         }
-        if (in.widen) {  // B = the expert's down codes, rows (K) from 0, columns n0 on
+        if (in.widen) {  // B = the expert's down codes (nvfp4: rows (K) from 0, columns n0 on;
+                         // mxfp8: down_t rows n0 on, K from 0)
           in.b = &maps.down_codes, in.b_factors = &maps.down_factors;
           in.b_k0 = 0;
         }
@@ -536,7 +582,7 @@ struct BackwardProgram {
           in.b_split = width / Fp8BlockKMajor::kBlockK;
           in.b_k0 = 0, in.b_mn0 = w.expert() * p.hidden + w.n_tile * kBlockN;
         }
-        if (in.widen) {  // B = the expert's gate codes, then its up codes, rows (K) from 0
+        if (in.widen) {  // B = the expert's gate codes, then its up codes (mxfp8: gate_t, up_t)
           in.b = &maps.gate_codes, in.b_second = &maps.up_codes;
           in.b_factors = &maps.gate_factors, in.b_second_factors = &maps.up_factors;
           in.b_k0 = 0;
@@ -574,7 +620,7 @@ struct BackwardProgram {
   __device__ static void load_stage(const Inputs& in, uint8_t* tile_a, uint8_t* tile_b,
                                     uint64_t* bar, int kb, bool) {
     if (kb >= in.loads) return;
-    if (kNvfp4 && in.widen) {  // B comes through a staging slot (load_staged)
+    if (kWidens && in.widen) {  // B comes through a staging slot (load_staged)
       Bf16MnMajorB::A::load_at<kBlockM>(tile_a, in.a, bar, kb * kBlockK, in.a_mn0);
       return;
     }
@@ -604,23 +650,39 @@ struct BackwardProgram {
                                       in.b_k0 + (second ? kb - in.b_split : kb) * kBlockK,
                                       in.b_mn0);
   }
-  // nvfp4's routed dgrad B, stage kb: the 64 weight rows (K) kb * 64 on of the expert's down codes
-  // (gate codes, then up codes from k-block b_split), columns b_mn0 on, and their factors.
+  // A routed dgrad B's stage kb: the expert's down codes (gate codes, then up codes from k-block
+  // b_split) and their factors. nvfp4: the 64 weight rows (K) kb * 64 on, columns b_mn0 on.
+  // mxfp8: the transposed copy's rows b_mn0 on, K kb * 64 on, and each half's factors (the
+  // forward's down-tile staging).
   __device__ static void load_staged(const Inputs& in, uint8_t* slot, uint64_t* bar, int kb) {
     const bool second = kb >= in.b_split;
     const int k0 = (second ? kb - in.b_split : kb) * kBlockK;
-    dev::tma_load_3d(slot, second ? in.b_second : in.b, bar, in.b_mn0 / 2, k0, in.expert);
-    dev::tma_load_3d(slot + Staged::kCodeBytes, second ? in.b_second_factors : in.b_factors, bar,
-                     Staged::factor_x(k0), in.b_mn0 / kBlockK, in.expert);
+    const CUtensorMap* codes = second ? in.b_second : in.b;
+    const CUtensorMap* factors = second ? in.b_second_factors : in.b_factors;
+    if constexpr (kMxfp8) {
+      constexpr int kHalf = kBlockN / 2;
+      dev::tma_load_3d(slot, codes, bar, k0, in.b_mn0, in.expert);
+      dev::tma_load_3d(slot + Staged::factor_offset(0, 0), factors, bar,
+                       Staged::factor_x(in.b_mn0), k0 / kBlockK, in.expert);
+      dev::tma_load_3d(slot + Staged::factor_offset(kHalf, 0), factors, bar,
+                       Staged::factor_x(in.b_mn0 + kHalf), k0 / kBlockK, in.expert);
+    } else {
+      dev::tma_load_3d(slot, codes, bar, in.b_mn0 / 2, k0, in.expert);
+      dev::tma_load_3d(slot + Staged::kCodeBytes, factors, bar, Staged::factor_x(k0),
+                       in.b_mn0 / kBlockK, in.expert);
+    }
   }
   __device__ static void widen_stage(const Inputs&, const uint8_t* slot, uint8_t* tile_b, int warp,
                                      int lane) {
-    widen_tile_mn<Staged, kWidenWarps>(slot, tile_b, warp, lane);
+    if constexpr (kMxfp8)
+      widen_tile<Staged, kWidenWarps>(slot, tile_b, warp, lane);
+    else
+      widen_tile_mn<Staged, kWidenWarps>(slot, tile_b, warp, lane);
   }
 
-  // recompute: both K-major; dgrad: B MN-major; wgrad: both MN-major (a unit without rows: no
-  // k-blocks, d untouched, its epilogue stores zeros). One wgmma group in flight (every operand
-  // comes by TMA).
+  // recompute: both K-major; dgrad: B MN-major (mxfp8's routed ones: K-major, the transposed
+  // copies); wgrad: both MN-major (a unit without rows: no k-blocks, d untouched, its epilogue
+  // stores zeros). One wgmma group in flight (every operand comes by TMA).
   template <class Times>
   __device__ static bool mainloop(float (&d)[kBlockN / 2], const SmemRing<kBlockN>& ring,
                                   dev::RingCursor<TileShape<kBlockN>::kStages>& cursor,
@@ -638,6 +700,11 @@ struct BackwardProgram {
                                            backward_tile_scales<kBlockN>(p, w, wg), times.timer.on,
                                            &times.starved, &times.starved_first);
       }
+    if constexpr (kMxfp8)
+      if (w.dgrad() && !w.shared())
+        return mma_tile<kBlockN, kMmaInFlight, true>(d, ring, cursor, w.k_blocks, wg,
+                                                     p.wait_cycles, times.timer.on, &times.starved,
+                                                     false, &times.starved_first);
     if (w.dgrad()) {
       const SmemRing<kBlockN, Bf16MnMajorB> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
       return mma_tile<kBlockN, kMmaInFlight, true, Bf16MnMajorB>(
@@ -680,6 +747,8 @@ struct BackwardProgram {
         else if (kNvfp4 && !w.shared())
           dgrad_down_epilogue<kBlockN, false, true>(
               p, w, d, row0, __ldg(p.down_s_dec + w.expert()) * fmt::kNvfp4WidenUnscale);
+        else if (kMxfp8 && !w.shared())
+          dgrad_down_epilogue<kBlockN, false, false, true>(p, w, d, row0);
         else
           dgrad_down_epilogue<kBlockN, kRecompute>(p, w, d, row0);
         publish_dgrad_down(p, w, wg);

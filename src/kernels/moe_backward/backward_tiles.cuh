@@ -132,13 +132,19 @@ __device__ __forceinline__ int64_t backward_step_tiles(const BackwardParams& p, 
 // steps was a chain of L2 round trips per tile).
 constexpr int kMaxBackwardUnits = 1 + 512;                // Config::validate: at most 512 experts
 constexpr int kMaxBackwardSteps = 4 * kMaxBackwardUnits;  // units + 3L with L < units
+// 32-bit: the host keeps every backward's tile count below 2^31 (BackwardRunner), and with the
+// staging slots of mxfp8 the table must fit in 16 KB beside the ring.
 struct BackwardUnitRow {
-  int32_t first_block, blocks, rows, width;
+  int32_t first_block, blocks, rows;  // the width: unit_width
 };
 struct BackwardTable {
-  int64_t step_begin[kMaxBackwardSteps + 1];
+  int32_t step_begin[kMaxBackwardSteps + 1];
   BackwardUnitRow units[kMaxBackwardUnits];
 };
+static_assert(sizeof(BackwardTable) <= 16 * 1024, "the tile table beside the ring");
+__device__ __forceinline__ int unit_width(const ForwardParams& p, int u) {
+  return u == 0 ? p.shared_width : p.intermediate;
+}
 __device__ __forceinline__ BackwardTable& backward_table() {
   __shared__ BackwardTable table;
   return table;
@@ -147,10 +153,10 @@ __device__ __forceinline__ void fill_backward_table(const BackwardParams& p) {
   BackwardTable& t = backward_table();
   const int units = backward_units(p);
   for (int i = int(threadIdx.x); i <= backward_steps(p, p.lag); i += int(blockDim.x))
-    t.step_begin[i] = p.step_begin[i];
+    t.step_begin[i] = int32_t(p.step_begin[i]);
   for (int u = int(threadIdx.x); u < units; u += int(blockDim.x)) {
     const BackwardUnit b = backward_unit(p, u);
-    t.units[u] = {int32_t(b.first_block), int32_t(b.blocks), int32_t(b.rows), b.width};
+    t.units[u] = {int32_t(b.first_block), int32_t(b.blocks), int32_t(b.rows)};
   }
 }
 
@@ -184,13 +190,14 @@ struct BackwardTiles {
     auto row_block_tile = [&](BackwardKind kind, int ui) {
       if (ui < 0) return false;
       const BackwardUnitRow& u = unit(ui);
-      const int n_tiles = kind == BackwardKind::recompute    ? 2 * u.width / p.block_n
-                          : kind == BackwardKind::dgrad_down ? u.width / p.block_n
+      const int width = unit_width(p, ui);
+      const int n_tiles = kind == BackwardKind::recompute    ? 2 * width / p.block_n
+                          : kind == BackwardKind::dgrad_down ? width / p.block_n
                                                              : n_h;
       // fp8_block's routed dgrad tiles take 128 of K per stage (E4M3: the same bytes).
       const int k_block = kFp8Block && ui != 0 && kind != BackwardKind::recompute ? 128 : kBlockK;
       const int k_blocks =
-          kind == BackwardKind::dgrad_gate_up ? 2 * u.width / k_block : p.hidden / k_block;
+          kind == BackwardKind::dgrad_gate_up ? 2 * width / k_block : p.hidden / k_block;
       if (i >= int64_t(u.blocks) * n_tiles) {
         i -= int64_t(u.blocks) * n_tiles;
         return false;
@@ -208,7 +215,7 @@ struct BackwardTiles {
       return w;
     const int unit_index = backward_step_unit<kKindWgrad>(p, lo, kRecompute);
     const BackwardUnitRow& u = unit(unit_index);
-    const int n_w = u.width / p.block_n;
+    const int n_w = unit_width(p, unit_index) / p.block_n;
     // A benchmark's variant without the weight-gradient work: its tiles load and multiply nothing.
     const int k_loaded = p.profile_flags & kProfileNoWgrad ? 0 : (u.rows + kBlockK - 1) / kBlockK;
     // A staged tile (BF16) holds two stages for its output: one k-block takes an empty second.

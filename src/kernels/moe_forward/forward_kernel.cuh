@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(kThreads, 1)
                  kFp8ProducerRegs, kFp8ConsumerRegs, kGroup>(launch);
 }
 
-// The routed experts' weights in NVFP4 (256-wide tiles; inference or training) or MXFP8 (128-wide,
-// inference), widened by the producer warps: the consumers keep the BF16 forward's 200 registers;
+// The routed experts' weights in NVFP4 (256-wide tiles) or MXFP8 (128-wide; both inference or
+// training), widened by the producer warps: the consumers keep the BF16 forward's 200 registers;
 // the producer warpgroup, whose warps now also widen, gets the rest (at 96 nvfp4's spilled 20
 // bytes).
 constexpr int kWidenProducerRegs = 104;
@@ -105,9 +105,10 @@ bool with_production_variant(const ForwardKernel& k, F&& f) {
                    : f(ForwardVariant<256, true, false, 0, kGroup, RoutedWeights::nvfp4>{});
     return true;
   }
-  if (k.routed == RoutedWeights::mxfp8) {  // 128-wide tiles, a group in flight, inference
-    if (k.block_n != 128 || !k.mma_in_flight || k.keep_gate_up) return false;
-    f(ForwardVariant<128, true, false, 0, kGroup, RoutedWeights::mxfp8>{});
+  if (k.routed == RoutedWeights::mxfp8) {  // 128-wide tiles, a group in flight
+    if (k.block_n != 128 || !k.mma_in_flight) return false;
+    k.keep_gate_up ? f(ForwardVariant<128, true, true, 0, kGroup, RoutedWeights::mxfp8>{})
+                   : f(ForwardVariant<128, true, false, 0, kGroup, RoutedWeights::mxfp8>{});
     return true;
   }
   auto pick = [&](auto block_n) {

@@ -188,8 +188,8 @@ struct ForwardProgram {
                 "fp8_block: 256-wide tiles (one 1x128 block per gate/up row), promotion after "
                 "every k-block");
   static_assert(!kNvfp4 || (kBlockN_ == 256 && kProbe == 0), "nvfp4: 256-wide tiles");
-  static_assert(!kMxfp8 || (kBlockN_ == 128 && !kKeepGateUp && kProbe == 0),
-                "mxfp8: 128-wide tiles (their staging slots fit beside the ring), inference");
+  static_assert(!kMxfp8 || (kBlockN_ == 128 && kProbe == 0),
+                "mxfp8: 128-wide tiles (their staging slots fit beside the ring)");
   using Params = ForwardParams;
   using Maps = ForwardMaps;
   using Work = TileWork;

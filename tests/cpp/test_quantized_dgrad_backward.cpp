@@ -1,8 +1,9 @@
-// The fp8_block training recipe of the CPU reference (docs/recipes.md), as the GPU backward
-// computes it: d_out quantized unweighted in 1x128 blocks for the dgrad GEMM, the routing weight's
-// gradient <d_out_q down_q, act_q>, and the weight gradients from BF16 operands with d_down's B
-// operand w * act_q. Each expected value is recomputed here from the public quantizers
-// (mok/formats.hpp), not from the reference's row math; the other recipes keep <d_out, y>.
+// The training recipe of the CPU reference that quantizes the dgrad GEMMs only (fp8_block and
+// mxfp8; docs/recipes.md), as the GPU backwards compute it: d_out quantized unweighted in the
+// recipe's blocks along H (1x128, 1x32) for the dgrad GEMM, the routing weight's gradient
+// <d_out_q down_q, act_q>, and the weight gradients from BF16 operands with d_down's B operand
+// w * act_q. Each expected value is recomputed here from the public quantizers
+// (mok/formats.hpp), not from the reference's row math; bf16 and nvfp4 keep <d_out, y>.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -123,7 +124,7 @@ Row row(const Layer& l, const Expert& m, OperandQuant q, int64_t t, int64_t k) {
   for (int64_t h = 0; h < H; ++h) dw_y += r.dout[size_t(h)] * r.y[size_t(h)];
   r.d_weight_of_y = f32(dw_y);
 
-  // fp8_block's backward: d_out unweighted, 1x128 blocks along H.
+  // The backward: d_out unweighted, the recipe's blocks along H.
   const std::vector<double> dq = qdq(q, r.dout.data(), 1, H, act);
   double dw = 0;
   for (int64_t i = 0; i < I; ++i) {
@@ -152,47 +153,20 @@ std::vector<int64_t> slots_of(const Layer& l, int e) {
   return s;
 }
 
-}  // namespace
-
-// d_topk_weights[t, k] = <q(d_out[t]) down_q, act_q>: the dgrad GEMM's accumulator against the
-// forward's quantized activation, not <d_out, y> (which differs by the FP8 roundings).
-TEST(Fp8BlockBackward, RoutingWeightGradientIsTheDgradAccumulatorDotTheQuantizedActivation) {
-  const Layer l = small_layer();
+// The weight gradients of experts 0 and 3 under recipe q against sums of BF16 operands.
+void weight_gradients_use_bf16_operands(const Layer& l, OperandQuant q) {
   ReferenceOptions o;
-  o.quant = OperandQuant::fp8_block;
-  const Result got = run(l, o);
-  const int64_t K = l.c.top_k;
-  int checked = 0;
-  for (int64_t t : {0, 7, 13, 19}) {
-    for (int64_t k = 0; k < K; ++k) {
-      const int e = l.b.topk_ids[size_t(t * K + k)];
-      const Row r = row(l, expert(l, e, OperandQuant::fp8_block), OperandQuant::fp8_block, t, k);
-      const double dw = got.g.d_topk_weights[size_t(t * K + k)];
-      expect_close(dw, r.d_weight, 1e-12, "d_topk_weights");
-      // The old rule is far from it: the test tells the two apart.
-      EXPECT_GT(std::fabs(dw - r.d_weight_of_y), 1e-6 * std::fabs(r.d_weight)) << t << ", " << k;
-      ++checked;
-    }
-  }
-  EXPECT_EQ(checked, 8);
-}
-
-// d_down = sum over the expert's rows of bf16(d_out)^T bf16(w * act_q); d_gate, d_up = sums of
-// bf16(dg)^T bf16(x), bf16(du)^T bf16(x): BF16 operands, not 128x1 FP8 blocks along tokens.
-TEST(Fp8BlockBackward, WeightGradientsUseBf16OperandsAndTheWeightedQuantizedActivation) {
-  const Layer l = small_layer();
-  ReferenceOptions o;
-  o.quant = OperandQuant::fp8_block;
+  o.quant = q;
   const Result got = run(l, o);
   const int64_t H = l.c.hidden, I = l.c.intermediate, K = l.c.top_k;
   for (int e : {0, 3}) {
     const std::vector<int64_t> slots = slots_of(l, e);
     ASSERT_GE(slots.size(), 2u) << "expert " << e;
-    const Expert m = expert(l, e, OperandQuant::fp8_block);
+    const Expert m = expert(l, e, q);
     std::vector<double> d_down(size_t(H * I), 0.0), d_gate(size_t(I * H), 0.0),
         d_up(size_t(I * H), 0.0);
     for (int64_t s : slots) {  // (token, k) order, as the reference sums
-      const Row r = row(l, m, OperandQuant::fp8_block, s / K, s % K);
+      const Row r = row(l, m, q, s / K, s % K);
       for (int64_t h = 0; h < H; ++h)
         for (int64_t i = 0; i < I; ++i)
           d_down[size_t(h * I + i)] +=
@@ -219,41 +193,85 @@ TEST(Fp8BlockBackward, WeightGradientsUseBf16OperandsAndTheWeightedQuantizedActi
   }
 }
 
-// Every output and gradient within FP8's bound of the unquantized FP64 reference (compare.hpp),
-// and really quantized.
-TEST(Fp8BlockBackward, GradientsStayWithinTheFp8BoundOfFp64) {
+constexpr OperandQuant kRecipes[] = {OperandQuant::fp8_block, OperandQuant::mxfp8};
+
+}  // namespace
+
+// d_topk_weights[t, k] = <q(d_out[t]) down_q, act_q>: the dgrad GEMM's accumulator against the
+// forward's quantized activation, not <d_out, y> (which differs by the FP8 roundings).
+TEST(QuantizedDgradBackward, RoutingWeightGradientIsTheDgradAccumulatorDotTheQuantizedActivation) {
   const Layer l = small_layer();
-  ReferenceOptions fp64, fp8;
-  fp64.numerics = Numerics::fp64;
-  fp8.quant = OperandQuant::fp8_block;
-  const Result exact = run(l, fp64), got = run(l, fp8);
-  const LayerParams &d = got.g.d_params, &e = exact.g.d_params;
-  const struct {
-    const char* name;
-    const std::vector<double>*got, *want;
-    bool bf16_only;  // the shared experts stay BF16
-  } all[] = {{"out", &got.out, &exact.out, false},
-             {"d_x", &got.g.d_x, &exact.g.d_x, false},
-             {"d_topk_weights", &got.g.d_topk_weights, &exact.g.d_topk_weights, false},
-             {"d_shared_gate", &d.shared_gate, &e.shared_gate, true},
-             {"d_shared_up", &d.shared_up, &e.shared_up, true},
-             {"d_shared_down", &d.shared_down, &e.shared_down, true},
-             {"d_gate", &d.gate, &e.gate, false},
-             {"d_up", &d.up, &e.up, false},
-             {"d_down", &d.down, &e.down, false}};
-  for (const auto& t : all) {
-    const double err = relative_l2_error(*t.got, *t.want);
-    EXPECT_LE(err, relative_error_bound(OperandQuant::fp8_block)) << t.name;
-    EXPECT_GT(err, t.bf16_only ? 1e-4 : 5e-3) << t.name << " looks unquantized";
+  for (const OperandQuant q : kRecipes) {
+    ReferenceOptions o;
+    o.quant = q;
+    const Result got = run(l, o);
+    const int64_t K = l.c.top_k;
+    int checked = 0;
+    for (int64_t t : {0, 7, 13, 19}) {
+      for (int64_t k = 0; k < K; ++k) {
+        const int e = l.b.topk_ids[size_t(t * K + k)];
+        const Row r = row(l, expert(l, e, q), q, t, k);
+        const double dw = got.g.d_topk_weights[size_t(t * K + k)];
+        expect_close(dw, r.d_weight, 1e-12, operand_quant_name(q));
+        // The other rule is far from it: the test tells the two apart.
+        EXPECT_GT(std::fabs(dw - r.d_weight_of_y), 1e-6 * std::fabs(r.d_weight))
+            << operand_quant_name(q) << " " << t << ", " << k;
+        ++checked;
+      }
+    }
+    EXPECT_EQ(checked, 8);
   }
 }
 
-// The other recipes keep the routing weight's gradient <d_out, y> (the reference's outputs of
-// bf16, mxfp8, nvfp4 and none do not change with fp8_block's recipe).
-TEST(Fp8BlockBackward, OtherRecipesKeepTheRoutingWeightGradientOfTheExpertOutput) {
+// d_down = sum over the expert's rows of bf16(d_out)^T bf16(w * act_q); d_gate, d_up = sums of
+// bf16(dg)^T bf16(x), bf16(du)^T bf16(x): BF16 operands, not the recipe's blocks along tokens.
+TEST(QuantizedDgradBackward, WeightGradientsUseBf16OperandsAndTheWeightedQuantizedActivation) {
+  const Layer l = small_layer();
+  for (const OperandQuant q : kRecipes) {
+    SCOPED_TRACE(operand_quant_name(q));
+    weight_gradients_use_bf16_operands(l, q);
+  }
+}
+
+// Every output and gradient within FP8's bound of the unquantized FP64 reference (compare.hpp),
+// and really quantized.
+TEST(QuantizedDgradBackward, GradientsStayWithinTheFp8BoundOfFp64) {
+  const Layer l = small_layer();
+  ReferenceOptions fp64;
+  fp64.numerics = Numerics::fp64;
+  const Result exact = run(l, fp64);
+  for (const OperandQuant q : kRecipes) {
+    ReferenceOptions fp8;
+    fp8.quant = q;
+    const Result got = run(l, fp8);
+    const LayerParams &d = got.g.d_params, &e = exact.g.d_params;
+    const struct {
+      const char* name;
+      const std::vector<double>*got, *want;
+      bool bf16_only;  // the shared experts stay BF16
+    } all[] = {{"out", &got.out, &exact.out, false},
+               {"d_x", &got.g.d_x, &exact.g.d_x, false},
+               {"d_topk_weights", &got.g.d_topk_weights, &exact.g.d_topk_weights, false},
+               {"d_shared_gate", &d.shared_gate, &e.shared_gate, true},
+               {"d_shared_up", &d.shared_up, &e.shared_up, true},
+               {"d_shared_down", &d.shared_down, &e.shared_down, true},
+               {"d_gate", &d.gate, &e.gate, false},
+               {"d_up", &d.up, &e.up, false},
+               {"d_down", &d.down, &e.down, false}};
+    for (const auto& t : all) {
+      const double err = relative_l2_error(*t.got, *t.want);
+      EXPECT_LE(err, relative_error_bound(q)) << operand_quant_name(q) << " " << t.name;
+      EXPECT_GT(err, t.bf16_only ? 1e-4 : 5e-3)
+          << operand_quant_name(q) << " " << t.name << " looks unquantized";
+    }
+  }
+}
+
+// BF16 keeps the routing weight's gradient <d_out, y> (as nvfp4 and none do).
+TEST(QuantizedDgradBackward, Bf16KeepsTheRoutingWeightGradientOfTheExpertOutput) {
   const Layer l = small_layer();
   const int64_t K = l.c.top_k;
-  for (OperandQuant q : {OperandQuant::bf16, OperandQuant::mxfp8}) {
+  for (OperandQuant q : {OperandQuant::bf16}) {
     ReferenceOptions o;
     o.quant = q;
     const Result got = run(l, o);
