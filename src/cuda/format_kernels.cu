@@ -219,8 +219,8 @@ __global__ void mxfp8_weights_transposed_kernel(const __nv_bfloat16* x, int64_t 
   const int64_t per_matrix = cols * (rows / 32);
   const int64_t b = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (b >= batches * per_matrix) return;
-  const int64_t batch = b / per_matrix, o = b % per_matrix % cols,
-                block = b % per_matrix / cols, i0 = block * 32;
+  const int64_t batch = b / per_matrix, o = b % per_matrix % cols, block = b % per_matrix / cols,
+                i0 = block * 32;
   const __nv_bfloat16* in = x + batch * rows * cols;
   float v[32];
   fmt::BlockAmax a;

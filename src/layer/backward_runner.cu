@@ -222,13 +222,27 @@ void BackwardRunner::allocate(RankBackward& r) {
 
 void BackwardRunner::release() {
   for (RankBackward& r : ranks_) {
-    for (void* p :
-         {(void*)r.dy_routed, (void*)r.x_routed, (void*)r.dgu, (void*)r.act_scaled,
-          (void*)r.dgu_shared, (void*)r.act_shared_copy, (void*)r.dx_slots, (void*)r.dx_shared,
-          (void*)r.dw_partial, (void*)r.act, (void*)r.gate_up, (void*)r.act_shared,
-          (void*)r.gate_up_shared, (void*)r.step_begin, (void*)r.counters, (void*)r.dy_e4m3,
-          (void*)r.dy_scales, (void*)r.dgu_e4m3, (void*)r.dgu_scales, (void*)r.dy_mx,
-          (void*)r.dgu_mx})
+    for (void* p : {(void*)r.dy_routed,
+                    (void*)r.x_routed,
+                    (void*)r.dgu,
+                    (void*)r.act_scaled,
+                    (void*)r.dgu_shared,
+                    (void*)r.act_shared_copy,
+                    (void*)r.dx_slots,
+                    (void*)r.dx_shared,
+                    (void*)r.dw_partial,
+                    (void*)r.act,
+                    (void*)r.gate_up,
+                    (void*)r.act_shared,
+                    (void*)r.gate_up_shared,
+                    (void*)r.step_begin,
+                    (void*)r.counters,
+                    (void*)r.dy_e4m3,
+                    (void*)r.dy_scales,
+                    (void*)r.dgu_e4m3,
+                    (void*)r.dgu_scales,
+                    (void*)r.dy_mx,
+                    (void*)r.dgu_mx})
       cudaFree(p);
     r = RankBackward{};
   }
@@ -361,7 +375,7 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
     m.down_factors = dev::make_byte_map_3d(q.down_factors, El, I / 64, H / 2, 32, stages);
     m.gate_factors = dev::make_byte_map_3d(q.gate_factors, El, H / 64, I / 2, 32, stages);
     m.up_factors = dev::make_byte_map_3d(q.up_factors, El, H / 64, I / 2, 32, stages);
-    m.down_mn = m.gate_mn = m.up_mn = m.dy_mn;  // never read: every routed dgrad tile widens
+    m.down_mn = m.gate_mn = m.up_mn = m.dy_mn;   // never read: every routed dgrad tile widens
   } else if (c.precision == Precision::mxfp8) {  // the transposed copies, widened K-major
     const Mxfp8Weights& q = wt.mxfp8;
     const uint32_t bn = uint32_t(block_n), k_bytes = uint32_t(fmt::kMxfp8WidenK);

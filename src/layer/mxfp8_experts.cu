@@ -103,10 +103,9 @@ void Mxfp8Experts::quantize(const DeviceLayerWeights& w, cudaStream_t stream) {
   for (int m = 0; m < sets_; ++m) {
     const auto& part = parts[m];
     uint8_t* scales = quantized_scales(m);
-    detail::check_cuda(quantize_mxfp8_weights_packed(part.from, experts_, part.rows, part.cols,
-                                                     MxScaleRule::rceil, part.transposed,
-                                                     const_cast<uint8_t*>(part.codes), scales,
-                                                     stream),
+    detail::check_cuda(quantize_mxfp8_weights_packed(
+                           part.from, experts_, part.rows, part.cols, MxScaleRule::rceil,
+                           part.transposed, const_cast<uint8_t*>(part.codes), scales, stream),
                        "quantizing the expert weights to mxfp8");
     const int64_t rows = part.transposed ? part.cols : part.rows,
                   cols = part.transposed ? part.rows : part.cols;

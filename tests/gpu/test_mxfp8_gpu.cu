@@ -2,11 +2,11 @@
 // 32 along K, widened exactly to BF16 in shared memory; x and the activations rounded to their MX
 // values by the dispatch copy and the gate/up epilogue; BF16 wgmma on those exact values, FP32
 // accumulation): the widening is exact for every code and scale; Mxfp8Experts packs the host
-// quantizer's codes and scales (the backward's transposed copies too); dispatch writes the CPU's MX values of every routed row; the
-// forward matches the quantized CPU reference (the same operand quantization, FP64 math) within
-// its bound on odd shapes and routings, outputs poisoned first; its bits repeat under dispatch
-// delays and at EP 2 and 4 (emulated groups); and the configurations it does not take are clear
-// errors.
+// quantizer's codes and scales (the backward's transposed copies too); dispatch writes the CPU's MX
+// values of every routed row; the forward matches the quantized CPU reference (the same operand
+// quantization, FP64 math) within its bound on odd shapes and routings, outputs poisoned first; its
+// bits repeat under dispatch delays and at EP 2 and 4 (emulated groups); and the configurations it
+// does not take are clear errors.
 #include <cmath>
 #include <cstring>
 

@@ -55,8 +55,8 @@ cudaError_t with_block_n(int block_n, F&& f) {
 namespace {
 // The widening sets (nvfp4, mxfp8) have 128-wide tiles only.
 template <int kBlockN, RoutedWeights kRouted>
-constexpr bool kBackwardWidth =
-    kBlockN == 128 || (kRouted != RoutedWeights::nvfp4 && kRouted != RoutedWeights::mxfp8);
+constexpr bool kBackwardWidth = kBlockN == 128 || (kRouted != RoutedWeights::nvfp4 &&
+                                                   kRouted != RoutedWeights::mxfp8);
 // One instantiation of a set: the kernel for (group, recompute). A set without recompute
 // (the low precisions) has no recompute kernels, the widening ones no 256-wide ones: nullptr.
 template <int kBlockN, bool kTrace, bool kGroups, RoutedWeights kRouted>

@@ -209,8 +209,8 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
         float dg0, du0, dg1, du1;
         grads(x0, g.x, u.x, dg0, du0);
         grads(x1, g.y, u.y, dg1, du1);
-        if constexpr (kMx) dg_v[2 * jj] = dg0, dg_v[2 * jj + 1] = dg1, du_v[2 * jj] = du0,
-                           du_v[2 * jj + 1] = du1;
+        if constexpr (kMx)
+          dg_v[2 * jj] = dg0, dg_v[2 * jj + 1] = dg1, du_v[2 * jj] = du0, du_v[2 * jj + 1] = du1;
         *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(dg0, dg1);
         *reinterpret_cast<__nv_bfloat162*>(dg_out + width + c) = __floats2bfloat162_rn(du0, du1);
         *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
@@ -662,8 +662,8 @@ struct BackwardProgram {
     if constexpr (kMxfp8) {
       constexpr int kHalf = kBlockN / 2;
       dev::tma_load_3d(slot, codes, bar, k0, in.b_mn0, in.expert);
-      dev::tma_load_3d(slot + Staged::factor_offset(0, 0), factors, bar,
-                       Staged::factor_x(in.b_mn0), k0 / kBlockK, in.expert);
+      dev::tma_load_3d(slot + Staged::factor_offset(0, 0), factors, bar, Staged::factor_x(in.b_mn0),
+                       k0 / kBlockK, in.expert);
       dev::tma_load_3d(slot + Staged::factor_offset(kHalf, 0), factors, bar,
                        Staged::factor_x(in.b_mn0 + kHalf), k0 / kBlockK, in.expert);
     } else {
@@ -702,9 +702,9 @@ struct BackwardProgram {
       }
     if constexpr (kMxfp8)
       if (w.dgrad() && !w.shared())
-        return mma_tile<kBlockN, kMmaInFlight, true>(d, ring, cursor, w.k_blocks, wg,
-                                                     p.wait_cycles, times.timer.on, &times.starved,
-                                                     false, &times.starved_first);
+        return mma_tile<kBlockN, kMmaInFlight, true>(d, ring, cursor, w.k_blocks, wg, p.wait_cycles,
+                                                     times.timer.on, &times.starved, false,
+                                                     &times.starved_first);
     if (w.dgrad()) {
       const SmemRing<kBlockN, Bf16MnMajorB> r{ring.tiles_a, ring.tiles_b, ring.full, ring.empty};
       return mma_tile<kBlockN, kMmaInFlight, true, Bf16MnMajorB>(
