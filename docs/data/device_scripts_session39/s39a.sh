@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Session 39, one GPU (carry [".device"]): the mxfp8 backward's suite (new), the suites its
-# changes touch (the mxfp8 forward and its quantizer, every backward: the tile table's entries
-# went 32-bit), those session 38 did not reach (Fp8BlockBackwardGpu, MegakernelFuzzGpu) or
-# changed (BackwardSampledGpu, MoeBackwardGpu); then `mok bench --precision` on every standard
-# shape, forward and backward: speed beside BF16 and the distance of each from the exact layer.
+# Session 39, one GPU (carry [".device"], with googletest and .device/pylib: pip install --target
+# .device/pylib nanobind pytest): the mxfp8 backward's suite (new), the suites its changes touch
+# (the mxfp8 forward and its quantizer, every backward: the tile table's entries went 32-bit),
+# those session 38 did not reach (Fp8BlockBackwardGpu, MegakernelFuzzGpu) or changed
+# (BackwardSampledGpu, MoeBackwardGpu), and the PyTorch layer's low-precision tests (mxfp8 now
+# trains). s39b.sh: the benchmarks.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
@@ -30,14 +31,10 @@ run sampled_backward 200 $b/test_backward_sampled_gpu
 [ $(el) -lt $(( limit - 150 )) ] && run fuzz 120 $b/test_megakernel_fuzz_gpu
 echo "tests $(el)s"
 grep -h "^\[ mxfp8 backward \]" $log | cut -c1-200
-mok=build-gpu/mok
-bench() {  # direction precision
-  [ $(el) -gt $(( limit - 60 )) ] && return
-  echo "--- $1 $2 $(el)s" | tee -a $log
-  timeout $(( limit - 15 - $(el) )) $mok bench --precision $2 --direction $1 --iterations 10 >> $log 2>&1
-  echo "rc=$?" >> $log
-}
-for p in ${BENCH:-mxfp8 fp8_block nvfp4}; do bench backward $p; done
-for p in ${BENCH_FWD:-}; do bench forward $p; done
+r=$PWD
+bash scripts/gpu_build_python.sh > $OUT/py_build.log 2>&1 || { head -30 $OUT/py_build.log; exit 1; }
+echo "python build $(el)s"
+(cd /tmp && PYTHONPATH=$r/build-py/python:$r/.device/pylib timeout $(( limit - 10 - $(el) )) \
+  python3 -m pytest -q -W ignore::RuntimeWarning -p no:cacheprovider --tb=short \
+  -k "low_precision or micro_batches or opcheck" $r/tests/python/test_torch_moe.py 2>&1 | tail -8)
 echo "end $(el)s"
-grep -E "^\| |^---" $log | cut -c1-330
