@@ -26,15 +26,16 @@ struct Layer {
   std::vector<double> d_out;
 };
 
-// H = I = 256 (two 1x128 blocks per row), 4 experts, top-2, one shared expert, 20 tokens.
-Layer small_layer() {
+// H = I = 256 (two 1x128 blocks per row), 4 experts, top-2, one shared expert (or none), 20
+// tokens.
+Layer small_layer(int shared = 1) {
   Layer l;
   Config& c = l.c;
   c.hidden = 256;
   c.intermediate = 256;
   c.num_experts = 4;
   c.top_k = 2;
-  c.num_shared_experts = 1;
+  c.num_shared_experts = shared;
   c.shared_intermediate = 256;
   c.max_tokens_per_rank = 64;
   l.p = tools::random_params(c, 31);
@@ -70,11 +71,12 @@ std::vector<double> qdq(OperandQuant q, const double* v, int64_t rows, int64_t c
 }
 
 // One expert's weights as the forward and the dgrad GEMMs read them, and one routed row's forward
-// and fp8_block backward, recomputed from the quantizers (FP64 sums, FP32 storage).
+// and backward, recomputed from the quantizers (FP64 sums, FP32 storage).
 struct Expert {
   int64_t H, I;
-  std::vector<double> gate, up, down;  // dequantized: [I, H], [I, H], [H, I]
-  std::vector<double> down_bwd;        // [H, I], blocks for the contraction over H
+  std::vector<double> gate, up, down;    // dequantized: [I, H], [I, H], [H, I]
+  std::vector<double> down_bwd;          // [H, I], blocks for the contraction over H
+  std::vector<double> gate_bwd, up_bwd;  // [I, H], blocks for the contraction over I
 };
 Expert expert(const Layer& l, int e, OperandQuant q) {
   const int64_t H = l.c.hidden, I = l.c.intermediate;
@@ -88,12 +90,15 @@ Expert expert(const Layer& l, int e, OperandQuant q) {
           qdq(q, &l.p.gate[off], I, H, fwd),
           qdq(q, &l.p.up[off], I, H, fwd),
           qdq(q, &l.p.down[off], H, I, fwd),
-          qdq(q, &l.p.down[off], H, I, bwd)};
+          qdq(q, &l.p.down[off], H, I, bwd),
+          qdq(q, &l.p.gate[off], I, H, bwd),
+          qdq(q, &l.p.up[off], I, H, bwd)};
 }
 
 struct Row {
   std::vector<double> g, u, aq, y;  // forward: projections, the quantized activation, y
   std::vector<double> dout, da_raw, dg, du;
+  std::vector<double> dx;  // gate_bwd^T q(dg) + up_bwd^T q(du), dg and du in their row blocks
   double weight = 0, d_weight = 0, d_weight_of_y = 0;
 };
 Row row(const Layer& l, const Expert& m, OperandQuant q, int64_t t, int64_t k) {
@@ -138,6 +143,14 @@ Row row(const Layer& l, const Expert& m, OperandQuant q, int64_t t, int64_t k) {
     r.du.push_back(f32(da * g * sg));
   }
   r.d_weight = f32(dw);
+  const std::vector<double> dgq = qdq(q, r.dg.data(), 1, I, act),
+                            duq = qdq(q, r.du.data(), 1, I, act);
+  std::vector<double> dx(size_t(H), 0.0);  // per h over the gate rows, then the up rows
+  for (int64_t i = 0; i < I; ++i)
+    for (int64_t h = 0; h < H; ++h) dx[size_t(h)] += m.gate_bwd[size_t(i * H + h)] * dgq[size_t(i)];
+  for (int64_t i = 0; i < I; ++i)
+    for (int64_t h = 0; h < H; ++h) dx[size_t(h)] += m.up_bwd[size_t(i * H + h)] * duq[size_t(i)];
+  for (const double v : dx) r.dx.push_back(f32(v));
   return r;
 }
 
@@ -220,6 +233,29 @@ TEST(QuantizedDgradBackward, RoutingWeightGradientIsTheDgradAccumulatorDotTheQua
       }
     }
     EXPECT_EQ(checked, 8);
+  }
+}
+
+// d_x[t] = sum over k of gate_bwd^T q(dg) + up_bwd^T q(du): dg | du rounded in the recipe's
+// blocks along the row, the weights in blocks along the contraction over I (MXFP8: 32x1, the
+// backward's own copy). No shared experts, so d_x is the routed slots' sum alone.
+TEST(QuantizedDgradBackward, InputGradientReadsRoundedDgDuAndTheBackwardsWeightBlocks) {
+  const Layer l = small_layer(0);
+  const int64_t H = l.c.hidden, K = l.c.top_k;
+  for (const OperandQuant q : kRecipes) {
+    ReferenceOptions o;
+    o.quant = q;
+    const Result got = run(l, o);
+    for (int64_t t : {1, 10, 18}) {
+      std::vector<double> want(size_t(H), 0.0);
+      for (int64_t k = 0; k < K; ++k) {
+        const Row r = row(l, expert(l, l.b.topk_ids[size_t(t * K + k)], q), q, t, k);
+        for (int64_t h = 0; h < H; ++h) want[size_t(h)] += r.dx[size_t(h)];
+      }
+      for (int64_t h = 0; h < H; ++h)
+        expect_close(got.g.d_x[size_t(t * H + h)], f32(want[size_t(h)]), 1e-12,
+                     operand_quant_name(q));
+    }
   }
 }
 
