@@ -104,8 +104,8 @@ void expect_samples_match(const char* name, int64_t T) {
   const double needed = 1.25 * 2 * double(2 * T * H + 3 * S * H + 3 * E * I * H);
   const double free_bytes = gpu_free_bytes();
   if (needed > free_bytes)
-    GTEST_SKIP() << name << ": its gradients need " << needed * 1e-9 << " GB, " << free_bytes * 1e-9
-                 << " GB are free";
+    GTEST_SKIP() << name << ": its gradients need " << int64_t(needed * 1e-9 + 0.5) << " GB, "
+                 << int64_t(free_bytes * 1e-9) << " GB are free";
   DeviceBuffer<uint16_t> d_out(size_t(T * H)), d_x(size_t(T * H), 0xFF);
   MOK_CUDA_OK(mok::gpu::fill_uniform_bf16(reinterpret_cast<__nv_bfloat16*>(d_out.ptr), T * H, 5,
                                           1.0f, nullptr));
