@@ -323,4 +323,88 @@ void expect_weight_gradient_modes(const mok::Config& c, const mok::LayerParams& 
     }
 }
 
+// A backward case on odd shapes and routings (case_batch's `routing` and `zero_weights`).
+struct BackwardCase {
+  mok::Config c;
+  int64_t tokens;
+  int routing;        // 0 random, 1 expert 3 gets no rows, 2 every token to experts 1 and 4
+  bool zero_weights;  // every 7th token's second router weight exactly 0
+  const char* name;
+};
+
+// Each case's backward (128-wide tiles; its inputs drawn from seed + i, + 10 + i, + 20 + i)
+// within `bound` of the `quant` reference, and its d_x further than `far` from the BF16 layer's
+// reference: the operands really are quantized (the callers derive both bounds).
+template <class Experts>
+void expect_cases_match_quantized_reference(const std::vector<BackwardCase>& cases, uint64_t seed,
+                                            mok::OperandQuant quant, double bound, double far) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const BackwardCase& k = cases[i];
+    SCOPED_TRACE(k.name);
+    const mok::LayerParams p = mok::tools::random_params(k.c, seed + i);
+    const mok::Batch b = case_batch(k.c, k.tokens, seed + 10 + i, k.routing, k.zero_weights);
+    const std::vector<double> d_out =
+        mok::tools::random_vector(size_t(k.tokens * k.c.hidden), seed + 20 + i, 0.5);
+    const HostGrads got = run_quantized<Experts>(k.c, p, b, d_out, 128);
+    expect_matches_quantized_reference(k.c, p, b, d_out, got, k.name, quant, bound);
+    mok::ReferenceOptions o;
+    o.quant = mok::OperandQuant::bf16;
+    const mok::ReferenceForward bf16 = mok::reference_forward(k.c, p, b, o);
+    const double distance =
+        mok::relative_l2_error(got.d_x, mok::reference_backward(bf16.context, d_out).d_x);
+    std::printf("[ %s backward ] %s: d_x against the BF16 layer %.2e\n",
+                mok::precision_name(k.c.precision), k.name, distance);
+    EXPECT_GT(distance, far) << "d_x is as close to the BF16 layer's as to the quantized one's";
+  }
+}
+
+// The backward of `global` (128-wide tiles; an expert without rows, some router weights 0; its
+// inputs drawn from seed + 1 to + 3): its bits again under dispatch delays (5 runs) and at
+// emulated EP 2 and 4.
+template <class Experts>
+void expect_bits_repeat_under_delays_and_across_ep_sizes(const mok::Config& global, uint64_t seed) {
+  const int64_t total = global.max_tokens_per_rank;
+  const mok::LayerParams p = mok::tools::random_params(global, seed + 1);
+  mok::Batch b = mok::tools::random_batch(global, total, seed + 2);
+  drop_expert(b, global.top_k, 5);  // an expert without rows (rank 2's of four)
+  for (int64_t t = 3; t < b.tokens; t += 11) b.topk_weights[size_t(t * global.top_k)] = 0.0;
+  const std::vector<double> d_out =
+      mok::tools::random_vector(size_t(total * global.hidden), seed + 3, 0.5);
+  const HostGrads want = run_quantized<Experts>(global, p, b, d_out, 128);
+  for (const double v : want.d_x) ASSERT_FALSE(std::isnan(v)) << "d_x unwritten";
+  mok::gpu::detail::ForwardHooks delays;
+  delays.dispatch_delay_ns = 20'000;
+  for (int run = 0; run < 5; ++run) {
+    delays.delay_seed = uint32_t(run + 1);
+    const HostGrads again = run_quantized<Experts>(global, p, b, d_out, 128, delays);
+    for (int i = 0; i < 7; ++i)
+      ASSERT_EQ(again.bits[i], want.bits[i]) << "delayed run " << run << ", output " << i;
+  }
+  for (int ranks : {2, 4}) {
+    SCOPED_TRACE("EP " + std::to_string(ranks));
+    expect_ep_equals_ep1<Experts>(global, p, b, d_out, 128, ranks, want);
+  }
+}
+
+// expect_weight_gradient_modes on inputs drawn from seed, + 1, + 2 (c.max_tokens_per_rank
+// tokens), `empty_expert` rerouted to have no rows, 128-wide tiles.
+template <class Experts>
+void expect_weight_gradient_modes(const mok::Config& c, uint64_t seed, int empty_expert) {
+  const int64_t T = c.max_tokens_per_rank;
+  const mok::LayerParams p = mok::tools::random_params(c, seed);
+  mok::Batch b = mok::tools::random_batch(c, T, seed + 1);
+  drop_expert(b, c.top_k, empty_expert);
+  const std::vector<double> d_out = mok::tools::random_vector(size_t(T * c.hidden), seed + 2, 0.5);
+  expect_weight_gradient_modes<Experts>(c, p, b, d_out, 128, empty_expert);
+}
+
+// After a step's forward and backward have finished: every output written (the poison gone).
+inline void expect_every_gradient_written(const Step& step) {
+  const HostGrads g = step.host(WeightGrads::write_fp32);
+  for (const double v : g.d_x) ASSERT_FALSE(std::isnan(v)) << "d_x unwritten";
+  for (const double v : g.d_w) ASSERT_FALSE(std::isnan(v)) << "d_topk_weights unwritten";
+  for (int i = 0; i < 6; ++i)
+    for (const double v : g.w[i]) ASSERT_FALSE(std::isnan(v)) << kGradNames[i] << " unwritten";
+}
+
 }  // namespace quant_bwd

@@ -75,14 +75,6 @@ void expect_widening_along_rows_is_exact() {
     }
 }
 
-HostGrads run_nvfp4(const mok::Config& c, const mok::LayerParams& p, const mok::Batch& b,
-                    const std::vector<double>& d_out,
-                    const mok::gpu::detail::ForwardHooks& hooks = {},
-                    WeightGrads mode = WeightGrads::write_fp32,
-                    const std::vector<std::vector<uint8_t>>& init = {}) {
-  return run_quantized<Nvfp4Experts>(c, p, b, d_out, 128, hooks, mode, init);
-}
-
 }  // namespace
 
 TEST(Nvfp4BackwardGpu, WideningAlongRowsIsExactForEveryCodeAndScale) {
@@ -98,14 +90,7 @@ TEST(Nvfp4BackwardGpu, WideningAlongRowsIsExactForEveryCodeAndScale) {
 // backward that read BF16 weights would pass that bound but not the first.
 TEST(Nvfp4BackwardGpu, MatchesTheQuantizedReference) {
   MOK_REQUIRE_GPU();
-  struct Case {
-    mok::Config c;
-    int64_t tokens;
-    int routing;        // 0 random, 1 expert 3 gets no rows, 2 every token to experts 1 and 4
-    bool zero_weights;  // every 7th token's second router weight exactly 0
-    const char* name;
-  };
-  const std::vector<Case> cases = {
+  const std::vector<BackwardCase> cases = {
       {nvfp4_config(256, 384, 6, 2, 1, 128, 300), 300, 1, true,
        "H 256, I 384, S 128, T = 300, expert 3 empty, zero router weights"},
       {nvfp4_config(256, 384, 6, 2, 0, 0, 77), 77, 2, false,
@@ -116,61 +101,20 @@ TEST(Nvfp4BackwardGpu, MatchesTheQuantizedReference) {
       {nvfp4_config(1024, 512, 16, 4, 1, 256, 500), 500, 0, false,
        "H 1024, I 512, 16 experts, top-4, T = 500"},
   };
-  for (size_t i = 0; i < cases.size(); ++i) {
-    const Case& k = cases[i];
-    SCOPED_TRACE(k.name);
-    const mok::LayerParams p = mok::tools::random_params(k.c, 700 + i);
-    const mok::Batch b = case_batch(k.c, k.tokens, 710 + i, k.routing, k.zero_weights);
-    const std::vector<double> d_out =
-        mok::tools::random_vector(size_t(k.tokens * k.c.hidden), 720 + i, 0.5);
-    const HostGrads got = run_nvfp4(k.c, p, b, d_out);
-    expect_matches_quantized_reference(k.c, p, b, d_out, got, k.name,
-                                       mok::OperandQuant::nvfp4_weights,
-                                       mok::relative_error_bound(mok::OperandQuant::bf16));
-    mok::ReferenceOptions o;
-    o.quant = mok::OperandQuant::bf16;
-    const mok::ReferenceForward bf16 = mok::reference_forward(k.c, p, b, o);
-    const double far =
-        mok::relative_l2_error(got.d_x, mok::reference_backward(bf16.context, d_out).d_x);
-    std::printf("[ nvfp4 backward ] %s: d_x against the BF16 layer %.2e\n", k.name, far);
-    EXPECT_GT(far, 4e-2) << "d_x is as close to the BF16 layer's as to the NVFP4 one's";
-  }
+  expect_cases_match_quantized_reference<Nvfp4Experts>(
+      cases, 700, mok::OperandQuant::nvfp4_weights,
+      mok::relative_error_bound(mok::OperandQuant::bf16), 4e-2);
 }
 
 TEST(Nvfp4BackwardGpu, BitsRepeatUnderDelaysAndAcrossEpSizes) {
   MOK_REQUIRE_GPU();
-  const int64_t total = 4 * 150;
-  const mok::Config global = nvfp4_config(512, 256, 8, 3, 1, 256, int(total));
-  const mok::LayerParams p = mok::tools::random_params(global, 801);
-  mok::Batch b = mok::tools::random_batch(global, total, 802);
-  drop_expert(b, global.top_k, 5);  // an expert without rows (rank 2's of four)
-  for (int64_t t = 3; t < b.tokens; t += 11) b.topk_weights[size_t(t * global.top_k)] = 0.0;
-  const std::vector<double> d_out =
-      mok::tools::random_vector(size_t(total * global.hidden), 803, 0.5);
-  const HostGrads want = run_nvfp4(global, p, b, d_out);
-  for (const double v : want.d_x) ASSERT_FALSE(std::isnan(v)) << "d_x unwritten";
-  mok::gpu::detail::ForwardHooks delays;
-  delays.dispatch_delay_ns = 20'000;
-  for (int run = 0; run < 5; ++run) {
-    delays.delay_seed = uint32_t(run + 1);
-    const HostGrads again = run_nvfp4(global, p, b, d_out, delays);
-    for (int i = 0; i < 7; ++i)
-      ASSERT_EQ(again.bits[i], want.bits[i]) << "delayed run " << run << ", output " << i;
-  }
-  for (int ranks : {2, 4}) {
-    SCOPED_TRACE("EP " + std::to_string(ranks));
-    expect_ep_equals_ep1<Nvfp4Experts>(global, p, b, d_out, 128, ranks, want);
-  }
+  expect_bits_repeat_under_delays_and_across_ep_sizes<Nvfp4Experts>(
+      nvfp4_config(512, 256, 8, 3, 1, 256, 4 * 150), 800);
 }
 
 TEST(Nvfp4BackwardGpu, WeightGradientModesAndTheStagedBackward) {
   MOK_REQUIRE_GPU();
-  const mok::Config c = nvfp4_config(256, 512, 8, 2, 1, 256, 300);
-  const mok::LayerParams p = mok::tools::random_params(c, 901);
-  mok::Batch b = mok::tools::random_batch(c, 300, 902);
-  drop_expert(b, c.top_k, 6);
-  const std::vector<double> d_out = mok::tools::random_vector(size_t(300 * c.hidden), 903, 0.5);
-  expect_weight_gradient_modes<Nvfp4Experts>(c, p, b, d_out, 128, 6);
+  expect_weight_gradient_modes<Nvfp4Experts>(nvfp4_config(256, 512, 8, 2, 1, 256, 300), 901, 6);
 }
 
 TEST(Nvfp4BackwardGpu, RefusesWhatItCannotUse) {
@@ -219,9 +163,5 @@ TEST(Nvfp4BackwardGpu, RefusesWhatItCannotUse) {
   f.check(nullptr);
   bw.check(nullptr);
   MOK_CUDA_OK(cudaDeviceSynchronize());
-  const HostGrads g = step.host(WeightGrads::write_fp32);
-  for (const double v : g.d_x) ASSERT_FALSE(std::isnan(v)) << "d_x unwritten";
-  for (const double v : g.d_w) ASSERT_FALSE(std::isnan(v)) << "d_topk_weights unwritten";
-  for (int i = 0; i < 6; ++i)
-    for (const double v : g.w[i]) ASSERT_FALSE(std::isnan(v)) << kGradNames[i] << " unwritten";
+  expect_every_gradient_written(step);
 }
