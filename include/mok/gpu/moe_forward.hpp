@@ -53,13 +53,14 @@ class LayerRunner;    // the host path every forward shares: src/layer/layer_run
 
 class MoeForward {
  public:
-  // Throws mok::Error for configurations it does not take (ep_size != 1, precision mxfp8 or
-  // nvfp4, H or I or S not multiples of 64, or of 128 for fp8_block, options out of range) and
+  // Throws mok::Error for configurations it does not take (ep_size != 1, H or I or S not
+  // multiples of 64, or of 128 for fp8_block and nvfp4's I and S, options out of range) and
   // for allocation failures. fp8_block: the routed experts' GEMMs in E4M3 with DeepSeek-V3's
   // block scales (x quantized in dispatch, the activations in the gate/up epilogue, the weights
   // given quantized in DeviceLayerWeights::fp8_block); the shared experts stay BF16. A training
   // forward keeps the E4M3 activations and BF16 g | u in an fp8_block ForwardContext
-  // (GateUpMode::keep) for MoeBackward.
+  // (GateUpMode::keep) for MoeBackward. nvfp4 and mxfp8: the routed weights widened to BF16 on
+  // their way to the tensor cores (docs/recipes.md); their training forwards keep BF16 contexts.
   explicit MoeForward(const Config& c, const ForwardOptions& options = {});
   MoeForward(const Config& c, const ForwardOptions& options, const detail::ForwardHooks& hooks);
   ~MoeForward();
