@@ -43,4 +43,18 @@ __device__ __forceinline__ void mx_round_values(float (&v)[N], const BlockAmax& 
   }
 }
 
+// A 1x32 block held 8 values per lane by a quad of lanes (lanes 4q to 4q + 3; the whole warp
+// takes part in the shuffles): this lane's values rounded in place, as mx_round_values; with
+// `value`, v[i] = value(i) first.
+template <class Value>
+__device__ __forceinline__ void mx_round_quad_block(float (&v)[8], Value value) {
+  BlockAmax block;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) block.add(v[i] = value(i));
+  mx_round_values(v, reduce_block_amax(block, 3));
+}
+__device__ __forceinline__ void mx_round_quad_block(float (&v)[8]) {
+  mx_round_quad_block(v, [&](int i) { return v[i]; });
+}
+
 }  // namespace mok::fmt

@@ -88,13 +88,9 @@ __device__ __forceinline__ void swiglu_mx_tile(const float (&d)[kBlockN / 2], __
 #pragma unroll
     for (int b = 0; b < kOut / 16; ++b) {
       float v[8];
-      fmt::BlockAmax a;
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        v[i] = h[4 * (4 * b + i / 2) + 2 * r + i % 2];
-        a.add(v[i]);
-      }
-      fmt::mx_round_values(v, fmt::reduce_block_amax(a, 3));
+      for (int i = 0; i < 8; ++i) v[i] = h[4 * (4 * b + i / 2) + 2 * r + i % 2];
+      fmt::mx_round_quad_block(v);
 #pragma unroll
       for (int i = 0; i < 8; ++i) h[4 * (4 * b + i / 2) + 2 * r + i % 2] = v[i];
     }

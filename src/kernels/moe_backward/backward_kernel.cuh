@@ -87,14 +87,12 @@ constexpr int backward_smem_bytes() {
 // 1,544 bytes of static shared memory, barriers and queues (1,600 allowed here, so that a larger
 // table fails to compile instead of to launch). mxfp8's slots (8.5 KB each) fit only with the
 // table's 32-bit entries.
-static_assert(backward_smem_bytes<128, RoutedWeights::nvfp4>() + int(sizeof(BackwardTable)) +
-                      1600 <=
-                  232448,
-              "nvfp4's backward: the ring, two staging slots and the tile table in one CTA");
-static_assert(backward_smem_bytes<128, RoutedWeights::mxfp8>() + int(sizeof(BackwardTable)) +
-                      1600 <=
-                  232448,
-              "mxfp8's backward: the ring, two staging slots and the tile table in one CTA");
+template <RoutedWeights kRouted>
+constexpr bool kFitsBesideTable = backward_smem_bytes<128, kRouted>() + int(sizeof(BackwardTable)) +
+                                      1600 <=
+                                  232448;
+static_assert(kFitsBesideTable<RoutedWeights::nvfp4> && kFitsBesideTable<RoutedWeights::mxfp8>,
+              "the widening backwards: the ring, two staging slots and the tile table in one CTA");
 }  // namespace
 
 // A kernel set's prepare and launch (BackwardKernels). kGroups: the set has the emulated groups'

@@ -224,10 +224,7 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
 #pragma unroll
           for (int b = 0; b < kPairs / 4; ++b) {  // this lane's 8 values of each 32-column block
             float block[8];
-            fmt::BlockAmax amax;
-#pragma unroll
-            for (int i = 0; i < 8; ++i) amax.add(block[i] = v[8 * b + i]);
-            fmt::mx_round_values(block, fmt::reduce_block_amax(amax, 3));
+            fmt::mx_round_quad_block(block, [&](int i) { return v[8 * b + i]; });
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
               const int c = 8 * (chunk * kPairs + 4 * b + jj) + f.col0;
@@ -493,15 +490,12 @@ struct BackwardProgram {
                 "every backward traits set lays out the engine's ring alike");
 
   __device__ static bool dispatch(const Params& p, int cta, int ctas) {
-    if constexpr (kFp8Block)
-      return !batch_ok(p) ||
-             dispatch_role<kBlockN, DyDispatchRows<kBlockN>, DyDispatchRowsFp8Block<kBlockN>,
-                           ForwardDispatchRows<kBlockN>>(p, cta, ctas);
-    else if constexpr (kMxfp8)
-      return !batch_ok(p) ||
-             dispatch_role<kBlockN, DyDispatchRows<kBlockN>, DyDispatchRowsMx<kBlockN>,
-                           ForwardDispatchRows<kBlockN>>(p, cta, ctas);
-    else
+    if constexpr (kFp8Block || kMxfp8) {  // d_out rows twice: BF16 (dW_down), quantized (dgrad)
+      using Quantized =
+          std::conditional_t<kFp8Block, DyDispatchRowsFp8Block<kBlockN>, DyDispatchRowsMx<kBlockN>>;
+      return !batch_ok(p) || dispatch_role<kBlockN, DyDispatchRows<kBlockN>, Quantized,
+                                           ForwardDispatchRows<kBlockN>>(p, cta, ctas);
+    } else
       return !batch_ok(p) ||
              dispatch_role<kBlockN, DyDispatchRows<kBlockN>, ForwardDispatchRows<kBlockN>>(p, cta,
                                                                                            ctas);

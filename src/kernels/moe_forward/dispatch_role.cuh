@@ -230,13 +230,10 @@ __device__ __forceinline__ void mx_round_block(const ForwardParams& p, int64_t b
         if (first + u >= chunks) break;  // the same for both halves of the warp
         float x[8];
         const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-        fmt::BlockAmax a;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
+        for (int e = 0; e < 8; ++e)
           x[e] = bits_float(e % 2 ? w[e / 2] & 0xFFFF0000u : w[e / 2] << 16);
-          a.add(x[e]);
-        }
-        fmt::mx_round_values(x, fmt::reduce_block_amax(a, 3));
+        fmt::mx_round_quad_block(x);
         uint32_t out[4];
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
