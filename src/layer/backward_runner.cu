@@ -64,10 +64,6 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   const std::string name = precision_name(c.precision);
   require(c.precision == Precision::bf16 || low, ErrorCode::unsupported,
           "precision " + name + ": the GPU backward runs bf16, fp8_block, nvfp4 and mxfp8");
-  require(!low || transport != Transport::nccl, ErrorCode::unsupported,
-          who + ": precision " + name +
-              " runs on one GPU and on emulated EP groups for now, not over NCCL (as the "
-              "forward)");
   require(!low || o.gate_up == GateUpMode::keep, ErrorCode::unsupported,
           who + ": precision " + name +
               " reads the activations its forward kept (fp8_block: the E4M3 act the down GEMM "

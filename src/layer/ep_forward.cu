@@ -25,7 +25,11 @@ using detail::Status;
 using WindowLayout = detail::EpWindowLayout;
 static_assert(transport::kMaxWindowRanks == kern::kMaxRanks, "one bound on the EP group size");
 
-WindowLayout window_layout(const Config& c) { return detail::ep_window_layout(c, sizeof(Status)); }
+WindowLayout window_layout(const Config& c) {
+  return detail::ep_window_layout(
+      c, sizeof(Status),
+      detail::source_quantized(c.precision) ? size_t(detail::source_row_bytes(c)) : 0);
+}
 
 struct ExchangeArgs {
   char* peer_base[kern::kMaxRanks];  // every rank's window (this rank's: its own pointer)
@@ -98,9 +102,9 @@ struct EpForward::Workspace {
   std::unique_ptr<transport::SymmetricWindow> window;
   uint32_t* epoch = nullptr;
   int* barrier = nullptr;  // one process per GPU: the teardown barrier's all-reduce operand
-  // The copy of x into the window runs on a side stream forked from the caller's and joined back
-  // before the counts exchange (inside a graph capture too): HBM-bound, it overlaps the
-  // latency-bound schedule kernels.
+  // The copy of x into the window (fp8_block and mxfp8: quantized) runs on a side stream forked
+  // from the caller's and joined back before the counts exchange (inside a graph capture too):
+  // HBM-bound, it overlaps the latency-bound schedule kernels.
   cudaStream_t side = nullptr;
   cudaEvent_t fork = nullptr, join = nullptr;
 };
@@ -194,8 +198,12 @@ void EpForward::schedule_rank(const DeviceBatch& b, detail::RankSchedule& s, cud
   if (T > 0) {
     check_cuda(cudaEventRecord(w.fork, stream), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(w.side, w.fork), "cudaStreamWaitEvent");
-    check_cuda(cudaMemcpyAsync(win + L.x, b.x, size_t(T * H) * 2, cudaMemcpyDeviceToDevice, w.side),
-               "cudaMemcpyAsync (x into the window)");
+    if (detail::source_quantized(c.precision))  // the rows quantized once, here
+      detail::quantize_x_rows(c, b.x, T, reinterpret_cast<uint8_t*>(win + L.x), w.side);
+    else
+      check_cuda(
+          cudaMemcpyAsync(win + L.x, b.x, size_t(T * H) * 2, cudaMemcpyDeviceToDevice, w.side),
+          "cudaMemcpyAsync (x into the window)");
     check_cuda(cudaEventRecord(w.join, w.side), "cudaEventRecord");
   }
   detail::build_forward_schedule(b, c.top_k, E, s.sched, stream, /*owner_tables=*/false);
@@ -253,7 +261,10 @@ void EpForward::forward_rank(const detail::RankSchedule& s, const DeviceBatch& b
   p.token_done = reinterpret_cast<uint32_t*>(win + L.token_done);
   for (int q = 0; q < n; ++q) {
     char* base = q == rank_ ? win : w.window->peer_base[q];
-    p.peer_x[q] = reinterpret_cast<const __nv_bfloat16*>(base + L.x);
+    if (detail::source_quantized(c.precision))  // the rows quantized in schedule_rank
+      p.peer_x_rows[q] = reinterpret_cast<const uint8_t*>(base + L.x);
+    else
+      p.peer_x[q] = reinterpret_cast<const __nv_bfloat16*>(base + L.x);
     p.peer_offsets[q] = reinterpret_cast<const int32_t*>(base + L.offsets);
     p.peer_sorted[q] = reinterpret_cast<const int32_t*>(base + L.sorted);
     p.peer_y_slots[q] = reinterpret_cast<__nv_bfloat16*>(base + L.y_slots);

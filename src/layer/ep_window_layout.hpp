@@ -25,15 +25,18 @@ struct EpWindowLayout {
   size_t x, offsets, sorted, y_slots, token_done, counts, status, flags, bytes;
 };
 
-// status_bytes: sizeof the schedule's Status record (a device-side struct).
-inline EpWindowLayout ep_window_layout(const Config& c, size_t status_bytes) {
+// status_bytes: sizeof the schedule's Status record (a device-side struct). x_row_bytes: 0 where
+// owners pull x in BF16, else the bytes of one token's row quantized on this rank (fp8_block and
+// mxfp8: kern::source_row_layout).
+inline EpWindowLayout ep_window_layout(const Config& c, size_t status_bytes, size_t x_row_bytes) {
   const size_t T = size_t(c.max_tokens_per_rank), H = size_t(c.hidden), K = size_t(c.top_k),
                E = size_t(c.num_experts), n = size_t(c.ep_size);
   WindowRegions w;
   EpWindowLayout L;
-  L.x = w.take(T * H * 2);                  // [T, H] BF16: the rows owners pull
-  L.offsets = w.take((E + 1) * 4);          // the source schedule owners read
-  L.sorted = w.take(T * K * 4);             //
+  L.x = w.take(x_row_bytes ? T * x_row_bytes : T * H * 2);  // the rows owners pull: [T, H] BF16
+                                                            // or [T, x_row_bytes]
+  L.offsets = w.take((E + 1) * 4);                          // the source schedule owners read
+  L.sorted = w.take(T * K * 4);                             //
   L.y_slots = w.take(T * K * H * 2);        // [T * K, H] BF16: owners write expert outputs
   L.token_done = w.take(T * 4);             // [T]: owners release one per finished (token, k)
   L.counts = w.take(2 * n * E * 4);         // [parity][source][E]

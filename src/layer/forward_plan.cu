@@ -53,14 +53,15 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   const std::string name(who);
   const bool fp8 = c.precision == Precision::fp8_block, nvfp4 = c.precision == Precision::nvfp4,
              mxfp8 = c.precision == Precision::mxfp8;
-  require(!(nvfp4 || mxfp8) || transport != Transport::nccl, ErrorCode::unsupported,
-          name + ": precision " + precision_name(c.precision) +
-              " runs on one GPU and on emulated EP groups for now, not over NCCL");
+  require(!mxfp8 || c.mx_scale_rule == MxScaleRule::rceil, ErrorCode::unsupported,
+          name +
+              ": precision mxfp8 on the GPU rounds with RCEIL scales (Config::mx_scale_rule = "
+              "rceil); floor is the CPU reference's only");
   require(
       !mxfp8 || (o.row_path != RowPath::producer_gather && (o.block_n == 0 || o.block_n == 128)),
       ErrorCode::invalid_argument,
       name +
-          ": precision mxfp8 rounds x to MX values in the dispatch copy and widens the "
+          ": precision mxfp8 decodes x's MX rows in the dispatch copy and widens the "
           "weights with 128-wide tiles: row_path producer_gather and block_n 256 are not "
           "available");
   require(!nvfp4 || (c.intermediate % 128 == 0 && c.shared_width() % 128 == 0),
@@ -74,21 +75,18 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
       name +
           ": precision nvfp4's producer warps widen the weights, with 256-wide tiles: "
           "row_path producer_gather and block_n 128 are not available");
-  require(!fp8 || transport != Transport::nccl, ErrorCode::unsupported,
-          name +
-              ": precision fp8_block runs on one GPU and on emulated EP groups for now, not "
-              "over NCCL (x is not yet quantized on its source rank)");
   require(!fp8 || (c.hidden % 128 == 0 && c.intermediate % 128 == 0 && c.shared_width() % 128 == 0),
           ErrorCode::unsupported,
           "precision fp8_block needs hidden, intermediate and the shared width to be multiples "
           "of 128 (its 1x128 and 128x128 scale blocks, 256-wide tiles); got H = " +
               std::to_string(c.hidden) + ", I = " + std::to_string(c.intermediate) +
               ", S = " + std::to_string(c.shared_width()));
-  require(!fp8 || (o.row_path != RowPath::producer_gather && (o.block_n == 0 || o.block_n == 256)),
-          ErrorCode::invalid_argument,
-          name +
-              ": precision fp8_block quantizes x in the dispatch copy, with 256-wide tiles: "
-              "row_path producer_gather and block_n 128 are not available");
+  require(
+      !fp8 || (o.row_path != RowPath::producer_gather && (o.block_n == 0 || o.block_n == 256)),
+      ErrorCode::invalid_argument,
+      name +
+          ": precision fp8_block copies x's E4M3 rows in the dispatch copy, with 256-wide tiles: "
+          "row_path producer_gather and block_n 128 are not available");
   require(c.tile_rows == kTileRows, ErrorCode::unsupported,
           name + ": tile_rows = " + std::to_string(c.tile_rows) + ": the GPU kernels pad every " +
               "expert's rows to " + std::to_string(kTileRows) + " (the GEMM tile height), so " +

@@ -17,8 +17,10 @@ LayerRunner::LayerRunner(const Config& c, const ForwardOptions& o, const Forward
     group_shares_ = device_alloc<kern::RankLaunch>(size_t(plan_.ranks_in_launch),
                                                    "cudaMalloc (the group's launch parameters)");
   for (auto& r : ranks_)
-    r.allocate(
-        c, {.timings = h.wait_times, .y_slots = y_slots, .random_ring = h.without_dispatch_copy});
+    r.allocate(c, {.timings = h.wait_times,
+                   .y_slots = y_slots,
+                   .x_rows = transport != Transport::nccl,
+                   .random_ring = h.without_dispatch_copy});
   trace_ = TraceBuffer(h.trace_events, who);
 }
 
@@ -94,6 +96,7 @@ LayerRunner::Launch LayerRunner::make_launch(const std::vector<RankCall>& calls)
       kern::ForwardParams& p = l.ranks[size_t(r)].params;
       const int e = ep_rank(q);
       p.peer_x[e] = other.peer_x[e];
+      p.peer_x_rows[e] = other.peer_x_rows[e];
       p.peer_offsets[e] = other.peer_offsets[e];
       p.peer_sorted[e] = other.peer_sorted[e];
       p.peer_y_slots[e] = other.peer_y_slots[e];
@@ -113,6 +116,11 @@ void LayerRunner::launch(const Launch& l, cudaStream_t stream, const char* what)
     check_cuda(kern::launch_group_copies(l.ranks.data(), params, stream),
                "copying the group's launch parameters");
   }
+  for (size_t r = 0; r < l.ranks.size(); ++r)  // fp8_block, mxfp8: x quantized on its rank
+    if (uint8_t* rows = ranks_[r].x_rows) {
+      const kern::ForwardParams& p = l.ranks[r].params;
+      quantize_x_rows(config_, p.peer_x[p.ep_rank], p.tokens, rows, stream);
+    }
   trace_.reset(stream);
   check_cuda(kern::launch_row_destinations(params, plan_.grid, stream),
              "the row-destination kernel");

@@ -5,6 +5,7 @@
 #include <string>
 
 #include "kernels/gemm/mma_traits.cuh"
+#include "kernels/moe_forward/source_rows.hpp"
 #include "mok/device/tensor_map.hpp"
 #include "mok/error.hpp"
 #include "mok/gpu/random_fill.hpp"
@@ -99,6 +100,19 @@ const char* fault_role_name(int role) {
   }
 }
 
+bool source_quantized(Precision p) { return p == Precision::fp8_block || p == Precision::mxfp8; }
+
+int64_t source_row_bytes(const Config& c) {
+  return kern::source_row_layout(c.precision == Precision::mxfp8, c.hidden).bytes();
+}
+
+void quantize_x_rows(const Config& c, const __nv_bfloat16* x, int64_t tokens, uint8_t* rows,
+                     cudaStream_t stream) {
+  check_cuda(kern::quantize_source_rows(x, tokens, c.hidden, c.precision == Precision::mxfp8,
+                                        c.fp8_ue8m0, rows, stream),
+             "quantizing x on its source rank");
+}
+
 void RankSchedule::allocate(const Config& c) {
   const char* what = "cudaMalloc (schedule)";
   const int64_t El = c.experts_per_rank();
@@ -166,6 +180,8 @@ void RankBuffers::allocate(const Config& c, const Parts& parts) {
     routed_x = device_alloc<__nv_bfloat16>(size_t(ring_rows * H), what);
     act = device_alloc<__nv_bfloat16>(size_t(sched.capacity * I), what);
   }
+  if (parts.x_rows && source_quantized(c.precision))
+    x_rows = device_alloc<uint8_t>(size_t(max_t * source_row_bytes(c)), what);
   if (parts.random_ring) {  // BF16 only (plan_forward refuses the probe with fp8_block)
     check_cuda(fill_uniform_bf16(routed_x, ring_rows * H, 0x5eed, 1.0f, nullptr),
                "filling the token ring");
@@ -198,7 +214,7 @@ void RankBuffers::release() {
   schedule.release();
   for (void* p : {(void*)routed_x, (void*)act, (void*)act_shared, (void*)y_slots, (void*)y_shared,
                   (void*)routed_x_e4m3, (void*)routed_x_scales, (void*)act_e4m3, (void*)act_scales,
-                  (void*)counters /* with fault, aborted and timings */})
+                  (void*)x_rows, (void*)counters /* with fault, aborted and timings */})
     cudaFree(p);
   *this = RankBuffers{};
 }
@@ -372,6 +388,7 @@ kern::ForwardParams rank_params(const RankBuffers& w, const RankSchedule& s, con
   kern::ForwardParams p{};
   set_batch_params(p, s, c, b, ep_rank, aborted);
   p.peer_y_slots[ep_rank] = w.y_slots;
+  p.peer_x_rows[ep_rank] = w.x_rows;
   p.routed_x = w.routed_x;
   p.ring_blocks = w.ring_blocks;
   p.act = a.act;

@@ -55,6 +55,9 @@ struct RankBuffers {
   // act are then not allocated).
   uint8_t *routed_x_e4m3 = nullptr, *act_e4m3 = nullptr;
   float *routed_x_scales = nullptr, *act_scales = nullptr;
+  // fp8_block and mxfp8: this rank's x quantized before the launch (kern::quantize_source_rows),
+  // the rows dispatch pulls (EpForward keeps them in its window instead).
+  uint8_t* x_rows = nullptr;
   uint32_t* counters = nullptr;  // x_ready | act_ready | act_shared_ready | token_done |
   size_t counter_words = 0;      // combine_next | tile_next
   // In the counters' allocation, after them: the fault record, kern::ForwardParams::aborted (an
@@ -69,6 +72,7 @@ struct RankBuffers {
   // Without y_slots the caller provides them (EpForward: in its symmetric window).
   struct Parts {
     bool timings = false, y_slots = true;
+    bool x_rows = true;  // fp8_block and mxfp8: RankBuffers::x_rows (EpForward: its window's)
     // profile_without_dispatch_copy: the GEMMs then read whatever the ring holds, so it holds
     // random values like x's, not the zeros of fresh memory (zero operands draw less power and
     // the GPU is power-capped: the variant could look faster than skipping the copy makes it).
@@ -79,6 +83,14 @@ struct RankBuffers {
   // Zeroes the counters, the fault record, aborted and the timings (asynchronous, one memset).
   void reset(cudaStream_t stream) const;
 };
+
+// fp8_block and mxfp8 quantize x on its source rank (kern/moe_forward/source_rows.hpp): the bytes
+// of one token's row, and the quantizer for c's recipe (x [tokens, H] into rows; throws mok::Error
+// on a launch failure).
+bool source_quantized(Precision p);
+int64_t source_row_bytes(const Config& c);
+void quantize_x_rows(const Config& c, const __nv_bfloat16* x, int64_t tokens, uint8_t* rows,
+                     cudaStream_t stream);
 
 // Tensor maps of rank `w` for this batch, its activations and its local experts' weights.
 kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceBatch& b,

@@ -40,20 +40,26 @@ TEST(EpWindow, RegionsAreOrderedDisjointAlignedAndLargeEnough) {
       mok::Config c = mok::preset(name);
       if (c.num_experts % ep != 0) continue;
       c.ep_size = ep;
-      const auto L = mok::gpu::detail::ep_window_layout(c, status_bytes);
       const size_t T = size_t(c.max_tokens_per_rank), H = size_t(c.hidden), K = size_t(c.top_k),
                    E = size_t(c.num_experts), n = size_t(ep);
-      const std::vector<Region> regions = {
-          {"x", L.x, T * H * 2},
-          {"offsets", L.offsets, (E + 1) * 4},
-          {"sorted", L.sorted, T * K * 4},
-          {"y_slots", L.y_slots, T * K * H * 2},
-          {"token_done", L.token_done, T * 4},
-          {"counts", L.counts, 2 * n * E * 4},
-          {"status", L.status, 2 * n * status_bytes},
-          {"flags", L.flags, 2 * n * 4},
-      };
-      expect_ordered_disjoint_aligned(regions, L.bytes);
+      // x's rows: BF16, or quantized on the source rank (fp8_block: H codes and H / 128 FP32
+      // scales; mxfp8: H / 32 E8M0 scales; each row padded to 16 bytes).
+      for (size_t row_bytes :
+           {size_t(0), H + (H / 128 * 4 + 15) / 16 * 16, H + (H / 32 + 15) / 16 * 16}) {
+        SCOPED_TRACE("x row bytes " + std::to_string(row_bytes));
+        const auto L = mok::gpu::detail::ep_window_layout(c, status_bytes, row_bytes);
+        const std::vector<Region> regions = {
+            {"x", L.x, row_bytes ? T * row_bytes : T * H * 2},
+            {"offsets", L.offsets, (E + 1) * 4},
+            {"sorted", L.sorted, T * K * 4},
+            {"y_slots", L.y_slots, T * K * H * 2},
+            {"token_done", L.token_done, T * 4},
+            {"counts", L.counts, 2 * n * E * 4},
+            {"status", L.status, 2 * n * status_bytes},
+            {"flags", L.flags, 2 * n * 4},
+        };
+        expect_ordered_disjoint_aligned(regions, L.bytes);
+      }
     }
 }
 

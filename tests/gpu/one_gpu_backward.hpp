@@ -26,10 +26,10 @@ inline const __nv_bfloat16* bf(const DeviceBuffer<uint16_t>& b) {
   return reinterpret_cast<const __nv_bfloat16*>(b.ptr);
 }
 
-// One backward's outputs on the host: d_x and d_topk_weights as doubles, each weight gradient as
-// doubles and as its raw bits.
+// One step's outputs on the host: the forward's output, d_x and d_topk_weights as doubles, each
+// weight gradient as doubles and as its raw bits.
 struct HostGrads {
-  std::vector<double> d_x, d_w;
+  std::vector<double> out, d_x, d_w;
   std::vector<double> w[6];  // shared gate, up, down, then routed gate, up, down
   std::vector<uint8_t> bits[7];
 };
@@ -86,6 +86,7 @@ struct Step {
   }
   HostGrads host(WeightGrads mode) const {
     HostGrads h;
+    h.out = from_bf16(out.to_host());
     h.d_x = from_bf16(d_x.to_host());
     const std::vector<float> dw = d_w.to_host();
     h.d_w.assign(dw.begin(), dw.end());

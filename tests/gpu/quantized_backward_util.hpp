@@ -94,9 +94,19 @@ inline mok::Batch case_batch(const mok::Config& c, int64_t tokens, uint64_t seed
   return b;
 }
 
-// One forward (into a context) and backward on one GPU, every output poisoned first (Step: 0xFF
+// The forward and backward a step runs on: one GPU's (a one-rank NCCL group's in
+// test_ep_nccl_backward_gpu.cu).
+struct OneGpuFronts {
+  mok::gpu::MoeForward f;
+  mok::gpu::MoeBackward bw;
+  OneGpuFronts(const mok::Config& c, const mok::gpu::BackwardOptions& o,
+               const mok::gpu::detail::ForwardHooks& hooks)
+      : f(c, {}, hooks), bw(c, o, hooks) {}
+};
+
+// One forward (into a context) and backward on Fronts, every output poisoned first (Step: 0xFF
 // bytes, NaN in BF16 and FP32), or the weight gradients' buffers holding `init` (accumulate_fp32).
-template <class Experts>
+template <class Experts, class Fronts = OneGpuFronts>
 HostGrads run_quantized(const mok::Config& c, const mok::LayerParams& p, const mok::Batch& b,
                         const std::vector<double>& d_out, int block_n,
                         const mok::gpu::detail::ForwardHooks& hooks = {},
@@ -107,11 +117,12 @@ HostGrads run_quantized(const mok::Config& c, const mok::LayerParams& p, const m
     EXPECT_EQ(cudaMemcpy(step.grads[i].ptr, init[i].data(), init[i].size(), cudaMemcpyHostToDevice),
               cudaSuccess);
   const QuantizedExperts<Experts> q(c, step.layer);
-  mok::gpu::MoeForward f(c, {}, hooks);
   mok::gpu::BackwardOptions o;
   o.block_n = block_n;
   o.weight_grads = mode;
-  mok::gpu::MoeBackward bw(c, o, hooks);
+  Fronts fronts(c, o, hooks);
+  auto& f = fronts.f;
+  auto& bw = fronts.bw;
   EXPECT_EQ(bw.block_n(), block_n);
   mok::gpu::Schedule s(c);
   mok::gpu::ForwardContext ctx(c);
@@ -125,10 +136,10 @@ HostGrads run_quantized(const mok::Config& c, const mok::LayerParams& p, const m
   f.check(nullptr);
   bw.check(nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  const std::vector<double> out = from_bf16(step.out.to_host());
-  EXPECT_EQ(std::count_if(out.begin(), out.end(), [](double v) { return std::isnan(v); }), 0)
+  HostGrads h = step.host(mode);
+  EXPECT_EQ(std::count_if(h.out.begin(), h.out.end(), [](double v) { return std::isnan(v); }), 0)
       << "the training forward left outputs unwritten";
-  return step.host(mode);
+  return h;
 }
 
 // Every output written (no NaN poison left), experts without rows exact zeros, and each gradient
@@ -251,6 +262,8 @@ void expect_ep_equals_ep1(const mok::Config& global, const mok::LayerParams& p, 
   bw.check(nullptr);
   MOK_CUDA_OK(cudaDeviceSynchronize());
 
+  EXPECT_TRUE(fwd_test::same_bits(from_bf16(out.to_host()), want.out))
+      << "the forward's output: bits differ from EP 1";
   std::vector<double> d_x = from_bf16(all.d_x.to_host()), d_w;
   d_x.resize(size_t(total * H));
   const std::vector<float> dw = all.d_w.to_host();
@@ -377,6 +390,7 @@ void expect_bits_repeat_under_delays_and_across_ep_sizes(const mok::Config& glob
   for (int run = 0; run < 5; ++run) {
     delays.delay_seed = uint32_t(run + 1);
     const HostGrads again = run_quantized<Experts>(global, p, b, d_out, 128, delays);
+    ASSERT_TRUE(fwd_test::same_bits(again.out, want.out)) << "delayed run " << run << ", forward";
     for (int i = 0; i < 7; ++i)
       ASSERT_EQ(again.bits[i], want.bits[i]) << "delayed run " << run << ", output " << i;
   }

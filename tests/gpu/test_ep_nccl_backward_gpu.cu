@@ -7,7 +7,8 @@
 // CUDA graph replays to the direct run's bits. A group of one rank runs on any GPU machine (the
 // whole NCCL path: window, LSA pointers, copies, barrier with itself); groups of 2, 4 and 8 need
 // that many GPUs (one process driving them, or one process per GPU: EpNcclProcess.*), as does a
-// rank that never reaches the backward.
+// rank that never reaches the backward. Each low precision's training step (fp8_block and mxfp8:
+// x quantized into the window on its source rank) on a one-rank group equals the single GPU's.
 #include <cuda_bf16.h>
 #include <nccl.h>
 
@@ -18,7 +19,11 @@
 #include "backward_test_util.hpp"
 #include "mok/gpu/ep_backward.hpp"
 #include "mok/gpu/ep_forward.hpp"
+#include "mok/gpu/fp8_block_experts.hpp"
+#include "mok/gpu/mxfp8_experts.hpp"
+#include "mok/gpu/nvfp4_experts.hpp"
 #include "nccl_test_util.hpp"
+#include "quantized_backward_util.hpp"
 
 using namespace ep_test;
 using namespace bwd_test;
@@ -247,6 +252,60 @@ TEST(EpNcclBackwardGpu, GraphReplayEqualsDirectRuns) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(stream);
+}
+
+// A one-rank group's forward and backward, for quant_bwd::run_quantized.
+struct OneRankGroup {
+  Comms comms{1};
+  std::vector<std::unique_ptr<mok::gpu::EpForward>> forwards;
+  std::vector<std::unique_ptr<mok::gpu::EpBackward>> backwards;
+  mok::gpu::EpForward& f;
+  mok::gpu::EpBackward& bw;
+  OneRankGroup(const mok::Config& c, const mok::gpu::BackwardOptions& o,
+               const mok::gpu::detail::ForwardHooks& hooks)
+      : forwards(mok::gpu::EpForward::create_group(c, comms.comms, {}, hooks)),
+        backwards(mok::gpu::EpBackward::create_group(c, comms.comms, o, hooks)),
+        f(*forwards[0]),
+        bw(*backwards[0]) {}
+};
+
+// One precision's step on a one-rank group against MoeForward + MoeBackward on the same inputs:
+// the output, d_x, d_topk_weights and every weight gradient bit for bit, with and without
+// dispatch delays; the odd cases of the precisions' own suites (an expert without rows, router
+// weights of 0, T not a multiple of 128).
+template <class Experts>
+void expect_one_rank_group_equals_one_gpu(mok::Precision precision, uint64_t seed) {
+  const mok::Config c = quant_bwd::quantized_config(precision, 512, 256, 8, 3, 1, 256, 300);
+  const mok::LayerParams p = mok::tools::random_params(c, seed);
+  mok::Batch b = quant_bwd::case_batch(c, 300, seed + 1, 1, true);
+  const std::vector<double> d_out =
+      mok::tools::random_vector(size_t(300 * c.hidden), seed + 2, 0.5);
+  const one_gpu::HostGrads want = quant_bwd::run_quantized<Experts>(c, p, b, d_out, 128);
+  mok::gpu::detail::ForwardHooks delays;
+  delays.dispatch_delay_ns = 20'000, delays.delay_seed = 7;
+  for (const auto& hooks : {mok::gpu::detail::ForwardHooks{}, delays}) {
+    SCOPED_TRACE(hooks.dispatch_delay_ns ? "dispatch delays" : "no delays");
+    const one_gpu::HostGrads got =
+        quant_bwd::run_quantized<Experts, OneRankGroup>(c, p, b, d_out, 128, hooks);
+    EXPECT_TRUE(fwd_test::same_bits(got.out, want.out)) << "the forward's output";
+    for (int i = 0; i < 7; ++i) EXPECT_EQ(got.bits[i], want.bits[i]) << "gradient " << i;
+  }
+}
+
+TEST(EpNcclBackwardGpu, LowPrecisionOneRankGroupEqualsTheSingleGpuBitForBit) {
+  MOK_REQUIRE_GPU();
+  {
+    SCOPED_TRACE("fp8_block");
+    expect_one_rank_group_equals_one_gpu<mok::gpu::Fp8BlockExperts>(mok::Precision::fp8_block, 510);
+  }
+  {
+    SCOPED_TRACE("nvfp4");
+    expect_one_rank_group_equals_one_gpu<mok::gpu::Nvfp4Experts>(mok::Precision::nvfp4, 520);
+  }
+  {
+    SCOPED_TRACE("mxfp8");
+    expect_one_rank_group_equals_one_gpu<mok::gpu::Mxfp8Experts>(mok::Precision::mxfp8, 530);
+  }
 }
 
 TEST(EpNcclBackwardGpu, ACommunicatorOfAnotherGroupIsRefused) {

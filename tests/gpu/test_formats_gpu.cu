@@ -1,11 +1,13 @@
 // Device quantizers give the host quantizers' bits (which tests/python checks against NumPy).
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <random>
 #include <string>
 #include <utility>
 
 #include "gpu_test_util.hpp"
+#include "kernels/moe_forward/source_rows.hpp"
 #include "mok/formats.hpp"
 #include "mok/gpu/formats_gpu.hpp"
 
@@ -292,4 +294,70 @@ TEST(FormatsGpu, Nvfp4WeightsMatchHostBitsInBothOrientations) {
                                                nullptr, nullptr),
               cudaErrorInvalidValue);  // the 16-byte loads need x 16-byte aligned
   }
+}
+
+// x quantized on its source rank (kern::quantize_source_rows, what dispatch pulls under fp8_block
+// and mxfp8): every row's codes and scales as the host quantizes the BF16 row (fp8_block: 1x128,
+// FP32 and UE8M0 scales; mxfp8: 1x32, RCEIL), on ~10^7 values with formats.md's edge cases, in the
+// row layout (codes, then scales, padded to 16 bytes; the padding left as it was). mxfp8's H of
+// 1088 is not a multiple of 128.
+TEST(FormatsGpu, SourceRowsMatchHostBits) {
+  MOK_REQUIRE_GPU();
+  struct Case {
+    bool mx, ue8m0;
+    int64_t cols;
+  };
+  for (const Case k :
+       {Case{false, false, 1024}, Case{false, true, 1024}, Case{true, false, 1088}}) {
+    SCOPED_TRACE(k.mx ? "mxfp8" : k.ue8m0 ? "fp8_block, UE8M0 scales" : "fp8_block");
+    const int64_t H = k.cols;
+    const std::vector<float> x = edge_case_matrix(H, 31);
+    const int64_t rows = int64_t(x.size()) / H;
+    std::vector<uint16_t> bits(x.size());
+    std::vector<float> rounded(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      bits[i] = mok::fmt::bf16_from_float(x[i]);
+      rounded[i] = mok::fmt::bf16_to_float(bits[i]);
+    }
+    const mok::kern::SourceRowLayout layout = mok::kern::source_row_layout(k.mx, H);
+    DeviceBuffer<uint16_t> dx(bits);
+    DeviceBuffer<uint8_t> out(size_t(rows * layout.bytes()), 0xEE);
+    MOK_CUDA_OK(mok::kern::quantize_source_rows(reinterpret_cast<const __nv_bfloat16*>(dx.ptr),
+                                                rows, H, k.mx, k.ue8m0, out.ptr, nullptr));
+    MOK_CUDA_OK(cudaDeviceSynchronize());
+    const std::vector<uint8_t> got = out.to_host();
+    std::vector<uint8_t> codes, scales, padding;
+    for (int64_t r = 0; r < rows; ++r) {
+      const uint8_t* row = got.data() + r * layout.bytes();
+      codes.insert(codes.end(), row, row + H);
+      scales.insert(scales.end(), row + H, row + H + layout.scale_bytes);
+      padding.insert(padding.end(), row + H + layout.scale_bytes, row + layout.bytes());
+    }
+    EXPECT_EQ(padding, std::vector<uint8_t>(padding.size(), 0xEE)) << "the padding was written";
+    if (k.mx) {
+      const mok::Mxfp8Tensor want =
+          mok::quantize_mxfp8(rounded.data(), rows, H, {1, 32}, mok::MxScaleRule::rceil);
+      EXPECT_EQ(codes, want.data);
+      EXPECT_EQ(scales, want.scales);
+    } else {
+      const mok::Fp8BlockTensor want =
+          mok::quantize_fp8_block(rounded.data(), rows, H, {1, 128}, k.ue8m0);
+      EXPECT_EQ(codes, want.data);
+      ASSERT_EQ(scales.size(), want.scales.size() * 4);
+      int64_t wrong = 0;
+      for (size_t i = 0; i < want.scales.size(); ++i) {
+        float v;
+        std::memcpy(&v, &scales[4 * i], 4);
+        wrong += !(v == want.scales[i] || (std::isnan(v) && std::isnan(want.scales[i])));
+      }
+      EXPECT_EQ(wrong, 0) << "scales differ";
+    }
+  }
+  EXPECT_EQ(mok::kern::quantize_source_rows(nullptr, 4, 1088, false, false, nullptr, nullptr),
+            cudaErrorInvalidValue);  // fp8_block's blocks of 128 do not split 1088
+  DeviceBuffer<uint16_t> x(64 * 8);
+  DeviceBuffer<uint8_t> rows(64 * 80);
+  EXPECT_EQ(mok::kern::quantize_source_rows(reinterpret_cast<const __nv_bfloat16*>(x.ptr) + 1, 8,
+                                            64, true, false, rows.ptr, nullptr),
+            cudaErrorInvalidValue);  // the 16-byte loads need x 16-byte aligned
 }

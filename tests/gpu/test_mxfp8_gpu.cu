@@ -229,6 +229,10 @@ TEST(Mxfp8Gpu, ConfigurationsItDoesNotTakeAreClearErrors) {
   gather.row_path = mok::gpu::RowPath::producer_gather;
   expect_error([&] { MoeForward f(c, gather); }, mok::ErrorCode::invalid_argument,
                "row_path producer_gather and block_n 256 are not available");
+  mok::Config floor = c;  // the CPU reference's other scale rule
+  floor.mx_scale_rule = mok::MxScaleRule::floor;
+  expect_error([&] { MoeForward f(floor); }, mok::ErrorCode::unsupported,
+               "precision mxfp8 on the GPU rounds with RCEIL scales");
   // The forward takes a shared width of 64, the backward's 128-wide tiles do not.
   mok::Config narrow = c;
   narrow.shared_intermediate = 64;

@@ -5,12 +5,14 @@
 // parallelism only the source of these rows changes (a peer's buffer instead of x). When the GEMM
 // producers gather (gather_rows, EP > 1) they read this rank's rows from x and padding as zeros
 // themselves: dispatch then copies only the peers' rows into the ring. A dispatch CTA then runs
-// the GEMM roles like the others (moe_forward_bf16.cu).
+// the GEMM roles like the others (moe_forward_bf16.cu). fp8_block and mxfp8 pull x's rows as their
+// source rank quantized them (source_rows.hpp): half the bytes of BF16 rows.
 #pragma once
 #include <cuda_bf16.h>
 
 #include <cstdint>
 
+#include "kernels/moe_forward/source_rows.hpp"
 #include "kernels/moe_forward/tile_schedule.cuh"
 #include "mok/formats/fp8_block_device.cuh"
 #include "mok/formats/mx_device.cuh"
@@ -55,19 +57,19 @@ struct ForwardDispatchRows {
   }
 };
 
-// fp8_block: the same rows into the E4M3 token ring and its scales (quantize_block).
-template <int kBlockN>
-struct ForwardDispatchRowsFp8Block : ForwardDispatchRows<kBlockN> {
-  static constexpr bool kQuantized = true;
+// fp8_block and mxfp8: the rows as their source rank quantized them (source_rows.hpp), into the
+// E4M3 token ring and its scales as they are (fp8_block), or decoded to their MX values into the
+// BF16 token ring, which the BF16 GEMM then multiplies exactly (mxfp8): copy_source_block.
+template <int kBlockN, bool kMx_>
+struct ForwardDispatchSourceRows : ForwardDispatchRows<kBlockN> {
+  static constexpr bool kSourceQuantized = true, kMx = kMx_;
+  __device__ static const uint4* source(const ForwardParams& p, int rank, int64_t slot) {
+    return reinterpret_cast<const uint4*>(p.peer_x_rows[rank] +
+                                          sched::slot_token(slot, p.top_k) *
+                                              source_row_layout(kMx, p.hidden).bytes());
+  }
   __device__ static uint8_t* ring_codes(const ForwardParams& p) { return p.routed_x_e4m3; }
   __device__ static float* ring_scales(const ForwardParams& p) { return p.routed_x_scales; }
-};
-
-// mxfp8: the same rows into the BF16 token ring as their MX values (1x32 blocks, RCEIL), which the
-// BF16 GEMM then multiplies exactly (mx_round_block).
-template <int kBlockN>
-struct ForwardDispatchRowsMx : ForwardDispatchRows<kBlockN> {
-  static constexpr bool kMxRounded = true;
 };
 
 // Before gathering block b, dispatch may have to wait for the GEMMs to free its place in the
@@ -142,8 +144,9 @@ __device__ __forceinline__ void copy_block(const ForwardParams& p, int64_t b,
   __syncthreads();  // every thread's stores precede the release (it is cumulative)
 }
 
-// fp8_block: x rows into the E4M3 token ring, quantized on the way (block_scale.hpp's 1x128 rule;
-// the codes and scales of quantize_fp8_block bit for bit). Half a warp takes a row, 16 bytes of
+// Rows quantized on the receiving side (the backward's d_out under fp8_block): BF16 rows into an
+// E4M3 ring, quantized on the way (block_scale.hpp's 1x128 rule; the codes and scales of
+// quantize_fp8_block bit for bit). Half a warp takes a row, 16 bytes of
 // BF16 per lane of each 128-column block, kQuantizeUnroll blocks in flight (a warp's two halves
 // take neighbouring rows, so both run the same trip counts and the shuffles stay converged).
 constexpr int kQuantizeUnroll = 16;
@@ -200,8 +203,9 @@ __device__ __forceinline__ void quantize_block(const ForwardParams& p, int64_t b
   __syncthreads();  // every thread's stores precede the release (it is cumulative)
 }
 
-// mxfp8: x rows into the BF16 token ring as MX values (block_scale.hpp's 1x32 RCEIL rule; the
-// values of dequantize(quantize_mxfp8(row)) bit for bit). As quantize_block: half a warp per row,
+// Rows MX-rounded on the receiving side (the backward's d_out under mxfp8): BF16 rows into a BF16
+// ring as MX values (block_scale.hpp's 1x32 RCEIL rule; the values of
+// dequantize(quantize_mxfp8(row)) bit for bit). As quantize_block: half a warp per row,
 // 16 bytes of BF16 per lane of each 128-column chunk; a quad of lanes holds one 32-column block.
 template <class Rows>
 __device__ __forceinline__ void mx_round_block(const ForwardParams& p, int64_t b,
@@ -248,12 +252,93 @@ __device__ __forceinline__ void mx_round_block(const ForwardParams& p, int64_t b
   __syncthreads();  // every thread's stores precede the release (it is cumulative)
 }
 
-// One block of a Rows policy into its ring: copied, quantized (Rows::kQuantized), or MX-rounded
-// (Rows::kMxRounded).
+// Rows quantized on their source rank (Rows::kSourceQuantized) into the ring, as copy_block moves
+// BF16 rows: each row one flat run of 16-byte vectors, kDispatchUnroll in flight per thread.
+// fp8_block: the code vectors into the E4M3 ring, the scale vectors' floats into its scales.
+// mxfp8: each vector of 16 codes with its block's scale byte decoded to 16 BF16 MX values (the
+// values mx_round_block writes: E4M3 * 2^(scale - 127) in FP32, exact, then to BF16; NaN where
+// the block held a non-finite value). Padding rows: zero codes with a zero block's scale.
+template <class Rows>
+__device__ __forceinline__ void copy_source_block(const ForwardParams& p, int64_t b,
+                                                  const uint4** row_source, bool* row_copied) {
+  if (p.profile_flags & kProfileNoDispatchCopy) return;
+  resolve_block_rows<Rows>(p, b, row_source, row_copied);  // every row: never gathered
+  constexpr bool kMx = Rows::kMx;
+  const SourceRowLayout layout = source_row_layout(kMx, p.hidden);
+  const uint32_t row_vecs = uint32_t(layout.vectors()), code_vecs = uint32_t(p.hidden / 16);
+  const uint32_t block_vecs = kBlockM * row_vecs;
+  const int64_t scales = p.hidden / 128, ring_row0 = sched::ring_tile(b, token_ring(p)) * kBlockM;
+  const float zero_block_scale =
+      fmt::fp8_block_stored_scale(fmt::BlockAmax{}, fmt::fp8_block_scale(0.0f, p.fp8_ue8m0 != 0));
+  const sched::VectorWalk walk = sched::VectorWalk::make(blockDim.x, row_vecs);
+  sched::VectorWalk::Position at = walk.at(threadIdx.x);  // of vector `base`
+  for (uint32_t base = threadIdx.x; base < block_vecs; base += blockDim.x * kDispatchUnroll) {
+    uint4 v[kDispatchUnroll];
+    uint8_t scale[kDispatchUnroll];  // mxfp8: the scale byte of the vector's 32-column block
+    sched::VectorWalk::Position pos = at;
+#pragma unroll
+    for (int u = 0; u < kDispatchUnroll; ++u, walk.advance(pos)) {
+      const uint32_t i = base + u * blockDim.x;
+      const uint4* src = i < block_vecs ? row_source[pos.row] : nullptr;
+      v[u] = src ? __ldg(src + pos.col) : make_uint4(0, 0, 0, 0);
+      if constexpr (kMx)
+        scale[u] = src && pos.col < code_vecs
+                       ? __ldg(reinterpret_cast<const uint8_t*>(src) + p.hidden + pos.col / 2)
+                       : 0;
+    }
+    pos = at;
+#pragma unroll
+    for (int u = 0; u < kDispatchUnroll; ++u, walk.advance(pos)) {
+      const uint32_t i = base + u * blockDim.x;
+      if (i >= block_vecs) continue;
+      const int64_t row = ring_row0 + pos.row;
+      if constexpr (kMx) {
+        if (pos.col >= code_vecs) continue;  // the scales: read with their codes
+        const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        const float decode = fmt::e8m0_to_float(scale[u]);
+        uint32_t out[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          uint32_t halves;
+          asm("cvt.rn.f16x2.e4m3x2 %0, %1;"
+              : "=r"(halves)
+              : "h"(uint16_t(w[e / 2] >> (16 * (e % 2)))));
+          float2 f = __half22float2(*reinterpret_cast<const __half2*>(&halves));
+          f = scale[u] == fmt::kE8M0NaN
+                  ? make_float2(bits_float(0x7FC00000u), bits_float(0x7FC00000u))
+                  : make_float2(f.x * decode, f.y * decode);
+          const __nv_bfloat162 pair = __floats2bfloat162_rn(f.x, f.y);
+          out[e] = *reinterpret_cast<const uint32_t*>(&pair);
+        }
+        uint4* dst = Rows::ring(p) + row * (p.hidden / 8) + 2 * pos.col;
+        dst[0] = make_uint4(out[0], out[1], out[2], out[3]);
+        dst[1] = make_uint4(out[4], out[5], out[6], out[7]);
+      } else if (pos.col < code_vecs) {
+        reinterpret_cast<uint4*>(Rows::ring_codes(p) + row * p.hidden)[pos.col] = v[u];
+      } else {
+        const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+        float* dst = Rows::ring_scales(p) + row * scales;
+        const bool padding = row_source[pos.row] == nullptr;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int64_t j = int64_t(pos.col - code_vecs) * 4 + e;
+          if (j < scales) dst[j] = padding ? zero_block_scale : bits_float(w[e]);
+        }
+      }
+    }
+    at = pos;
+  }
+  __syncthreads();  // every thread's stores precede the release (it is cumulative)
+}
+
+// One block of a Rows policy into its ring: copied, quantized (Rows::kQuantized), MX-rounded
+// (Rows::kMxRounded) or copied from its source rank's quantized rows (Rows::kSourceQuantized).
 template <class Rows>
 __device__ __forceinline__ void move_block(const ForwardParams& p, int64_t b,
                                            const uint4** row_source, bool* row_copied) {
-  if constexpr (requires { requires Rows::kMxRounded; })
+  if constexpr (requires { requires Rows::kSourceQuantized; })
+    copy_source_block<Rows>(p, b, row_source, row_copied);
+  else if constexpr (requires { requires Rows::kMxRounded; })
     mx_round_block<Rows>(p, b, row_source, row_copied);
   else if constexpr (Rows::kQuantized)
     quantize_block<Rows>(p, b, row_source, row_copied);

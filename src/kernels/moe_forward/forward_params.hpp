@@ -63,6 +63,9 @@ struct ForwardParams {
   // GPU). With ep_size = 1 the tables hold this rank's own buffers.
   int ep_size, ep_rank;
   const __nv_bfloat16* peer_x[kMaxRanks];  // [T_r, H]: the rows dispatch gathers
+  // fp8_block and mxfp8: the same rows quantized on their rank, [T_r, source row bytes]
+  // (source_rows.hpp), which dispatch pulls instead of peer_x.
+  const uint8_t* peer_x_rows[kMaxRanks];
   const int32_t* peer_offsets[kMaxRanks];  // [E + 1]: each source's schedule (global experts)
   const int32_t* peer_sorted[kMaxRanks];   // [T_r * K]
   __nv_bfloat16* peer_y_slots[kMaxRanks];  // [T_r * K, H]: where the down epilogue puts rows

@@ -209,9 +209,8 @@ struct ForwardProgram {
   __device__ static void prepare_cta(const Params&) {}
 
   __device__ static bool dispatch(const Params& p, int cta, int ctas) {
-    using Rows = std::conditional_t<
-        kFp8Block, ForwardDispatchRowsFp8Block<kBlockN>,
-        std::conditional_t<kMxfp8, ForwardDispatchRowsMx<kBlockN>, ForwardDispatchRows<kBlockN>>>;
+    using Rows = std::conditional_t<kFp8Block || kMxfp8, ForwardDispatchSourceRows<kBlockN, kMxfp8>,
+                                    ForwardDispatchRows<kBlockN>>;
     return !batch_ok(p) || dispatch_role<kBlockN, Rows>(p, cta, ctas);
   }
   __device__ static void combine(const Params& p) {
