@@ -1,8 +1,8 @@
 """mok for PyTorch: the MoE layer as an nn.Module, a functional form, the routers, and loaders
 from Hugging Face-style state dicts (DeepSeek-V3, Qwen3-MoE).
 
-On CUDA tensors the layer runs mok's forward and backward megakernels (one GPU, BF16, bit for bit
-reproducible); on CPU tensors the reference layer (FP64 math on the same operands; slow, for tests
+On CUDA tensors the layer runs mok's forward and backward megakernels (BF16 or a low precision, on
+one GPU or an expert-parallel group, bit for bit reproducible); on CPU tensors the reference layer (FP64 math on the same operands; slow, for tests
 and machines without a GPU). Both go through the custom operators mok::moe_forward and
 mok::moe_backward (mok._ops), so torch.compile(fullgraph=True) and CUDA graph capture of a
 training step work. Parameters in the usual layout: router [E, H], shared_gate / shared_up [S, H],
@@ -177,9 +177,9 @@ class MoE(nn.Module):
     recompute: the backward recomputes the gate/up activations instead of keeping them (less
     memory, about 1.2-1.3x the backward's time; the same bits). precision: "bf16"; "fp8_block",
     "nvfp4" (NVFP4 weights, BF16 activations) and "mxfp8" run their quantized recipes
-    (docs/recipes.md): on CPU tensors the reference, on one GPU the low-precision megakernels
-    (not with recompute or a process group), the
-    routed experts' weights quantized from the BF16 parameters by GPU kernels at every forward.
+    (docs/recipes.md): on CPU tensors the reference, on the GPU the low-precision megakernels
+    (not with recompute), the routed experts' weights quantized from the BF16 parameters by GPU
+    kernels at every forward.
     On the GPU, x is BF16 and the parameters BF16 (BF16 gradients) or FP32 (master weights:
     rounded to BF16 for the GEMMs, FP32 gradients from the backward's FP32 accumulators);
     autograd adds them into .grad. Each module

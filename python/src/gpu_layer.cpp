@@ -4,7 +4,7 @@
 // call is asynchronous on the stream it is given. With a unique id it is one rank of an
 // expert-parallel group over NCCL (EpForward / EpBackward): every call is then a collective of the
 // group, and the expert parameters are this rank's E / ep_size experts. Low precision (fp8_block,
-// nvfp4, mxfp8; one GPU): the layer owns the routed experts' quantized copies, made from the BF16
+// nvfp4, mxfp8): the layer owns its routed experts' quantized copies, made from the BF16
 // parameters by the GPU quantizers at every forward that asks (by default every one: the
 // parameters may have changed since), and its backward reads the copies its forward read.
 #include <cuda_runtime_api.h>
@@ -88,10 +88,6 @@ class GpuLayer {
       throw mok::Error(mok::ErrorCode::unsupported,
                        "GpuLayer: precision " + precision +
                            " reads the activations its forward kept: recompute must be False");
-    if (c_.precision != mok::Precision::bf16 && unique_id)
-      throw mok::Error(mok::ErrorCode::unsupported,
-                       "GpuLayer: precision " + precision +
-                           " runs on one GPU for now, not over an expert-parallel NCCL group");
     int gpus = 0;
     if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
       throw mok::Error(mok::ErrorCode::unsupported,
@@ -119,8 +115,8 @@ class GpuLayer {
                              "shared with every rank)");
       forward_ = std::make_unique<mok::gpu::MoeForward>(c_);
       backward_ = std::make_unique<mok::gpu::MoeBackward>(c_, o);
-      experts_ = std::make_unique<mok::gpu::LowPrecisionExperts>(c_, /*backward=*/true);
     }
+    experts_ = std::make_unique<mok::gpu::LowPrecisionExperts>(c_, /*backward=*/true);
     schedule_ = std::make_unique<mok::gpu::Schedule>(c_);
     context_ = std::make_unique<mok::gpu::ForwardContext>(c_, mode);
   }
@@ -272,7 +268,7 @@ class GpuLayer {
 #endif
   std::unique_ptr<mok::gpu::Schedule> schedule_;
   std::unique_ptr<mok::gpu::ForwardContext> context_;
-  // The routed experts' quantized copies (one GPU; none in bf16).
+  // This rank's routed experts' quantized copies (none in bf16).
   std::unique_ptr<mok::gpu::LowPrecisionExperts> experts_;
 };
 
@@ -294,9 +290,9 @@ void mok_py::register_gpu_layer(nb::module_& m) {
       },
       "A new NCCL unique id (on rank 0 of an expert-parallel group; share it with every rank).");
   nb::class_<GpuLayer>(m, "GpuLayer",
-                       "The GPU forward and backward megakernels of one layer (BF16; on one GPU "
-                       "also fp8_block, nvfp4 and mxfp8's forward), on CUDA tensors passed by "
-                       "DLPack; owns its workspace and the routed experts' quantized copies.")
+                       "The GPU forward and backward megakernels of one layer (BF16, fp8_block, "
+                       "nvfp4 or mxfp8), on CUDA tensors passed by DLPack; owns its workspace "
+                       "and the routed experts' quantized copies.")
       .def(nb::init<const nb::dict&, const std::string&, bool, std::optional<nb::bytes>>(),
            "config"_a, "weight_grads"_a = "write_fp32", "recompute"_a = false,
            "unique_id"_a = nb::none(),

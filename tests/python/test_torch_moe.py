@@ -535,16 +535,18 @@ def test_a_captured_training_step_replays_with_new_inputs():
 
 
 @gpu
-def test_a_one_rank_process_group_runs_the_nccl_path_bit_for_bit():
+@pytest.mark.parametrize("precision", ["bf16", "fp8_block", "nvfp4", "mxfp8"])
+def test_a_one_rank_process_group_runs_the_nccl_path_bit_for_bit(precision):
     import torch.distributed as dist
 
     if not mok.has_expert_parallel:
         pytest.skip("a build without NCCL's device API")
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        m, x, d_out = make("cuda", torch.bfloat16, tokens=96, **DSV3)
+        m, x, d_out = make("cuda", torch.bfloat16, tokens=96, precision=precision, **DSV3)
         ep = mt.MoE(256, 128, 16, 4, num_shared_experts=1, shared_intermediate=128,
-                    max_tokens=96, process_group=dist.group.WORLD, device="cuda", **DSV3)
+                    max_tokens=96, process_group=dist.group.WORLD, device="cuda",
+                    precision=precision, **DSV3)
         ep.load_state_dict(m.state_dict())
         assert ep.config["ep_size"] == 1 and ep.expert_range == range(0, 16)
         for i, (a, b) in enumerate(zip(grads_of(ep, x, d_out), grads_of(m, x, d_out))):

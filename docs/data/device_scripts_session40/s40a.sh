@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Session 40, one GPU (carry [".device"], with googletest, .device/base.diff from
+# `scripts/device_ab_base.sh make 00f1eea`): x quantized on its source rank (fp8_block, mxfp8) and
+# every precision over NCCL. The suites the change touches: the source quantizer (formats), each
+# precision's forward and backward (the backward suites now also compare the forward's output),
+# the one-rank NCCL groups (BF16 and the new low-precision step), the emulated groups and the BF16
+# forward, and the PyTorch layer's one-rank process group in every precision. Meanwhile the baseline (00f1eea) builds into /tmp/base for s40b.sh.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0
+cd "$(dirname "$0")/../../.."
+t0=$(date +%s)
+limit=${LIMIT:-560}
+log=$OUT/log.txt
+source scripts/device_steps.sh
+nccl_root="$(bash scripts/nccl_root.sh)"
+cmake -S . -B build-gpu ${nccl_root:+-DMOK_NCCL_ROOT="$nccl_root"} -G Ninja -DCMAKE_BUILD_TYPE=Release \
+  -DMOK_WERROR=ON -DCMAKE_CXX_COMPILER=/usr/bin/g++ -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ \
+  -DMOK_GTEST_SOURCE="$PWD/.device/googletest" > $OUT/configure.log 2>&1 || { tail -20 $OUT/configure.log; exit 1; }
+cmake --build build-gpu -j 16 > $OUT/build.log 2>&1 ||
+  { grep -E "error|FAILED" -A3 $OUT/build.log | head -30; exit 1; }
+echo "build $(el)s"
+(bash scripts/device_ab_base.sh build > $OUT/base_build.txt 2>&1 &)
+nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader
+b=build-gpu/tests
+run formats 60 $b/test_formats_gpu
+run fp8_block 150 $b/test_fp8_block_gpu
+run mxfp8 150 $b/test_mxfp8_gpu
+run ep_nccl_backward 200 $b/test_ep_nccl_backward_gpu
+run ep_nccl 120 $b/test_ep_nccl_gpu
+run fp8_block_backward 120 $b/test_fp8_block_backward_gpu
+run mxfp8_backward 120 $b/test_mxfp8_backward_gpu
+run nvfp4_backward 120 $b/test_nvfp4_backward_gpu
+run nvfp4 120 $b/test_nvfp4_gpu
+run emulated_ep 120 $b/test_emulated_ep_gpu
+[ $(el) -lt $(( limit - 120 )) ] && run moe_forward 100 $b/test_moe_forward_gpu
+echo "tests $(el)s"
+r=$PWD
+if [ $(el) -lt $(( limit - 110 )) ]; then
+  bash scripts/gpu_build_python.sh > $OUT/py_build.log 2>&1 || { head -30 $OUT/py_build.log; exit 1; }
+  echo "python build $(el)s"
+  (cd /tmp && PYTHONPATH=$r/build-py/python:$r/.device/pylib timeout $(( limit - 10 - $(el) )) \
+    python3 -m pytest -q -W ignore::RuntimeWarning -p no:cacheprovider --tb=short \
+    -k "one_rank_process_group or gpu_low_precision" $r/tests/python/test_torch_moe.py 2>&1 | tail -8)
+fi
+grep -h "^\[ .* \] case\|relative L2" $log | cut -c1-160 | head -20
+cat $OUT/base_build.txt
+echo "end $(el)s"
