@@ -224,3 +224,9 @@ TEST(Fp8BlockBackwardGpu, WeightGradientModesAndTheStagedBackward) {
     expect_weight_gradient_modes<Fp8BlockExperts>(c, p, b, d_out, block_n, 6);
   }
 }
+
+TEST(Fp8BlockBackwardGpu, NonFiniteInputsStayInTheTokensAndExpertsTheyReach) {
+  MOK_REQUIRE_GPU();
+  expect_non_finite_inputs_stay_in_their_tokens<Fp8BlockExperts>(
+      fp8_config(256, 256, 8, 2, 1, 128, 200), 1970);
+}

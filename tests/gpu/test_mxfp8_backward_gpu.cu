@@ -111,3 +111,9 @@ TEST(Mxfp8BackwardGpu, RefusesWhatItCannotUse) {
   MOK_CUDA_OK(cudaDeviceSynchronize());
   expect_every_gradient_written(step);
 }
+
+TEST(Mxfp8BackwardGpu, NonFiniteInputsStayInTheTokensAndExpertsTheyReach) {
+  MOK_REQUIRE_GPU();
+  expect_non_finite_inputs_stay_in_their_tokens<Mxfp8Experts>(
+      mxfp8_config(256, 256, 8, 2, 1, 128, 200), 1950);
+}

@@ -165,3 +165,9 @@ TEST(Nvfp4BackwardGpu, RefusesWhatItCannotUse) {
   MOK_CUDA_OK(cudaDeviceSynchronize());
   expect_every_gradient_written(step);
 }
+
+TEST(Nvfp4BackwardGpu, NonFiniteInputsStayInTheTokensAndExpertsTheyReach) {
+  MOK_REQUIRE_GPU();
+  expect_non_finite_inputs_stay_in_their_tokens<Nvfp4Experts>(
+      nvfp4_config(256, 256, 8, 2, 1, 128, 200), 1960);
+}
