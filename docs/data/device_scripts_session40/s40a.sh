@@ -3,8 +3,10 @@
 # `scripts/device_ab_base.sh make 00f1eea`): x quantized on its source rank (fp8_block, mxfp8) and
 # every precision over NCCL. The suites the change touches: the source quantizer (formats), each
 # precision's forward and backward (the backward suites now also compare the forward's output),
-# the one-rank NCCL groups (BF16 and the new low-precision step), the emulated groups and the BF16
-# forward, and the PyTorch layer's one-rank process group in every precision. Meanwhile the baseline (00f1eea) builds into /tmp/base for s40b.sh.
+# the one-rank NCCL groups (BF16 and the new low-precision step) and the emulated groups. Meanwhile
+# the baseline (00f1eea) builds into /tmp/base; after the tests the forward of fp8_block and mxfp8
+# runs in both builds (s40b.sh: another round), then the PyTorch layer's one-rank process group in
+# every precision.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
@@ -30,12 +32,25 @@ run ep_nccl 120 $b/test_ep_nccl_gpu
 run fp8_block_backward 120 $b/test_fp8_block_backward_gpu
 run mxfp8_backward 120 $b/test_mxfp8_backward_gpu
 run nvfp4_backward 120 $b/test_nvfp4_backward_gpu
-run nvfp4 120 $b/test_nvfp4_gpu
 run emulated_ep 120 $b/test_emulated_ep_gpu
-[ $(el) -lt $(( limit - 120 )) ] && run moe_forward 100 $b/test_moe_forward_gpu
+[ -x /tmp/base/b/mok ] || echo "base not built yet $(el)s"
 echo "tests $(el)s"
+# x quantized at the source (this tree) against the receiving side (00f1eea), EP 1, every standard
+# shape: `mok bench --precision P` (burst rates, 10 iterations), the builds alternating.
+for i in $(seq 60); do [ -x /tmp/base/b/mok ] && break; sleep 2; done
+bench() {  # label mok precision
+  [ $(el) -gt $(( limit - 50 )) ] && return
+  echo "--- $1 $3 $(el)s" | tee -a $log
+  timeout $(( limit - 10 - $(el) )) $2 bench --precision $3 --iterations 10 >> $log 2>&1
+  echo "rc=$?" >> $log
+}
+for p in fp8_block mxfp8; do
+  bench new build-gpu/mok $p
+  bench base /tmp/base/b/mok $p
+done
+grep -E "^\| |^---" $log | cut -c1-200
 r=$PWD
-if [ $(el) -lt $(( limit - 110 )) ]; then
+if [ $(el) -lt $(( limit - 100 )) ]; then
   bash scripts/gpu_build_python.sh > $OUT/py_build.log 2>&1 || { head -30 $OUT/py_build.log; exit 1; }
   echo "python build $(el)s"
   (cd /tmp && PYTHONPATH=$r/build-py/python:$r/.device/pylib timeout $(( limit - 10 - $(el) )) \
