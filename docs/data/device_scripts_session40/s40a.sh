@@ -25,14 +25,14 @@ echo "build $(el)s"
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader
 b=build-gpu/tests
 run formats 60 $b/test_formats_gpu
+run ep_nccl_backward 200 $b/test_ep_nccl_backward_gpu
 run fp8_block 150 $b/test_fp8_block_gpu
 run mxfp8 150 $b/test_mxfp8_gpu
-run ep_nccl_backward 200 $b/test_ep_nccl_backward_gpu
-run ep_nccl 120 $b/test_ep_nccl_gpu
-run fp8_block_backward 120 $b/test_fp8_block_backward_gpu
 run mxfp8_backward 120 $b/test_mxfp8_backward_gpu
+run fp8_block_backward 120 $b/test_fp8_block_backward_gpu
 run nvfp4_backward 120 $b/test_nvfp4_backward_gpu
-run emulated_ep 120 $b/test_emulated_ep_gpu
+[ $(el) -lt $(( limit - 100 )) ] && run ep_nccl 60 $b/test_ep_nccl_gpu
+[ $(el) -lt $(( limit - 100 )) ] && run emulated_ep 60 $b/test_emulated_ep_gpu
 [ -x /tmp/base/b/mok ] || echo "base not built yet $(el)s"
 echo "tests $(el)s"
 # x quantized at the source (this tree) against the receiving side (00f1eea), EP 1, every standard
