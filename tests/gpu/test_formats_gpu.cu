@@ -299,8 +299,8 @@ TEST(FormatsGpu, Nvfp4WeightsMatchHostBitsInBothOrientations) {
 // x quantized on its source rank (kern::quantize_source_rows, what dispatch pulls under fp8_block
 // and mxfp8): every row's codes and scales as the host quantizes the BF16 row (fp8_block: 1x128,
 // FP32 and UE8M0 scales; mxfp8: 1x32, RCEIL), on ~10^7 values with formats.md's edge cases, in the
-// row layout (codes, then scales, padded to 16 bytes; the padding left as it was). mxfp8's H of
-// 1088 is not a multiple of 128.
+// row layout (codes, then scales, padded to 16 bytes; the padding left as it was). Both H
+// leave padding (1152: 36 bytes of FP32 scales; 1088, mxfp8's, not a multiple of 128: 34 bytes).
 TEST(FormatsGpu, SourceRowsMatchHostBits) {
   MOK_REQUIRE_GPU();
   struct Case {
@@ -308,7 +308,7 @@ TEST(FormatsGpu, SourceRowsMatchHostBits) {
     int64_t cols;
   };
   for (const Case k :
-       {Case{false, false, 1024}, Case{false, true, 1024}, Case{true, false, 1088}}) {
+       {Case{false, false, 1152}, Case{false, true, 1152}, Case{true, false, 1088}}) {
     SCOPED_TRACE(k.mx ? "mxfp8" : k.ue8m0 ? "fp8_block, UE8M0 scales" : "fp8_block");
     const int64_t H = k.cols;
     const std::vector<float> x = edge_case_matrix(H, 31);
