@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_bf16.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -135,6 +136,71 @@ inline HostGrads run_backward(const mok::Config& c, const mok::LayerParams& p, c
 
 inline const char* kGradNames[6] = {"d_shared_gate", "d_shared_up", "d_shared_down",
                                     "d_gate",        "d_up",        "d_down"};
+
+// Rows [first, first + count) of `n`-wide rows of `got`: bitwise `clean`'s, or (touched) holding
+// at least one value that is not finite.
+inline void expect_rows(const char* name, const std::vector<double>& got,
+                        const std::vector<double>& clean, int64_t n, int64_t first, int64_t count,
+                        bool touched) {
+  const auto a = got.begin() + first * n, b = clean.begin() + first * n;
+  if (touched)
+    EXPECT_TRUE(std::any_of(a, a + count * n, [](double v) { return !std::isfinite(v); }))
+        << name << " rows " << first << "+" << count << ": all finite";
+  else
+    EXPECT_EQ(std::memcmp(&*a, &*b, size_t(count * n) * sizeof(double)), 0)
+        << name << " rows " << first << "+" << count << " changed";
+}
+
+// NaN or Inf in x, in one routed expert's gate weights or in d_out, each in a step of `run`
+// (c, params, batch, d_out -> HostGrads) on copies of p, b and d_out: the output, d_x and
+// d_topk_weights are not finite in the tokens the value reaches and bitwise the clean step's in
+// every other token; the routed weight gradients likewise per expert, the shared experts' reached
+// by x and d_out only (IEEE propagation, formats.md).
+template <class Run>
+void expect_non_finite_inputs_stay_in_their_tokens(const mok::Config& c, const mok::LayerParams& p,
+                                                   const mok::Batch& b,
+                                                   const std::vector<double>& d_out, Run run) {
+  const int64_t H = c.hidden, I = c.intermediate, K = c.top_k, T = b.tokens, bad = 17;
+  const HostGrads clean = run(c, p, b, d_out);
+  const int32_t bad_expert = b.topk_ids[0];
+  auto routes_to = [&](int64_t t, int32_t e) {
+    const int32_t* ids = &b.topk_ids[size_t(t * K)];
+    return std::find(ids, ids + K, e) != ids + K;
+  };
+  for (const std::string what : {"x", "weights", "d_out"}) {
+    SCOPED_TRACE("non-finite in " + what);
+    mok::Batch b2 = b;
+    mok::LayerParams p2 = p;
+    std::vector<double> d_out2 = d_out;
+    if (what == "x") b2.x[size_t(bad * H + 3)] = NAN;
+    if (what == "weights")
+      p2.gate[size_t(bad_expert) * size_t(I * H) + 5 * size_t(H) + 7] = INFINITY;
+    if (what == "d_out") d_out2[size_t(bad * H + 3)] = NAN;
+    const HostGrads got = run(c, p2, b2, d_out2);
+    auto token_reached = [&](int64_t t) {
+      return what == "weights" ? routes_to(t, bad_expert) : t == bad;
+    };
+    for (int64_t t = 0; t < T; ++t) {
+      expect_rows("out", got.out, clean.out, H, t, 1, what != "d_out" && token_reached(t));
+      expect_rows("d_x", got.d_x, clean.d_x, H, t, 1, token_reached(t));
+      expect_rows("d_topk_weights", got.d_w, clean.d_w, K, t, 1, token_reached(t));
+    }
+    for (int i = 0; i < 3; ++i)  // the shared experts' gradients: one slab each
+      expect_rows(kGradNames[i], got.w[i], clean.w[i], 1, 0, int64_t(got.w[i].size()),
+                  what != "weights");
+    for (int32_t e = 0; e < c.num_experts; ++e) {
+      const bool reached = what == "weights" ? e == bad_expert : routes_to(bad, e);
+      bool any_non_finite = false;
+      for (int i = 3; i < 6; ++i) {
+        const auto first = got.w[i].begin() + int64_t(e) * I * H;
+        any_non_finite |=
+            std::any_of(first, first + I * H, [](double v) { return !std::isfinite(v); });
+        if (!reached) expect_rows(kGradNames[i], got.w[i], clean.w[i], I * H, e, 1, false);
+      }
+      EXPECT_EQ(any_non_finite, reached) << "expert " << e;
+    }
+  }
+}
 
 // Every gradient within the BF16 bound of docs/recipes.md (mok/compare.hpp: up to four rounded
 // operands in a row, ~2e-3 expected) of the FP64 reference on BF16-rounded operands; nothing

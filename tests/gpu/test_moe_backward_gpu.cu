@@ -337,13 +337,9 @@ TEST(MoeBackwardGpu, GraphReplayEqualsDirectRuns) {
   }
 }
 
-// A forward and backward's outputs: out as doubles and every gradient.
-struct StepOutputs {
-  std::vector<double> out;
-  HostGrads g;
-};
-StepOutputs run_step(const mok::Config& c, const mok::LayerParams& p, const mok::Batch& b,
-                     const std::vector<double>& d_out) {
+// One forward and backward on one GPU (FP32 weight gradients).
+HostGrads run_step(const mok::Config& c, const mok::LayerParams& p, const mok::Batch& b,
+                   const std::vector<double>& d_out) {
   Step step(c, p, b, d_out, WeightGrads::write_fp32);
   mok::gpu::MoeForward f(c);
   mok::gpu::MoeBackward bw(c);
@@ -353,21 +349,7 @@ StepOutputs run_step(const mok::Config& c, const mok::LayerParams& p, const mok:
   f.check(nullptr);
   bw.check(nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return {from_bf16(step.out.to_host()), step.host(WeightGrads::write_fp32)};
-}
-
-// Rows [first, first + count) of `n`-wide rows: all bitwise those of `clean`, or (touched) at
-// least one value not finite.
-void expect_rows(const char* name, const std::vector<double>& got, const std::vector<double>& clean,
-                 int64_t n, int64_t first, int64_t count, bool touched) {
-  const auto a = got.begin() + first * n, b = clean.begin() + first * n;
-  if (touched) {
-    EXPECT_TRUE(std::any_of(a, a + count * n, [](double v) { return !std::isfinite(v); }))
-        << name << " rows " << first << "+" << count << ": all finite";
-  } else {
-    EXPECT_EQ(std::memcmp(&*a, &*b, size_t(count * n) * sizeof(double)), 0)
-        << name << " rows " << first << "+" << count << " changed";
-  }
+  return step.host(WeightGrads::write_fp32);
 }
 
 // NaN or Inf in x, in one expert's weights or in d_out: out, d_x and d_topk_weights are not
@@ -380,46 +362,7 @@ TEST(MoeBackwardGpu, NonFiniteInputsStayInTheTokensAndExpertsTheyReach) {
   const mok::LayerParams p = mok::tools::random_params(c, 111);
   const mok::Batch b = mok::tools::random_batch(c, 200, 112);
   const std::vector<double> d_out = mok::tools::random_vector(size_t(b.tokens * c.hidden), 113);
-  const StepOutputs clean = run_step(c, p, b, d_out);
-  const int64_t H = c.hidden, I = c.intermediate, K = c.top_k, T = b.tokens, bad = 17;
-  const int32_t bad_expert = b.topk_ids[0];
-  auto routes_to = [&](int64_t t, int32_t e) {
-    return std::find(&b.topk_ids[size_t(t * K)], &b.topk_ids[size_t(t * K + K)], e) !=
-           &b.topk_ids[size_t(t * K + K)];
-  };
-  for (const std::string what : {"x", "weights", "d_out"}) {
-    SCOPED_TRACE("non-finite in " + what);
-    mok::Batch b2 = b;
-    mok::LayerParams p2 = p;
-    std::vector<double> d_out2 = d_out;
-    if (what == "x") b2.x[size_t(bad * H + 3)] = NAN;
-    if (what == "weights")
-      p2.gate[size_t(bad_expert) * size_t(I * H) + 5 * size_t(H) + 7] = INFINITY;
-    if (what == "d_out") d_out2[size_t(bad * H + 3)] = NAN;
-    const StepOutputs got = run_step(c, p2, b2, d_out2);
-    auto token_reached = [&](int64_t t) {
-      return what == "weights" ? routes_to(t, bad_expert) : t == bad;
-    };
-    for (int64_t t = 0; t < T; ++t) {
-      expect_rows("out", got.out, clean.out, H, t, 1, what != "d_out" && token_reached(t));
-      expect_rows("d_x", got.g.d_x, clean.g.d_x, H, t, 1, token_reached(t));
-      expect_rows("d_topk_weights", got.g.d_w, clean.g.d_w, K, t, 1, token_reached(t));
-    }
-    for (int i = 0; i < 3; ++i)  // the shared expert's gradients: one slab each
-      expect_rows(kGradNames[i], got.g.w[i], clean.g.w[i], 1, 0, int64_t(got.g.w[i].size()),
-                  what != "weights");
-    for (int32_t e = 0; e < c.num_experts; ++e) {
-      const bool reached = what == "weights" ? e == bad_expert : routes_to(bad, e);
-      bool any_non_finite = false;
-      for (int i = 3; i < 6; ++i) {
-        const auto first = got.g.w[i].begin() + int64_t(e) * I * H;
-        any_non_finite |=
-            std::any_of(first, first + I * H, [](double v) { return !std::isfinite(v); });
-        if (!reached) expect_rows(kGradNames[i], got.g.w[i], clean.g.w[i], I * H, e, 1, false);
-      }
-      EXPECT_EQ(any_non_finite, reached) << "expert " << e;
-    }
-  }
+  expect_non_finite_inputs_stay_in_their_tokens(c, p, b, d_out, run_step);
 }
 
 TEST(MoeBackwardGpu, RefusesWhatItCannotUseAndEndsAStoppedDispatchInAnError) {

@@ -5,7 +5,7 @@
 # precision's forward and backward (the backward suites now also compare the forward's output),
 # the one-rank NCCL groups (BF16 and the new low-precision step) and the emulated groups. Meanwhile
 # the baseline (00f1eea) builds into /tmp/base; after the tests the forward of fp8_block and mxfp8
-# runs in both builds (s40b.sh: another round), then the PyTorch layer's one-rank process group in
+# runs in both builds, then the PyTorch layer's one-rank process group in
 # every precision.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
@@ -14,12 +14,7 @@ t0=$(date +%s)
 limit=${LIMIT:-560}
 log=$OUT/log.txt
 source scripts/device_steps.sh
-nccl_root="$(bash scripts/nccl_root.sh)"
-cmake -S . -B build-gpu ${nccl_root:+-DMOK_NCCL_ROOT="$nccl_root"} -G Ninja -DCMAKE_BUILD_TYPE=Release \
-  -DMOK_WERROR=ON -DCMAKE_CXX_COMPILER=/usr/bin/g++ -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ \
-  -DMOK_GTEST_SOURCE="$PWD/.device/googletest" > $OUT/configure.log 2>&1 || { tail -20 $OUT/configure.log; exit 1; }
-cmake --build build-gpu -j 16 > $OUT/build.log 2>&1 ||
-  { grep -E "error|FAILED" -A3 $OUT/build.log | head -30; exit 1; }
+bash scripts/gpu_build.sh || exit 1
 echo "build $(el)s"
 (bash scripts/device_ab_base.sh build > $OUT/base_build.txt 2>&1 &)
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm --format=csv,noheader
@@ -31,6 +26,7 @@ run mxfp8 150 $b/test_mxfp8_gpu
 run mxfp8_backward 120 $b/test_mxfp8_backward_gpu
 run fp8_block_backward 120 $b/test_fp8_block_backward_gpu
 run nvfp4_backward 120 $b/test_nvfp4_backward_gpu
+run moe_backward_non_finite 60 $b/test_moe_backward_gpu --gtest_filter=*NonFinite*
 [ $(el) -lt $(( limit - 100 )) ] && run ep_nccl 60 $b/test_ep_nccl_gpu
 [ $(el) -lt $(( limit - 100 )) ] && run emulated_ep 60 $b/test_emulated_ep_gpu
 [ -x /tmp/base/b/mok ] || echo "base not built yet $(el)s"

@@ -19,14 +19,24 @@ __device__ __forceinline__ uint16_t mx_element_pair(float x, float y, uint8_t sc
   return fp8_block_pair(x, y, exp2_int(127 - int(scale)));
 }
 
-// (x, y) of a finite block with scale byte `scale`, as MX values in FP32.
-__device__ __forceinline__ float2 mx_round_pair(float x, float y, uint8_t scale) {
-  const float encode = exp2_int(127 - int(scale)), decode = e8m0_to_float(scale);
-  const uint16_t codes = e4m3x2_from_finite(x * encode, y * encode);
+// The values of an E4M3 pair (lo in the low byte) in a block of decode factor 2^(scale - 127):
+// FP32, exact.
+__device__ __forceinline__ float2 mx_decode_pair(uint16_t codes, float decode) {
   uint32_t halves;
   asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(halves) : "h"(codes));
   const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&halves));
   return make_float2(v.x * decode, v.y * decode);
+}
+
+// What every value of a block with a non-finite input becomes (its scale is NaN).
+__device__ __forceinline__ float2 mx_nan_pair() {
+  return make_float2(bits_float(0x7FC00000u), bits_float(0x7FC00000u));
+}
+
+// (x, y) of a finite block with scale byte `scale`, as MX values in FP32.
+__device__ __forceinline__ float2 mx_round_pair(float x, float y, uint8_t scale) {
+  const float encode = exp2_int(127 - int(scale));
+  return mx_decode_pair(e4m3x2_from_finite(x * encode, y * encode), e8m0_to_float(scale));
 }
 
 // The block's values in place: MX-rounded with mx_scale_rceil(amax), or all NaN when the block
@@ -37,8 +47,7 @@ __device__ __forceinline__ void mx_round_values(float (&v)[N], const BlockAmax& 
   const uint8_t scale = mx_scale_rceil(block.amax);
 #pragma unroll
   for (int i = 0; i < N; i += 2) {
-    const float2 r = block.nonfinite ? make_float2(bits_float(0x7FC00000u), bits_float(0x7FC00000u))
-                                     : mx_round_pair(v[i], v[i + 1], scale);
+    const float2 r = block.nonfinite ? mx_nan_pair() : mx_round_pair(v[i], v[i + 1], scale);
     v[i] = r.x, v[i + 1] = r.y;
   }
 }

@@ -299,14 +299,9 @@ __device__ __forceinline__ void copy_source_block(const ForwardParams& p, int64_
         uint32_t out[8];
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          uint32_t halves;
-          asm("cvt.rn.f16x2.e4m3x2 %0, %1;"
-              : "=r"(halves)
-              : "h"(uint16_t(w[e / 2] >> (16 * (e % 2)))));
-          float2 f = __half22float2(*reinterpret_cast<const __half2*>(&halves));
-          f = scale[u] == fmt::kE8M0NaN
-                  ? make_float2(bits_float(0x7FC00000u), bits_float(0x7FC00000u))
-                  : make_float2(f.x * decode, f.y * decode);
+          const float2 f = scale[u] == fmt::kE8M0NaN
+                               ? fmt::mx_nan_pair()
+                               : fmt::mx_decode_pair(uint16_t(w[e / 2] >> (16 * (e % 2))), decode);
           const __nv_bfloat162 pair = __floats2bfloat162_rn(f.x, f.y);
           out[e] = *reinterpret_cast<const uint32_t*>(&pair);
         }
