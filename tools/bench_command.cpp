@@ -50,7 +50,8 @@ const char* const kBenchHelp =
     "                             with --precision fp8_block, nvfp4 or mxfp8: its backward and\n"
     "                             step beside BF16's\n"
     "  --ep N                     expert parallelism over N GPUs (2, 4, 8; emulated on GPU 0\n"
-    "                             when fewer are visible), beside EP = 1 and the roofline\n"
+    "                             when fewer are visible), beside EP = 1 and the roofline;\n"
+    "                             with --precision, that recipe on both (no roofline)\n"
     "  --graph 1                  EP = 1: time mok's forward as a CUDA graph replay\n"
 
     "  --row-path P               auto (default), copy (dispatch CTAs copy rows into the ring)\n"
@@ -475,8 +476,8 @@ Ceilings measure_ceilings_now() {
 }
 
 int bench_command(const BenchOptions& o) {
+  if (o.ep > 1) return bench_ep_command(o);  // every precision
   if (o.layer.precision != "bf16") return bench_precision_command(o);
-  if (o.ep > 1) return bench_ep_command(o);
   if (o.direction == "backward") return bench_backward_command(o);
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)

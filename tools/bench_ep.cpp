@@ -4,7 +4,9 @@
 // correctness only, the times are the whole group's on one GPU). Beside it, in the same run:
 // the EP = 1 megakernel on one GPU with the same tokens per rank (the overlap figure), and the
 // per-GPU roofline bound of the local work: max(FLOPs / BF16 peak, local weights / HBM
-// bandwidth, NVLink bytes / measured NVLink bandwidth).
+// bandwidth, NVLink bytes / measured NVLink bandwidth). With --precision the routed experts run
+// in that recipe, their weights quantized once per rank before timing; fp8_block's and mxfp8's x
+// rows cross NVLink quantized (the byte counts follow), and the BF16 roofline is not printed.
 #include "bench_ep.hpp"
 
 #include <algorithm>
@@ -29,7 +31,9 @@
 #include "bench_layer.hpp"
 #include "cuda_util.hpp"
 #include "layer/layer_runner.hpp"
+#include "layer/rank_forward.hpp"
 #include "mok/gpu/emulated_ep_forward.hpp"
+#include "mok/gpu/low_precision_experts.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/random_fill.hpp"
 #if defined(MOK_WITH_NCCL_DEVICE)
@@ -159,7 +163,13 @@ int bench_ep_command(const BenchOptions& o) {
   cudaDeviceProp prop{};
   cuda_ok(cudaGetDeviceProperties(&prop, 0), "cudaGetDeviceProperties");
   const std::vector<BenchShape> shapes = bench_shapes(o);
+  const Precision precision = parse_precision(o.layer.precision);
+  const bool bf16 = precision == Precision::bf16;
   const double nvlink_gbps = use_nccl ? measure_nvlink_gbps() : 0;
+  if (!bf16)
+    std::printf("(--precision %s: the routed experts in %s, the shared ones BF16; no roofline, "
+                "its peak and weight bytes are BF16's)\n",
+                o.layer.precision.c_str(), o.layer.precision.c_str());
   std::printf(
       "mok bench --ep %d: %s on %s; tokens per rank fixed; medians of %d runs, every GPU idle "
       "before each; EP ms: the slowest rank's CUDA-event time of its forward captured in a CUDA "
@@ -179,17 +189,25 @@ int bench_ep_command(const BenchOptions& o) {
   std::printf(
       "| shape | T per rank | EP ms | EP ms, wall | TFLOP/s per GPU | EP=1 ms (same T, one GPU) | "
       "EP=1 "
-      "TFLOP/s | dispatch + combine NVLink GB/s per GPU (over the forward) | roofline ms "
-      "(bound) | %% of roofline |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      "TFLOP/s | dispatch + combine NVLink GB/s per GPU (over the forward) | bytes per x row "
+      "through dispatch | roofline ms (bound) | %% of roofline |\n"
+      "|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::string profile_lines;
   for (const auto& [name, config, tokens] : shapes) {
     Config c = config;
     c.max_tokens_per_rank = int(tokens);
     c.ep_size = n;
     c.ring_rows = o.ring_rows;  // the EP ranks' rings (EP = 1 beside them keeps the capacity)
+    c.precision = precision;
+    c.fp8_ue8m0 = o.layer.fp8_scales == "ue8m0";
     c.validate();
     const int El = c.num_experts / n;
     const int64_t H = c.hidden;
+    // What one x row and one output row take across NVLink.
+    const int64_t x_row_bytes = gpu::detail::source_quantized(precision)
+                                    ? gpu::detail::source_row_bytes(c)
+                                    : 2 * H,
+                  out_row_bytes = 2 * H;
     // EP = 1 on GPU 0 first (it needs every expert's weights there), with its ceilings.
     cuda_ok(cudaSetDevice(0), "cudaSetDevice");
     Ceilings ceil;
@@ -200,22 +218,30 @@ int bench_ep_command(const BenchOptions& o) {
       c1.ep_size = 1;
       c1.ring_rows = 0;
       BenchLayer one(c1, c1.num_experts, tokens, 1000, o.layer.routing_choice());
+      gpu::LowPrecisionExperts experts1(c1);
+      experts1.quantize(one.weights(), nullptr);
+      const gpu::DeviceLayerWeights w1 = experts1.with(one.weights());
       gpu::MoeForward f(c1);
-      auto run1 = [&] { f.forward(one.batch(), one.weights(), one.out.ptr, nullptr); };
+      auto run1 = [&] { f.forward(one.batch(), w1, one.out.ptr, nullptr); };
       median_ms(run1, 3);
       f.check(nullptr);
       ep1_ms = median_ms(run1, o.iterations);
     }
     std::vector<std::unique_ptr<BenchLayer>> ranks;
-    int64_t worst_nvlink_rows = 0, remote_rows_total = 0, pulled_rank0 = 0, pushed_in_rank0 = 0;
+    std::vector<std::unique_ptr<gpu::LowPrecisionExperts>> experts;  // each rank's, on its GPU
+    std::vector<gpu::DeviceLayerWeights> rank_weights;
+    int64_t worst_nvlink_bytes = 0, remote_rows_total = 0, pulled_rank0 = 0, pushed_in_rank0 = 0;
     std::vector<std::vector<int32_t>> ids_host;
     for (int r = 0; r < n; ++r) {
       cuda_ok(cudaSetDevice(use_nccl ? r : 0), "cudaSetDevice");
       ranks.push_back(std::make_unique<BenchLayer>(c, El, tokens, 100 * uint64_t(r + 1),
                                                    o.layer.routing_choice()));
       ids_host.push_back(ranks.back()->ids.to_host());
+      experts.push_back(std::make_unique<gpu::LowPrecisionExperts>(c));
+      experts.back()->quantize(ranks.back()->weights(), nullptr);
+      rank_weights.push_back(experts.back()->with(ranks.back()->weights()));
     }
-    cuda_ok(cudaSetDevice(0), "cudaSetDevice");
+    sync_all(use_nccl ? n : 1);  // every rank's weights quantized before the first forward
     // Rows crossing NVLink per rank: pulled in by dispatch (others' rows for its experts) plus
     // combine rows written into it (its rows computed elsewhere).
     for (int r = 0; r < n; ++r) {
@@ -227,7 +253,8 @@ int bench_ep_command(const BenchOptions& o) {
         }
       remote_rows_total += pushed_in;
       if (r == 0) pulled_rank0 = pulled, pushed_in_rank0 = pushed_in;
-      worst_nvlink_rows = std::max(worst_nvlink_rows, pulled + pushed_in);
+      worst_nvlink_bytes =
+          std::max(worst_nvlink_bytes, pulled * x_row_bytes + pushed_in * out_row_bytes);
     }
     double ep_ms = 0, graph_ms = 0;
     if (use_nccl) {
@@ -240,7 +267,7 @@ int bench_ep_command(const BenchOptions& o) {
       using Group = std::vector<std::unique_ptr<gpu::EpForward>>;
       // Rank r's forward of `group` on its own inputs.
       auto forward_rank = [&](const Group& group, int r, cudaStream_t stream) {
-        group[size_t(r)]->forward(ranks[size_t(r)]->batch(), ranks[size_t(r)]->weights(),
+        group[size_t(r)]->forward(ranks[size_t(r)]->batch(), rank_weights[size_t(r)],
                                   ranks[size_t(r)]->out.ptr, stream);
       };
       auto forward_all = [&](const Group& group) {
@@ -304,10 +331,12 @@ int bench_ep_command(const BenchOptions& o) {
                       "%.3f | %.3f | %.0f | %.3f / %.3f |\n",
                       name.c_str(), (long long)tokens, gpu::row_path_name(group[0]->row_path()),
                       group[0]->dispatch_ctas(), graph_ms, no_copy_ms, f.dispatch_total,
-                      double(pulled_rank0) * double(H) * 2.0 / (f.dispatch_total * 1e-3) * 1e-9,
+                      double(pulled_rank0) * double(x_row_bytes) / (f.dispatch_total * 1e-3) *
+                          1e-9,
                       f.gate_up_waits_dispatch, f.producer_waits_ring, f.consumer_starved,
                       f.consumer_total, f.combine_total,
-                      double(pushed_in_rank0) * double(H) * 2.0 / (f.combine_total * 1e-3) * 1e-9,
+                      double(pushed_in_rank0) * double(out_row_bytes) /
+                          (f.combine_total * 1e-3) * 1e-9,
                       schedule_ms, no_combine_ms);
         profile_lines += line;
       }
@@ -319,10 +348,10 @@ int bench_ep_command(const BenchOptions& o) {
       std::vector<gpu::DeviceBatch> batches;
       std::vector<gpu::DeviceLayerWeights> weights;
       std::vector<__nv_bfloat16*> outs;
-      for (auto& r : ranks) {
-        batches.push_back(r->batch());
-        weights.push_back(r->weights());
-        outs.push_back(r->out.ptr);
+      for (size_t r = 0; r < ranks.size(); ++r) {
+        batches.push_back(ranks[r]->batch());
+        weights.push_back(rank_weights[r]);
+        outs.push_back(ranks[r]->out.ptr);
       }
       auto run = [&] { ep.forward(batches, weights, outs, nullptr); };
       run();
@@ -333,23 +362,30 @@ int bench_ep_command(const BenchOptions& o) {
     const double flops = forward_flops(c, tokens);  // one rank's tokens
     const double weight_bytes = 2.0 * (3.0 * double(El) * double(c.intermediate) * double(H) +
                                        3.0 * double(c.shared_width()) * double(H));
-    const double nvlink_bytes = double(worst_nvlink_rows) * double(H) * 2.0;
+    const double nvlink_bytes = double(worst_nvlink_bytes);
     const double compute_ms = flops / (ceil.bf16_tflops * 1e12) * 1e3,
                  memory_ms = weight_bytes / (ceil.hbm_tbps * 1e12) * 1e3,
                  link_ms = use_nccl ? nvlink_bytes / (nvlink_gbps * 1e9) * 1e3 : 0;
     const double bound = std::max({compute_ms, memory_ms, link_ms});
     const char* by = bound == compute_ms ? "compute" : bound == memory_ms ? "weights" : "NVLink";
-    const double moved = 2.0 * double(remote_rows_total) / n * double(H) * 2.0;  // per GPU
+    // Per GPU: each remote row's x out and its output back.
+    const double moved =
+        double(remote_rows_total) / n * double(x_row_bytes + out_row_bytes);
     // The per-GPU figures use the graph time (events, as the PyTorch script times its ranks)
     // where there is one; the emulated group has only its whole time on one GPU.
     const double per_gpu_ms = use_nccl ? graph_ms : ep_ms;
     char wall[32] = "-";
     if (use_nccl) std::snprintf(wall, sizeof wall, "%.3f", ep_ms);
-    std::printf("| %s | %lld | %.3f | %s | %.0f | %.3f | %.0f | %.0f | %.3f (%s) | %.0f%% |\n",
+    char roof[64] = "-", roof_share[16] = "-";
+    if (bf16) {
+      std::snprintf(roof, sizeof roof, "%.3f (%s)", bound, by);
+      std::snprintf(roof_share, sizeof roof_share, "%.0f%%",
+                    use_nccl ? 100.0 * bound / per_gpu_ms : 0.0);
+    }
+    std::printf("| %s | %lld | %.3f | %s | %.0f | %.3f | %.0f | %.0f | %lld | %s | %s |\n",
                 name.c_str(), (long long)tokens, per_gpu_ms, wall,
                 flops / (per_gpu_ms * 1e-3) * 1e-12, ep1_ms, flops / (ep1_ms * 1e-3) * 1e-12,
-                moved / (per_gpu_ms * 1e-3) * 1e-9, bound, by,
-                use_nccl ? 100.0 * bound / per_gpu_ms : 0.0);
+                moved / (per_gpu_ms * 1e-3) * 1e-9, (long long)x_row_bytes, roof, roof_share);
     std::fflush(stdout);
   }
   if (!profile_lines.empty())

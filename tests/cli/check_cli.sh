@@ -91,7 +91,12 @@ expect 2 "^mok bench: --sweep N draws its own shapes" bench --preset all --sweep
 expect 2 "^mok bench: --sweep times the BF16 forward at EP = 1" bench --sweep 3 --ep 2
 if "$mok" info | grep -q "GPUs    no GPU"; then
   expect 1 "needs a .*GPU" bench --sweep 2 --seed 5
+  # Every precision goes to the EP bench (once refused as "EP = 1 only"); here it stops at the GPU.
+  expect 1 "needs a .*GPU" bench --precision fp8_block --ep 2 --preset tiny
 fi
+# --direction backward stays EP = 1, in every precision.
+expect 2 "^mok bench: --direction backward times the EP = 1 layer" \
+  bench --precision mxfp8 --direction backward --ep 2
 # mok bench --json: the path is checked before any GPU work; without a GPU the bench's own error
 # and no file left behind; with one, every printed table in the JSON, numbers as numbers.
 expect 2 "^mok bench: --json needs a value$" bench --json
