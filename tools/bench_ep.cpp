@@ -167,9 +167,10 @@ int bench_ep_command(const BenchOptions& o) {
   const bool bf16 = precision == Precision::bf16;
   const double nvlink_gbps = use_nccl ? measure_nvlink_gbps() : 0;
   if (!bf16)
-    std::printf("(--precision %s: the routed experts in %s, the shared ones BF16; no roofline, "
-                "its peak and weight bytes are BF16's)\n",
-                o.layer.precision.c_str(), o.layer.precision.c_str());
+    std::printf(
+        "(--precision %s: the routed experts in %s, the shared ones BF16; no roofline, "
+        "its peak and weight bytes are BF16's)\n",
+        o.layer.precision.c_str(), o.layer.precision.c_str());
   std::printf(
       "mok bench --ep %d: %s on %s; tokens per rank fixed; medians of %d runs, every GPU idle "
       "before each; EP ms: the slowest rank's CUDA-event time of its forward captured in a CUDA "
@@ -326,18 +327,17 @@ int bench_ep_command(const BenchOptions& o) {
         for (auto& f : group) f->check(nullptr);
         const gpu::detail::ForwardProfile f = group[0]->runner().profile(nullptr);
         char line[512];
-        std::snprintf(line, sizeof line,
-                      "| %s | %lld | %s (%d) | %.3f | %.3f | %.3f | %.0f | %.3f / %.3f | %.3f / "
-                      "%.3f | %.3f | %.0f | %.3f / %.3f |\n",
-                      name.c_str(), (long long)tokens, gpu::row_path_name(group[0]->row_path()),
-                      group[0]->dispatch_ctas(), graph_ms, no_copy_ms, f.dispatch_total,
-                      double(pulled_rank0) * double(x_row_bytes) / (f.dispatch_total * 1e-3) *
-                          1e-9,
-                      f.gate_up_waits_dispatch, f.producer_waits_ring, f.consumer_starved,
-                      f.consumer_total, f.combine_total,
-                      double(pushed_in_rank0) * double(out_row_bytes) /
-                          (f.combine_total * 1e-3) * 1e-9,
-                      schedule_ms, no_combine_ms);
+        std::snprintf(
+            line, sizeof line,
+            "| %s | %lld | %s (%d) | %.3f | %.3f | %.3f | %.0f | %.3f / %.3f | %.3f / "
+            "%.3f | %.3f | %.0f | %.3f / %.3f |\n",
+            name.c_str(), (long long)tokens, gpu::row_path_name(group[0]->row_path()),
+            group[0]->dispatch_ctas(), graph_ms, no_copy_ms, f.dispatch_total,
+            double(pulled_rank0) * double(x_row_bytes) / (f.dispatch_total * 1e-3) * 1e-9,
+            f.gate_up_waits_dispatch, f.producer_waits_ring, f.consumer_starved, f.consumer_total,
+            f.combine_total,
+            double(pushed_in_rank0) * double(out_row_bytes) / (f.combine_total * 1e-3) * 1e-9,
+            schedule_ms, no_combine_ms);
         profile_lines += line;
       }
       for (ncclComm_t comm : comms) ncclCommDestroy(comm);
@@ -369,8 +369,7 @@ int bench_ep_command(const BenchOptions& o) {
     const double bound = std::max({compute_ms, memory_ms, link_ms});
     const char* by = bound == compute_ms ? "compute" : bound == memory_ms ? "weights" : "NVLink";
     // Per GPU: each remote row's x out and its output back.
-    const double moved =
-        double(remote_rows_total) / n * double(x_row_bytes + out_row_bytes);
+    const double moved = double(remote_rows_total) / n * double(x_row_bytes + out_row_bytes);
     // The per-GPU figures use the graph time (events, as the PyTorch script times its ranks)
     // where there is one; the emulated group has only its whole time on one GPU.
     const double per_gpu_ms = use_nccl ? graph_ms : ep_ms;
