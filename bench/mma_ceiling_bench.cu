@@ -3,7 +3,8 @@
 // CTA of two consumer warpgroups per SM, a 128-row tile. What it prints is a ceiling: a GEMM
 // built on a strategy cannot run faster than its loop here. Strategies:
 //   bf16        BF16 wgmma, one group in flight (mxfp8's exact dequantization multiplies this way)
-//   fp8_128     E4M3 wgmma in 64-column slices, each k-block of 128 promoted into FP32 (fp8_block)
+//   fp8_128     E4M3 wgmma in 64-column slices, each k-block of 128 promoted into FP32 (fp8_block:
+//               mma_tile_fp8_block's loop without its ring waits)
 //   mx32        E4M3 wgmma in 64-column slices, each 32 of K promoted with its own per-row and
 //               per-column power-of-two scales (MX semantics on FP8 wgmma)
 //   mx32_2p     mx32 with two partials: the next step's wgmma in flight while one is promoted
@@ -17,6 +18,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "kernels/gemm/epilogue_sm90.cuh"
 #include "mok/device/wgmma.cuh"
 
 namespace {
@@ -43,14 +45,6 @@ constexpr int kSlotBytes = kTileBytesA + kMaxN * 128;
 constexpr int kScaleOffset = 2 * kSlotBytes;
 constexpr int kScaleBytes = (kRows * 4 + 4 * kMaxN) * 4;       // sa[row][chunk], sb[chunk][col]
 constexpr int kSmemBytes = kScaleOffset + kScaleBytes + 1024;  // + alignment slack
-
-struct Fragment {  // this thread's rows and first column (wgmma's accumulator layout)
-  int row_lo, col0;
-};
-__device__ Fragment fragment() {
-  const int w = (threadIdx.x / 32) % 4, l = threadIdx.x % 32;
-  return {16 * w + l / 4, 2 * (l % 4)};
-}
 
 // d[slice] += p * sa(row) * sb(col): scales of one 32-deep chunk, per element.
 template <int kPart>
@@ -80,7 +74,7 @@ __global__ void __launch_bounds__(256, 1) ceiling_kernel(int iterations, float* 
     sa_all[i] = (i % 3 == 0) ? 0.5f : 1.0f;
   __syncthreads();
   const int wg = threadIdx.x / 128;
-  const Fragment f = fragment();
+  const mok::kern::Fragment f = mok::kern::Fragment::mine();
   const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
   auto desc_a = [&](int slot) {
     return dev::smem_desc<Major::K>(base + slot * kSlotBytes + wg * 64 * 128);
