@@ -47,4 +47,7 @@ for round in 1 2; do
     bench new build-gpu/mok $shape
   done
 done
+# The fp8_block backward with twice its dispatch CTAs (the forward doubles them; the backward not).
+bench new_dispatch32 build-gpu/mok qwen3-30b 8192 --dispatch-ctas 32
+bench new_dispatch48 build-gpu/mok fine 4096 --dispatch-ctas 48
 echo "end $(el)s"
