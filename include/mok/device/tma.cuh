@@ -13,12 +13,6 @@ __device__ __forceinline__ void tma_prefetch_map(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
 }
 
-// `bytes` (a multiple of 16) of global memory from 16-byte aligned `src` into L2, asynchronously:
-// a hint the issuing thread never waits for.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* src, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(src), "r"(bytes));
-}
-
 // Tensor maps written to global memory by generic stores (another kernel) and read by TMA: the
 // writer releases after its stores, every thread that issues TMA with the map acquires it first.
 __device__ __forceinline__ void fence_tensormap_release() {

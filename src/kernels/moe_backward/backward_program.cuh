@@ -138,31 +138,6 @@ __device__ __forceinline__ uint32_t load_pair(const __nv_bfloat16* at) {
     return __ldg(word);
 }
 
-// Before a dgrad-down tile's mainloop: its rows' act and g | u columns into L2 (one bulk prefetch
-// per row and operand by the row's first lane), so that the epilogue's loads, a round trip per
-// chunk, wait on L2 and not on HBM.
-template <int kBlockN, bool kE4m3Act>
-__device__ __forceinline__ void prefetch_dgrad_down(const BackwardParams& p, const BackwardWork& w,
-                                                    int row0) {
-  const Fragment f = Fragment::mine();
-  const bool shared = w.shared();
-  const int64_t width = shared ? p.shared_width : p.intermediate;
-  const int n0 = w.n_tile * kBlockN;
-  if (f.col0 == 0)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int64_t row = row0 + f.row_lo + 8 * h;
-      if (shared && row >= p.tokens) continue;  // past the token rows' buffers
-      const __nv_bfloat16* g = (shared ? p.gate_up_shared : p.gate_up) + row * 2 * width + n0;
-      dev::bulk_prefetch_l2(g, kBlockN * 2);
-      dev::bulk_prefetch_l2(g + width, kBlockN * 2);
-      if (kE4m3Act && !shared)
-        dev::bulk_prefetch_l2(p.act_e4m3 + row * width + n0, kBlockN);
-      else
-        dev::bulk_prefetch_l2((shared ? p.act_shared : p.act) + row * width + n0, kBlockN * 2);
-    }
-}
-
 // The dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from row0).
 // kScaled: dA' is the accumulator times `scale` (nvfp4's per-tensor factor of the down weights).
 // kMx (mxfp8's routed tiles): dg | du also rounded to their MX values (1x32 blocks along the row:
@@ -741,9 +716,7 @@ struct BackwardProgram {
     return true;
   }
 
-  // dgrad-gate/up: its rows' destinations (store_down); dgrad-down: its epilogue's operands.
   __device__ static Prefetch prefetch(const Params& p, const Work& w, int row0) {
-    if (w.kind == BackwardKind::dgrad_down) prefetch_dgrad_down<kBlockN, kFp8Block>(p, w, row0);
     return w.kind == BackwardKind::dgrad_gate_up ? down_rows(p, as_down_tile(w), row0)
                                                  : DownRows{-1, -1};
   }
