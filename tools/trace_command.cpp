@@ -1,6 +1,7 @@
 #include "trace_command.hpp"
 
 #include <cstdio>
+#include <optional>
 
 #include "json_report.hpp"
 #include "mok/error.hpp"
@@ -12,6 +13,7 @@
 #include "kernels/moe_forward/forward_probes.hpp"
 #include "layer/backward_runner.hpp"
 #include "layer/layer_runner.hpp"
+#include "mok/gpu/low_precision_experts.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/random_fill.hpp"
 #endif
@@ -20,11 +22,12 @@ namespace mok::tools {
 
 const char* const kTraceHelp =
     "usage: mok trace [options]\n"
-    "the forward or backward megakernel's timeline (EP = 1, BF16): every GEMM tile's producer\n"
-    "and consumer warpgroups, each dispatch CTA and combine warp (and the backward's store warp),\n"
-    "from the GPU's global timer, written as a Chrome / Perfetto trace (one process per rank,\n"
-    "one track per SM and role); prints each role's busy share and longest idle gap, the\n"
-    "consumers' time by tile kind and how much of the row movement overlaps the GEMMs\n"
+    "the forward or backward megakernel's timeline (EP = 1; BF16, and the fp8_block backward):\n"
+    "every GEMM tile's producer and consumer warpgroups, each dispatch CTA and combine warp (and\n"
+    "the backward's store warp), from the GPU's global timer, written as a Chrome / Perfetto\n"
+    "trace (one process per rank, one track per SM and role); prints each role's busy share and\n"
+    "longest idle gap, the consumers' time by tile kind and how much of the row movement\n"
+    "overlaps the GEMMs\n"
     "\n"
     "  the layer (default: --preset qwen3-30b):\n"
     "%s"
@@ -53,9 +56,11 @@ TraceOptions parse_trace_options(const std::vector<std::string>& args) {
   if (o.layer.preset.empty() && !o.layer.has_numbers()) o.layer.preset = "qwen3-30b";
   o.layer.config();  // its errors now, before any GPU work
   o.layer.routing_choice();
-  if (o.layer.precision != "bf16")
-    throw UsageError("--precision " + o.layer.precision +
-                     ": mok trace records the BF16 forward and backward");
+  if (o.layer.precision != "bf16" &&
+      (o.layer.precision != "fp8_block" || o.direction != "backward"))
+    throw UsageError("--precision " + o.layer.precision + " with --direction " + o.direction +
+                     ": mok trace records the BF16 forward and backward and the fp8_block "
+                     "backward");
   return o;
 }
 
@@ -90,17 +95,24 @@ int trace_command(const TraceOptions& o) {
                                      dsd.ptr, dg.ptr,  du.ptr,  dd.ptr};
     gpu::detail::ForwardHooks hooks;
     hooks.trace_events = o.events;
-    hooks.backward_kernels = &kern::trace_backward_kernels();  // the timeline's instantiations
+    const bool fp8 = c.precision == Precision::fp8_block;
+    hooks.backward_kernels = fp8 ? &kern::trace_fp8_block_backward_kernels()
+                                 : &kern::trace_backward_kernels();  // the timeline's own
     gpu::BackwardOptions bo;
     bo.weight_grads = gpu::WeightGrads::write_bf16;
     gpu::MoeForward f(c);
     gpu::MoeBackward b(c, bo, hooks);
     gpu::Schedule s(c);
     gpu::ForwardContext ctx(c);
+    // fp8_block: the routed experts quantized from the BF16 weights (both orientations).
+    std::optional<gpu::LowPrecisionExperts> experts;
+    if (fp8) experts.emplace(c, /*backward=*/true);
+    if (fp8) experts->quantize(data.weights(), nullptr);
+    const gpu::DeviceLayerWeights weights = fp8 ? experts->with(data.weights()) : data.weights();
     for (int i = 0; i < 3; ++i) {
       f.schedule(data.batch(), s, nullptr);
-      f.forward(s, data.batch(), data.weights(), data.out.ptr, &ctx, nullptr);
-      b.backward(s, ctx, data.batch(), data.weights(), d_out.ptr, grads, nullptr);
+      f.forward(s, data.batch(), weights, data.out.ptr, &ctx, nullptr);
+      b.backward(s, ctx, data.batch(), weights, d_out.ptr, grads, nullptr);
     }
     f.check(nullptr);
     b.check(nullptr);  // the third backward's timeline
@@ -108,9 +120,9 @@ int trace_command(const TraceOptions& o) {
   }
   const std::vector<std::string>& kinds = backward ? kBackwardTileKinds : kForwardTileKinds;
   write_text_file(o.out, chrome_trace_json(events, kinds), "--out");
-  std::printf("mok trace: %s, T = %d, the third of three %ss; %zu events (%s)\n\n",
-              o.layer.name().c_str(), c.max_tokens_per_rank, o.direction.c_str(), events.size(),
-              o.out.c_str());
+  std::printf("mok trace: %s, T = %d, %s, the third of three %ss; %zu events (%s)\n\n",
+              o.layer.name().c_str(), c.max_tokens_per_rank, o.layer.precision.c_str(),
+              o.direction.c_str(), events.size(), o.out.c_str());
   std::fputs(timeline_summary_text(summarize_timeline(events, kinds)).c_str(), stdout);
   if (claimed > int64_t(events.size()))
     std::printf("the timeline held %zu of %lld events: raise --events\n", events.size(),

@@ -89,13 +89,19 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
             : nvfp4            ? &kern::nvfp4_backward_kernels()
             : mxfp8            ? &kern::mxfp8_backward_kernels()
                                : &kern::production_backward_kernels();
-  require(!low || h.backward_kernels == nullptr, ErrorCode::invalid_argument,
-          who + ": the timeline's backward kernels are bf16 ones (precision " + name + ")");
+  const kern::RoutedWeights routed = fp8     ? kern::RoutedWeights::fp8_block
+                                     : nvfp4 ? kern::RoutedWeights::nvfp4
+                                     : mxfp8 ? kern::RoutedWeights::mxfp8
+                                             : kern::RoutedWeights::bf16;
+  require(kernels->routed == routed, ErrorCode::invalid_argument,
+          who + ": the backward kernels given (ForwardHooks::backward_kernels) are built for " +
+              "other routed weights than precision " + name + "'s");
   require(h.trace_events == 0 || (h.backward_kernels && ranks == 1 && !h.staged_backward),
           ErrorCode::invalid_argument,
           who +
               ": the timeline (trace_events) runs one rank's fused backward on its own "
-              "instantiations (ForwardHooks::backward_kernels = &kern::trace_backward_kernels())");
+              "instantiations (ForwardHooks::backward_kernels = &kern::trace_backward_kernels() "
+              "or, for fp8_block, &kern::trace_fp8_block_backward_kernels())");
   trace_ = TraceBuffer(h.trace_events, who);
 
   const auto [sms, clock_khz] = current_device_sms_and_clock();

@@ -50,8 +50,9 @@ struct ForwardHooks {
   int64_t trace_events = 0;
   // The instantiations to run; nullptr: kern::production_forward_kernels().
   const kern::ForwardKernels* kernels = nullptr;
-  // The backward's (BackwardRunner; with trace_events: kern::trace_backward_kernels(), one rank);
-  // nullptr: kern::production_backward_kernels().
+  // The backward's (BackwardRunner; built for the layer's precision; with trace_events:
+  // kern::trace_backward_kernels() or trace_fp8_block_backward_kernels(), one rank); nullptr: the
+  // library's set of the layer's precision.
   const kern::BackwardKernels* backward_kernels = nullptr;
 
   // Hooks that only the dispatch role takes (the EP = 1 forward then keeps the dispatch copy).

@@ -126,8 +126,10 @@ rm -f "$json"
 # mok trace: its own options, checked before any GPU work; on a GPU a Chrome trace with every role.
 expect 0 "^usage: mok trace \[options\]$" trace --help
 expect 2 "^mok trace: --events 0: expected an integer in \[1, 268435456\]$" trace --events 0
-expect 2 "^mok trace: --precision fp8_block: mok trace records the BF16 forward and backward$" \
+expect 2 "^mok trace: --precision fp8_block with --direction forward: mok trace records the BF16 forward and backward and the fp8_block backward$" \
   trace --precision fp8_block
+expect 2 "^mok trace: --precision mxfp8 with --direction backward: mok trace records" \
+  trace --precision mxfp8 --direction backward
 expect 2 "^mok trace: unknown option '--ep' for trace" trace --ep 2
 expect 2 "^mok trace: --out needs a file name, got ''$" trace --out ""
 expect 2 "^mok trace: --direction sideways: expected one of forward, backward$" \
@@ -137,8 +139,10 @@ if "$mok" info | grep -q "GPUs    no GPU"; then
   expect 1 "needs a .*GPU" trace --preset tiny --out "$trace"
   expect 1 "needs a .*GPU" trace --preset tiny --direction backward --out "$trace"
 else
-  for direction in forward backward; do
-    if ! "$mok" trace --preset tiny --direction $direction --out "$trace" >/dev/null 2>&1 ||
+  for run in "forward bf16" "backward bf16" "backward fp8_block"; do
+    read -r direction precision <<<"$run"
+    if ! "$mok" trace --preset tiny --direction $direction --precision $precision \
+      --out "$trace" >/dev/null 2>&1 ||
       ! python3 - "$trace" $direction <<'PY'; then
 import json, sys
 events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
@@ -153,7 +157,7 @@ else:
     assert {"routed gate/up", "routed down"} <= kinds, kinds
 assert want <= roles, roles
 PY
-      echo "FAIL: mok trace --direction $direction on the GPU"
+      echo "FAIL: mok trace --direction $direction --precision $precision on the GPU"
       failures=$((failures + 1))
     fi
   done

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backward_test_util.hpp"
+#include "layer/backward_runner.hpp"
 #include "mok/gpu/emulated_ep_backward.hpp"
 #include "mok/gpu/emulated_ep_forward.hpp"
 #include "one_gpu_backward.hpp"
@@ -106,12 +107,14 @@ struct OneGpuFronts {
 
 // One forward (into a context) and backward on Fronts, every output poisoned first (Step: 0xFF
 // bytes, NaN in BF16 and FP32), or the weight gradients' buffers holding `init` (accumulate_fp32).
+// timeline: the backward's events (hooks with trace_events; Fronts whose bw is a MoeBackward).
 template <class Experts, class Fronts = OneGpuFronts>
 HostGrads run_quantized(const mok::Config& c, const mok::LayerParams& p, const mok::Batch& b,
                         const std::vector<double>& d_out, int block_n,
                         const mok::gpu::detail::ForwardHooks& hooks = {},
                         WeightGrads mode = WeightGrads::write_fp32,
-                        const std::vector<std::vector<uint8_t>>& init = {}) {
+                        const std::vector<std::vector<uint8_t>>& init = {},
+                        std::vector<mok::kern::TraceEvent>* timeline = nullptr) {
   Step step(c, p, b, d_out, mode);
   for (size_t i = 0; i < init.size(); ++i)
     EXPECT_EQ(cudaMemcpy(step.grads[i].ptr, init[i].data(), init[i].size(), cudaMemcpyHostToDevice),
@@ -135,6 +138,8 @@ HostGrads run_quantized(const mok::Config& c, const mok::LayerParams& p, const m
   bw.backward(s, ctx, step.batch(), q.w, bf(step.d_out), step.gradients(), nullptr);
   f.check(nullptr);
   bw.check(nullptr);
+  if constexpr (std::is_same_v<decltype(fronts.bw), mok::gpu::MoeBackward>)
+    if (timeline) *timeline = bw.runner().trace(nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   // The poison's bits (0xFFFF), not any NaN: a non-finite input's NaN comes out as 0x7FFF.
   const std::vector<uint16_t> out = step.out.to_host();

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/moe_backward/backward_trace.hpp"
 #include "mok/gpu/fp8_block_experts.hpp"
 #include "quantized_backward_util.hpp"
 
@@ -223,6 +224,55 @@ TEST(Fp8BlockBackwardGpu, WeightGradientModesAndTheStagedBackward) {
     SCOPED_TRACE("block_n " + std::to_string(block_n));
     expect_weight_gradient_modes<Fp8BlockExperts>(c, p, b, d_out, block_n, 6);
   }
+}
+
+// The timeline's instantiations (`mok trace --direction backward --precision fp8_block`): the
+// library kernel's bits, and every role and kind of GEMM tile recorded; the BF16 timeline set is
+// refused for an fp8_block layer.
+struct UntracedForward {  // the timeline hooks reach the backward only
+  mok::gpu::MoeForward f;
+  mok::gpu::MoeBackward bw;
+  UntracedForward(const mok::Config& c, const mok::gpu::BackwardOptions& o,
+                  const mok::gpu::detail::ForwardHooks& hooks)
+      : f(c), bw(c, o, hooks) {}
+};
+
+TEST(Fp8BlockBackwardGpu, TimelineRecordsEveryRoleAndKindAndChangesNoBit) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = fp8_config(256, 512, 8, 2, 1, 256, 300);
+  const mok::LayerParams p = mok::tools::random_params(c, 611);
+  const mok::Batch b = mok::tools::random_batch(c, 300, 612);
+  const std::vector<double> d_out = mok::tools::random_vector(size_t(300 * c.hidden), 613, 0.5);
+  for (int block_n : {128, 256}) {
+    SCOPED_TRACE("block_n " + std::to_string(block_n));
+    const HostGrads plain = run_fp8(c, p, b, d_out, block_n, {}, WeightGrads::write_bf16);
+    mok::gpu::detail::ForwardHooks h;
+    h.trace_events = 1 << 16;
+    h.backward_kernels = &mok::kern::trace_fp8_block_backward_kernels();
+    std::vector<mok::kern::TraceEvent> events;
+    const HostGrads traced = run_quantized<Fp8BlockExperts, UntracedForward>(
+        c, p, b, d_out, block_n, h, WeightGrads::write_bf16, {}, &events);
+    for (int i = 0; i < 7; ++i) ASSERT_EQ(traced.bits[i], plain.bits[i]) << "output " << i;
+    int64_t per_role[mok::kern::kTraceRoles] = {}, consumer_kinds[4] = {};
+    for (const auto& e : events) {
+      ASSERT_GE(e.role, 0);
+      ASSERT_LT(e.role, int(mok::kern::kTraceRoles));
+      ASSERT_LE(e.start_ns, e.end_ns);
+      ++per_role[e.role];
+      if (e.role == mok::kern::kTraceConsumer0 || e.role == mok::kern::kTraceConsumer1) {
+        ASSERT_GE(e.kind, 0);
+        ASSERT_LT(e.kind, 4);
+        ++consumer_kinds[e.kind];
+      }
+    }
+    for (int role = 0; role < int(mok::kern::kTraceRoles); ++role)
+      EXPECT_GT(per_role[role], 0) << "role " << role;
+    for (int kind = 0; kind < 4; ++kind) EXPECT_GT(consumer_kinds[kind], 0) << "kind " << kind;
+  }
+  mok::gpu::detail::ForwardHooks bf16_set;
+  bf16_set.trace_events = 16;
+  bf16_set.backward_kernels = &mok::kern::trace_backward_kernels();
+  EXPECT_THROW(mok::gpu::MoeBackward(c, {}, bf16_set), mok::Error);
 }
 
 TEST(Fp8BlockBackwardGpu, NonFiniteInputsStayInTheTokensAndExpertsTheyReach) {

@@ -159,10 +159,12 @@ static_assert(alignof(BackwardShare) >= 64, "tensor maps in device memory: 64-by
 // device (shared-memory opt-in and CTAs per SM), then per backward every rank's step table and the
 // megakernel on `grid` CTAs (split evenly between the ranks). shares[ranks]: every rank's share
 // (block_n alike); with ranks > 1 they are copied into `group` (device memory, ranks shares) first.
+// routed: the precision of the routed experts' tiles the set is built for.
 struct BackwardKernels {
   cudaError_t (*prepare)(int block_n, int* ctas_per_sm);
   cudaError_t (*launch)(const BackwardShare* shares, int ranks, BackwardShare* group, int grid,
                         cudaStream_t stream);
+  RoutedWeights routed;
 };
 // The library's set (moe_backward_bf16.cu): both widths, with and without recompute, one rank and
 // emulated groups.

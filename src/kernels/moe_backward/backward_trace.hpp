@@ -6,6 +6,8 @@
 
 namespace mok::kern {
 
-const BackwardKernels& trace_backward_kernels();  // one rank (no emulated groups)
+// One rank (no emulated groups): the BF16 backward's, and fp8_block's.
+const BackwardKernels& trace_backward_kernels();
+const BackwardKernels& trace_fp8_block_backward_kernels();
 
 }  // namespace mok::kern
