@@ -9,6 +9,7 @@ export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
 t0=$(date +%s)
 limit=${LIMIT:-540}
+log=$OUT/s43c.log
 source scripts/device_steps.sh
 nvidia-smi --query-gpu=name,power.limit,memory.total --format=csv,noheader
 (bash scripts/device_ab_base.sh build base > $OUT/base_build.txt 2>&1) &
