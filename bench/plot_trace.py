@@ -103,12 +103,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("trace", help="`mok trace --out` file")
     ap.add_argument("-o", "--output", required=True, help="PNG to write")
-    ap.add_argument("--title", default="mok forward: the in-kernel timeline")
+    ap.add_argument("--title", help="default: the direction's, from the trace's tile kinds")
     ap.add_argument("--sms", type=sm_range, help="only these SMs' tracks, FIRST-LAST")
     ap.add_argument("--by-kind", action="store_true", help="colour GEMM tiles by tile kind")
     args = ap.parse_args(argv)
     with open(args.trace) as f:
-        tracks, names = read_trace(json.load(f), by_kind=args.by_kind)
+        trace = json.load(f)
+    tracks, names = read_trace(trace, by_kind=args.by_kind)
+    if args.title is None:  # the backward's tiles are dgrad and wgrad kinds
+        kinds = {e.get("args", {}).get("kind", "") for e in trace["traceEvents"]}
+        backward = any(k.startswith(("dgrad", "wgrad")) for k in kinds)
+        args.title = f"mok {'backward' if backward else 'forward'}: the in-kernel timeline"
     if args.sms:
         tracks = only_sms(tracks, names, args.sms)
     events = sum(len(v) for v in tracks.values())
