@@ -24,12 +24,14 @@ wait
 echo "builds $(el)s"
 declare -A BIN=([base]=$(tail -1 $OUT/base_build.txt) [lag8]=$(tail -1 $OUT/lag8_build.txt) [lag16]=build-gpu/mok)
 for v in base lag8 lag16; do [ -x "${BIN[$v]}" ] || { echo "no $v: ${BIN[$v]}"; exit 1; }; done
-bench() {  # VARIANT PRESET TOKENS
+bench() {  # VARIANT PRESET TOKENS [ARGS]
   [ $(el) -gt $(( limit - 40 )) ] && { echo "skip $*"; return; }
-  local f=$OUT/bench_$1.txt
-  echo "--- $1 $2 $3" >> $f
-  timeout $(( limit - $(el) )) ${BIN[$1]} bench --precision fp8_block --direction backward \
-    --preset $2 --tokens $3 --iterations 10 >> $f 2>&1
+  local f=$OUT/bench_$1.txt v=$1 preset=$2 tokens=$3
+  shift 3
+  echo "--- $v $preset $tokens $*" >> $f
+  timeout $(( limit - $(el) )) ${BIN[$v]} bench --precision fp8_block --direction backward \
+    --preset $preset --tokens $tokens --iterations 10 "$@" >> $f 2>&1
+  set -- $v
   printf '%-6s ' $1; grep -E '^\| [a-z0-9-]+ \| [0-9]|does not fit|out of memory' $f | tail -1 | cut -c1-120
 }
 for round in 1 2; do
@@ -37,5 +39,8 @@ for round in 1 2; do
     for v in base lag8 lag16; do bench $v $shape; done
   done
 done
+# 128-wide tiles (half the accumulators beside the fp8_block dgrad-down epilogue's two passes).
+bench base qwen3-30b 8192 --block-n 128
+bench base dsv3 4096 --block-n 128
 run fp8_block_backward 100 build-gpu/tests/test_fp8_block_backward_gpu
 echo "end $(el)s"
