@@ -73,3 +73,33 @@ def test_by_kind_labels_gemm_events_by_their_tile_kind(tmp_path):
     path = tmp_path / "k.json"
     path.write_text(json.dumps(trace))
     assert pt.main([str(path), "-o", str(tmp_path / "k.png"), "--by-kind"]) == 0
+
+
+def test_trace_kinds_table(tmp_path, capsys):
+    """bench/trace_kinds.py: per producer / consumer tile kind and per other role, the counts,
+    the span, when the events ended and their durations, from a gzipped trace too."""
+    import gzip
+    spec = importlib.util.spec_from_file_location("trace_kinds", ROOT / "bench" / "trace_kinds.py")
+    tk = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tk)
+    trace = {"traceEvents": [
+        {"name": "consumer 0 dgrad down 3", "ph": "X", "ts": 1000.0, "dur": 500.0,
+         "args": {"what": 3, "kind": "dgrad down"}},
+        {"name": "consumer 1 dgrad down 3", "ph": "X", "ts": 1000.0, "dur": 1500.0,
+         "args": {"what": 3, "kind": "dgrad down"}},
+        {"name": "producer dgrad down 3", "ph": "X", "ts": 900.0, "dur": 100.0,
+         "args": {"what": 3, "kind": "dgrad down"}},
+        {"name": "dispatch 0", "ph": "X", "ts": 0.0, "dur": 2000.0, "args": {"what": 0}},
+        {"name": "thread_name", "ph": "M", "args": {"name": "SM 0 dispatch"}}]}
+    rows = tk.kind_rows(trace)
+    assert [r[0] for r in rows] == ["C dgrad down", "P dgrad down", "dispatch"]
+    c = rows[0]
+    assert c[1:4] == (2, 1.0, 2.5) and c[4] == (1.5, 2.5, 2.5, 2.5)
+    assert c[5] == 1000.0 and c[6] == 2.0
+    assert rows[2][1:4] == (1, 0.0, 2.0)
+    path = tmp_path / "t.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(trace, f)
+    assert tk.main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| C dgrad down | 2 | 1.000 | 2.500 | 1.500 / 2.500 / 2.500 / 2.500 | 1000.00 | 2.000 |" in out
