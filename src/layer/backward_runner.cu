@@ -141,7 +141,7 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
   const int64_t recompute_tiles = o.gate_up == GateUpMode::recompute ? blocks * 2 * I / block_n : 0;
   const int64_t per_unit =
       recompute_tiles + blocks * (I + H) / block_n + (H * I + 2 * I * H) / (128 * block_n);
-  lag = int(std::clamp<int64_t>((32 * share + per_unit - 1) / std::max<int64_t>(per_unit, 1),
+  lag = int(std::clamp<int64_t>((16 * share + per_unit - 1) / std::max<int64_t>(per_unit, 1),
                                 std::min<int64_t>(2, El), El));
 
   capacity = sched::pad_to_tile(c.capacity_rows(), kTileRows);
