@@ -90,6 +90,8 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
       "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
       o.layer.precision.c_str(), o.layer.precision.c_str(), o.layer.precision.c_str());
   gpu::ForwardOptions fo = bench_forward_options(o);
+  fo.block_n = 0;  // --block-n is the backward's tile width; the forwards keep their own (the
+                   // fp8_block forward has 256-wide tiles only)
   gpu::ForwardOptions fq = fo;
   fq.row_path = gpu::RowPath::automatic;
   gpu::BackwardOptions bo;
