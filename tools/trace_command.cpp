@@ -106,8 +106,7 @@ int trace_command(const TraceOptions& o) {
     gpu::ForwardContext ctx(c);
     // fp8_block: the routed experts quantized from the BF16 weights (both orientations).
     std::optional<gpu::LowPrecisionExperts> experts;
-    if (fp8) experts.emplace(c, /*backward=*/true);
-    if (fp8) experts->quantize(data.weights(), nullptr);
+    if (fp8) experts.emplace(c, /*backward=*/true).quantize(data.weights(), nullptr);
     const gpu::DeviceLayerWeights weights = fp8 ? experts->with(data.weights()) : data.weights();
     for (int i = 0; i < 3; ++i) {
       f.schedule(data.batch(), s, nullptr);

@@ -89,15 +89,11 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
             : nvfp4            ? &kern::nvfp4_backward_kernels()
             : mxfp8            ? &kern::mxfp8_backward_kernels()
                                : &kern::production_backward_kernels();
-  const auto routed_name = [](kern::RoutedWeights r) {
-    return r == kern::RoutedWeights::fp8_block ? "fp8_block"
-           : r == kern::RoutedWeights::nvfp4   ? "nvfp4"
-           : r == kern::RoutedWeights::mxfp8   ? "mxfp8"
-                                               : "bf16";
-  };
-  require(routed_name(kernels->routed) == name, ErrorCode::invalid_argument,
-          who + ": the backward kernels given (ForwardHooks::backward_kernels) are " +
-              routed_name(kernels->routed) + " ones, the layer's precision is " + name);
+  require(kernels->routed == routed_weights(c.precision), ErrorCode::invalid_argument,
+          who +
+              ": the backward kernels given (ForwardHooks::backward_kernels) are built for "
+              "another precision than the layer's, " +
+              name);
   require(h.trace_events == 0 || (h.backward_kernels && ranks == 1 && !h.staged_backward),
           ErrorCode::invalid_argument,
           who +

@@ -130,10 +130,7 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   // producer gather).
   // fp8_block promotes each k-block's partial accumulators, so no group stays in flight.
   plan.kernel.mma_in_flight = plan.row_path == RowPath::dispatch_copy && !fp8;
-  plan.kernel.routed = fp8     ? kern::RoutedWeights::fp8_block
-                       : nvfp4 ? kern::RoutedWeights::nvfp4
-                       : mxfp8 ? kern::RoutedWeights::mxfp8
-                               : kern::RoutedWeights::bf16;
+  plan.kernel.routed = routed_weights(c.precision);
   plan.kernel.probe = h.probe();
   require(plan.kernel.routed == kern::RoutedWeights::bf16 ||
               (plan.kernel.probe == 0 && !h.without_dispatch_copy),

@@ -11,6 +11,14 @@
 
 namespace mok::gpu::detail {
 
+// The kernels' name for a precision's routed experts (forward and backward instantiations).
+constexpr kern::RoutedWeights routed_weights(Precision p) {
+  return p == Precision::fp8_block ? kern::RoutedWeights::fp8_block
+         : p == Precision::nvfp4   ? kern::RoutedWeights::nvfp4
+         : p == Precision::mxfp8   ? kern::RoutedWeights::mxfp8
+                                   : kern::RoutedWeights::bf16;
+}
+
 // Whether the dispatch copy beats the producer gather for batches of max_tokens_per_rank tokens,
 // with GEMM tiles block_n wide. TMA-loaded rows starve the consumers less than gathered ones. At
 // EP = 1 that pays where an expert has much GEMM work for its rows (rows per expert x I of one
