@@ -102,7 +102,7 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
                                                         const BackwardWork& w,
                                                         const float (&d)[kBlockN / 2], int row0) {
   // Per 128-column block 4 groups of 32 columns (8 per lane), loaded kChunk at a time.
-  constexpr int kBlocks = kBlockN / 128, kGroups = 4, kChunk = 1;
+  constexpr int kBlocks = kBlockN / 128, kGroups = 4, kChunk = 2;
   static_assert(kBlockN % 128 == 0 && kGroups % kChunk == 0);
   const Fragment f = Fragment::mine();
   const int64_t I = p.intermediate, i_blocks = I / 128;

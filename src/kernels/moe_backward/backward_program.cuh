@@ -154,7 +154,7 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
   const int64_t n0 = int64_t(w.n_tile) * kBlockN + 4 * f.col0;  // this lane's first column
   // 32-column groups, kChunk at a time with every load first (the stores below could alias them
   // for the compiler, which would then wait out one L2 round trip per group).
-  constexpr int kGroups = kBlockN / 32, kChunk = 1;
+  constexpr int kGroups = kBlockN / 32, kChunk = 2;
   static_assert(kGroups % kChunk == 0);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
