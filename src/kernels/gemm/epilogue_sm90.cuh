@@ -17,59 +17,6 @@ struct Fragment {
   }
 };
 
-// Eight BF16 values (16 bytes) to FP32 and back.
-__device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 x = __bfloat1622float2(h[i]);
-    f[2 * i] = x.x, f[2 * i + 1] = x.y;
-  }
-}
-__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
-  uint4 v;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
-  return v;
-}
-
-// This lane's 8 consecutive columns [32 g + 8 q, 32 g + 8 q + 8) of its row lo + 8 h, q the lane
-// id mod 4, gathered from its quad: a 4x4 transpose of column pairs in two xor-shuffle butterfly
-// steps (8 shuffles). An epilogue that loads as well as stores a row's columns then issues a
-// quarter of the memory instructions, each lane a 16-byte access. The accumulators stay as they are
-// (the next tile's wgmma reads them), so only 8 registers are added.
-template <int kBlockN>
-__device__ __forceinline__ void quad_row_chunk(const float (&d)[kBlockN / 2], int g, int h,
-                                               float (&x)[8]) {
-  static_assert(kBlockN % 32 == 0, "whole 32-column groups");
-  const int q = int(threadIdx.x % 4);
-  // Pair r (x[2r], x[2r + 1]): before, this lane's two columns of fragment 4 g + r; after, lane
-  // r's two columns of fragment 4 g + q. Each step swaps one bit of the lane id with the same bit
-  // of r: a lane whose bit is clear sends the pairs whose bit is set, and the reverse.
-#pragma unroll
-  for (int r = 0; r < 4; ++r)
-    x[2 * r] = d[4 * (4 * g + r) + 2 * h], x[2 * r + 1] = d[4 * (4 * g + r) + 2 * h + 1];
-#pragma unroll
-  for (int bit = 1; bit <= 2; bit <<= 1) {
-    const bool high = (q & bit) != 0;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      if (r & bit) continue;
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        float& clear = x[2 * r + e];
-        float& set = x[2 * (r | bit) + e];
-        const float got = __shfl_xor_sync(0xFFFFFFFFu, high ? clear : set, bit);
-        if (high)
-          clear = got;
-        else
-          set = got;
-      }
-    }
-  }
-}
-
 // The approximate division (one MUFU.RCP): its 2-ulp FP32 error is far below the BF16 rounding of
 // the result; the IEEE division adds Newton steps and a slow-path check per element, in an
 // epilogue that stops both warpgroups' tensor work. For g < -87.3 the denominator exceeds 2^126

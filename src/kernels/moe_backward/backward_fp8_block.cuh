@@ -81,33 +81,26 @@ __device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t codes) {
       __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes), __NV_E4M3)));
 }
 
-// Eight E4M3 codes (8 bytes, the first in the low byte) times their block's scale.
-__device__ __forceinline__ void e4m3x8_scaled(uint2 codes, float scale, float (&f)[8]) {
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t word = i < 2 ? codes.x : codes.y;
-    const float2 v = e4m3x2_to_float2(uint16_t(word >> (16 * (i % 2))));
-    f[2 * i] = __fmul_rn(v.x, scale), f[2 * i + 1] = __fmul_rn(v.y, scale);
-  }
-}
-
 // The routed dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from
-// row0), 8 consecutive columns per lane at a time (quad_row_chunk), per 128-column block: act_q =
-// its E4M3 codes times its scale; the router-weight partial <dA', act_q> in the bf16 epilogue's
-// fixed order; dA = w dA'; dg | du into dgu (BF16) and, once the quad has the block's amax, into
-// dgu_e4m3 and dgu_scales (block_scale.hpp's rule, from the FP32 values); w act_q into act_scaled.
-// Padding rows: zeros and the empty block's scale.
+// row0), per 128-column block: act_q = its E4M3 codes times its scale; the router-weight partial
+// <dA', act_q> in the bf16 epilogue's fixed order; dA = w dA'; dg | du into dgu (BF16) and, once
+// the quad has the block's amax, into dgu_e4m3 and dgu_scales (block_scale.hpp's rule, from the
+// FP32 values); w act_q into act_scaled. Padding rows: zeros and the empty block's scale.
 template <int kBlockN>
 __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
                                                         const BackwardWork& w,
                                                         const float (&d)[kBlockN / 2], int row0) {
-  // Per 128-column block 4 groups of 32 columns (8 per lane), loaded kChunk at a time.
-  constexpr int kBlocks = kBlockN / 128, kGroups = 4, kChunk = 2;
-  static_assert(kBlockN % 128 == 0 && kGroups % kChunk == 0);
+  // Per block 16 fragments of 8 columns, loaded 4 at a time (8 at a time, as the bf16 epilogue,
+  // spilled 404 bytes in the 256-wide kernel, 4 spill 260: ptxas -v).
+  constexpr int kBlocks = kBlockN / 128, kFragments = 16, kChunk = 4;
+  static_assert(kBlockN % 128 == 0 && kFragments % kChunk == 0);
   const Fragment f = Fragment::mine();
   const int64_t I = p.intermediate, i_blocks = I / 128;
-  const int64_t n0 = int64_t(w.n_tile) * kBlockN, lane0 = 4 * f.col0;  // lane0: 8 (lane % 4)
-  auto chunk = [](const __nv_bfloat16* at) { return __ldg(reinterpret_cast<const uint4*>(at)); };
+  const int n0 = w.n_tile * kBlockN;
+  auto pair = [](const void* at) { return __ldg(reinterpret_cast<const unsigned int*>(at)); };
+  auto unpack = [](uint32_t v) {
+    return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  };
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row0 + f.row_lo + 8 * h;
@@ -116,49 +109,45 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
     const bool valid = slot >= 0;
     const int source = valid ? sched::RowDestination::rank(destination) : 0;
     const float s = valid ? p.peer_topk_weights[source][slot] : 0.0f;
-    const uint8_t* act = p.act_e4m3 + row * I + n0 + lane0;
+    const uint8_t* act = p.act_e4m3 + row * I + n0;
     const float* act_scale = p.act_scales + row * i_blocks + n0 / 128;
-    const __nv_bfloat16* g_in = p.gate_up + row * 2 * I + n0 + lane0;
-    __nv_bfloat16* dg_out = p.dgu + row * 2 * I + n0 + lane0;
-    uint8_t* codes_out = p.dgu_e4m3 + row * 2 * I + n0 + lane0;
+    const __nv_bfloat16* g_in = p.gate_up + row * 2 * I + n0;
+    __nv_bfloat16* dg_out = p.dgu + row * 2 * I + n0;
+    uint8_t* codes_out = p.dgu_e4m3 + row * 2 * I + n0;
     float* scales_out = p.dgu_scales + row * 2 * i_blocks + n0 / 128;
-    __nv_bfloat16* act_out = p.act_scaled + row * I + n0 + lane0;
-    // The SwiGLU backward of one column (dA = w dA').
-    auto grads = [&](float acc, float gv, float uv) {
-      return valid ? swiglu_grads(__fmul_rn(s, acc), gv, uv) : SwigluGrads{0.0f, 0.0f};
-    };
+    __nv_bfloat16* act_out = p.act_scaled + row * I + n0;
     float dot = 0.0f;
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
       const float sa = valid ? __ldg(act_scale + b) : 0.0f;
       fmt::BlockAmax amax_g, amax_u;
+      // dA for fragment j of this block (columns 8 j + col0, + 1).
+      auto da = [&](int j, int e) { return __fmul_rn(s, d[4 * j + 2 * h + e]); };
 #pragma unroll
-      for (int part = 0; part < kGroups / kChunk; ++part) {
-        uint2 a_raw[kChunk];
-        uint4 g_raw[kChunk], u_raw[kChunk];
+      for (int chunk = 0; chunk < kFragments / kChunk; ++chunk) {
+        uint32_t a_raw[kChunk], g_raw[kChunk], u_raw[kChunk];
 #pragma unroll
-        for (int gg = 0; gg < kChunk; ++gg) {  // every load first (as the bf16 epilogue)
-          const int c = 32 * (kGroups * b + part * kChunk + gg);
-          a_raw[gg] = valid ? __ldg(reinterpret_cast<const uint2*>(act + c)) : uint2{};
-          g_raw[gg] = valid ? chunk(g_in + c) : uint4{};
-          u_raw[gg] = valid ? chunk(g_in + I + c) : uint4{};
+        for (int jj = 0; jj < kChunk; ++jj) {  // every load first (as the bf16 epilogue)
+          const int c = 128 * b + 8 * (chunk * kChunk + jj) + f.col0;
+          a_raw[jj] = valid ? __ldg(reinterpret_cast<const unsigned short*>(act + c)) : 0u;
+          g_raw[jj] = valid ? pair(g_in + c) : 0u;
+          u_raw[jj] = valid ? pair(g_in + I + c) : 0u;
         }
 #pragma unroll
-        for (int gg = 0; gg < kChunk; ++gg) {
-          const int g = kGroups * b + part * kChunk + gg, c = 32 * g;
-          float acc[8], a[8], gv[8], uv[8], dg[8], du[8], a_scaled[8];
-          quad_row_chunk<kBlockN>(d, g, h, acc);
-          e4m3x8_scaled(a_raw[gg], sa, a), unpack8(g_raw[gg], gv), unpack8(u_raw[gg], uv);
-#pragma unroll
-          for (int k = 0; k < 8; ++k) {
-            dot = __fmaf_rn(acc[k], a[k], dot);
-            const SwigluGrads r = grads(acc[k], gv[k], uv[k]);
-            amax_g.add(r.dg), amax_u.add(r.du);
-            dg[k] = r.dg, du[k] = r.du, a_scaled[k] = __fmul_rn(s, a[k]);
-          }
-          *reinterpret_cast<uint4*>(dg_out + c) = pack8(dg);
-          *reinterpret_cast<uint4*>(dg_out + I + c) = pack8(du);
-          *reinterpret_cast<uint4*>(act_out + c) = pack8(a_scaled);
+        for (int jj = 0; jj < kChunk; ++jj) {
+          const int j = 16 * b + chunk * kChunk + jj, c = 8 * j + f.col0;
+          const float2 q = e4m3x2_to_float2(uint16_t(a_raw[jj]));
+          const float2 a = make_float2(__fmul_rn(q.x, sa), __fmul_rn(q.y, sa));
+          const float2 g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
+          dot = __fmaf_rn(d[4 * j + 2 * h], a.x, dot);
+          dot = __fmaf_rn(d[4 * j + 2 * h + 1], a.y, dot);
+          const SwigluGrads r0 = valid ? swiglu_grads(da(j, 0), g.x, u.x) : SwigluGrads{0, 0};
+          const SwigluGrads r1 = valid ? swiglu_grads(da(j, 1), g.y, u.y) : SwigluGrads{0, 0};
+          amax_g.add(r0.dg), amax_g.add(r1.dg), amax_u.add(r0.du), amax_u.add(r1.du);
+          *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(r0.dg, r1.dg);
+          *reinterpret_cast<__nv_bfloat162*>(dg_out + I + c) = __floats2bfloat162_rn(r0.du, r1.du);
+          *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
+              __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
         }
       }
       // The block's 128 columns of the row live in one quad.
@@ -173,31 +162,24 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
       }
       // The codes: dg | du formed again from g and u (L1-resident), bit for bit the values above.
 #pragma unroll
-      for (int part = 0; part < kGroups / kChunk; ++part) {
-        uint4 g_raw[kChunk], u_raw[kChunk];
+      for (int chunk = 0; chunk < kFragments / kChunk; ++chunk) {
+        uint32_t g_raw[kChunk], u_raw[kChunk];
 #pragma unroll
-        for (int gg = 0; gg < kChunk; ++gg) {
-          const int c = 32 * (kGroups * b + part * kChunk + gg);
-          g_raw[gg] = valid ? chunk(g_in + c) : uint4{};
-          u_raw[gg] = valid ? chunk(g_in + I + c) : uint4{};
+        for (int jj = 0; jj < kChunk; ++jj) {
+          const int c = 128 * b + 8 * (chunk * kChunk + jj) + f.col0;
+          g_raw[jj] = valid ? pair(g_in + c) : 0u;
+          u_raw[jj] = valid ? pair(g_in + I + c) : 0u;
         }
 #pragma unroll
-        for (int gg = 0; gg < kChunk; ++gg) {
-          const int g = kGroups * b + part * kChunk + gg, c = 32 * g;
-          float acc[8], gv[8], uv[8];
-          quad_row_chunk<kBlockN>(d, g, h, acc);
-          unpack8(g_raw[gg], gv), unpack8(u_raw[gg], uv);
-          uint32_t codes_g[2] = {0u, 0u}, codes_u[2] = {0u, 0u};
-#pragma unroll
-          for (int k = 0; k < 8; k += 2) {
-            const SwigluGrads r0 = grads(acc[k], gv[k], uv[k]);
-            const SwigluGrads r1 = grads(acc[k + 1], gv[k + 1], uv[k + 1]);
-            const int shift = 16 * (k / 2 % 2);
-            codes_g[k / 4] |= uint32_t(fmt::fp8_block_pair(r0.dg, r1.dg, sg.encode)) << shift;
-            codes_u[k / 4] |= uint32_t(fmt::fp8_block_pair(r0.du, r1.du, su.encode)) << shift;
-          }
-          *reinterpret_cast<uint2*>(codes_out + c) = make_uint2(codes_g[0], codes_g[1]);
-          *reinterpret_cast<uint2*>(codes_out + I + c) = make_uint2(codes_u[0], codes_u[1]);
+        for (int jj = 0; jj < kChunk; ++jj) {
+          const int j = 16 * b + chunk * kChunk + jj, c = 8 * j + f.col0;
+          const float2 g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
+          const SwigluGrads r0 = valid ? swiglu_grads(da(j, 0), g.x, u.x) : SwigluGrads{0, 0};
+          const SwigluGrads r1 = valid ? swiglu_grads(da(j, 1), g.y, u.y) : SwigluGrads{0, 0};
+          *reinterpret_cast<uint16_t*>(codes_out + c) =
+              fmt::fp8_block_pair(r0.dg, r1.dg, sg.encode);
+          *reinterpret_cast<uint16_t*>(codes_out + I + c) =
+              fmt::fp8_block_pair(r0.du, r1.du, su.encode);
         }
       }
     }

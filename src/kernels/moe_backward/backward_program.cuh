@@ -127,20 +127,18 @@ __device__ __forceinline__ uint32_t* recompute_counter(const BackwardParams& p,
   return (w.shared() ? p.gu_shared_ready : p.gu_ready) + w.m_block;
 }
 
-// Eight act or g | u elements (16 bytes). Recomputed ones were written in this launch (by other
-// CTAs, ordered by the producer's acquire): a coherent load, where the kept ones take the
-// read-only path.
+// A pair of act or g | u elements. Recomputed ones were written in this launch (by other CTAs,
+// ordered by the producer's acquire): a coherent load, where the kept ones take the read-only path.
 template <bool kWrittenHere>
-__device__ __forceinline__ uint4 load_chunk(const __nv_bfloat16* at) {
-  const uint4* chunk = reinterpret_cast<const uint4*>(at);
+__device__ __forceinline__ uint32_t load_pair(const __nv_bfloat16* at) {
+  const unsigned int* word = reinterpret_cast<const unsigned int*>(at);
   if constexpr (kWrittenHere)
-    return *chunk;
+    return *word;
   else
-    return __ldg(chunk);
+    return __ldg(word);
 }
 
-// The dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from row0), on
-// 8 consecutive columns per lane at a time (quad_row_chunk): 16-byte loads and stores.
+// The dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from row0).
 // kScaled: dA' is the accumulator times `scale` (nvfp4's per-tensor factor of the down weights).
 // kMx (mxfp8's routed tiles): dg | du also rounded to their MX values (1x32 blocks along the row:
 // a quad of lanes holds a row's block, 8 values each) into dgu_mx, dgrad-gate/up's A.
@@ -151,11 +149,7 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
   const Fragment f = Fragment::mine();
   const bool shared = w.shared();
   const int64_t width = shared ? p.shared_width : p.intermediate;
-  const int64_t n0 = int64_t(w.n_tile) * kBlockN + 4 * f.col0;  // this lane's first column
-  // 32-column groups, kChunk at a time with every load first (the stores below could alias them
-  // for the compiler, which would then wait out one L2 round trip per group).
-  constexpr int kGroups = kBlockN / 32, kChunk = 2;
-  static_assert(kGroups % kChunk == 0);
+  const int n0 = w.n_tile * kBlockN;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int64_t row = row0 + f.row_lo + 8 * h;
@@ -176,43 +170,68 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
     const __nv_bfloat16* g_in = (shared ? p.gate_up_shared : p.gate_up) + row * 2 * width + n0;
     __nv_bfloat16* dg_out = (shared ? p.dgu_shared : p.dgu) + row * 2 * width + n0;
     __nv_bfloat16* act_out = (shared ? p.act_shared_copy : p.act_scaled) + row * width + n0;
-    float dot = 0.0f;  // one order, this lane's columns ascending, whatever kChunk
+    // Per 8 column pairs, every load first (the stores below could alias them for the compiler,
+    // which would then wait out one L2 round trip per column pair). The dot product keeps one
+    // order whatever the chunking.
+    constexpr int kPairs = 8;
+    static_assert(kBlockN / 8 % kPairs == 0);
+    auto unpack = [](uint32_t v) {
+      return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+    };
+    float dot = 0.0f;
+    static_assert(!kMx || kPairs % 4 == 0, "whole 32-column blocks per chunk");
 #pragma unroll
-    for (int chunk = 0; chunk < kGroups / kChunk; ++chunk) {
-      uint4 a_raw[kChunk], g_raw[kChunk], u_raw[kChunk];
+    for (int chunk = 0; chunk < kBlockN / 8 / kPairs; ++chunk) {
+      [[maybe_unused]] float dg_v[2 * kPairs], du_v[2 * kPairs];  // kMx: the chunk's, FP32
+      uint32_t a_raw[kPairs], g_raw[kPairs], u_raw[kPairs];
 #pragma unroll
-      for (int gg = 0; gg < kChunk; ++gg) {
-        const int c = 32 * (chunk * kChunk + gg);
-        a_raw[gg] = valid ? load_chunk<kRecomputed>(act + c) : uint4{};
-        g_raw[gg] = valid ? load_chunk<kRecomputed>(g_in + c) : uint4{};
-        u_raw[gg] = valid ? load_chunk<kRecomputed>(g_in + width + c) : uint4{};
+      for (int jj = 0; jj < kPairs; ++jj) {
+        const int c = 8 * (chunk * kPairs + jj) + f.col0;
+        a_raw[jj] = valid ? load_pair<kRecomputed>(act + c) : 0u;
+        g_raw[jj] = valid ? load_pair<kRecomputed>(g_in + c) : 0u;
+        u_raw[jj] = valid ? load_pair<kRecomputed>(g_in + width + c) : 0u;
       }
 #pragma unroll
-      for (int gg = 0; gg < kChunk; ++gg) {
-        const int g = chunk * kChunk + gg, c = 32 * g;
-        float acc[8], a[8], gv[8], uv[8], dg[8], du[8], a_scaled[8];
-        quad_row_chunk<kBlockN>(d, g, h, acc);
-        unpack8(a_raw[gg], a), unpack8(g_raw[gg], gv), unpack8(u_raw[gg], uv);
-#pragma unroll
-        for (int k = 0; k < 8; ++k) {
-          const float x = kScaled ? __fmul_rn(acc[k], scale) : acc[k];
-          dot = __fmaf_rn(x, a[k], dot);
-          // dA = w dA'; silu'(g) = sigma (1 + g (1 - sigma)).
+      for (int jj = 0; jj < kPairs; ++jj) {
+        const int j = chunk * kPairs + jj, c = 8 * j + f.col0;
+        const float2 a = unpack(a_raw[jj]), g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
+        const float x0 = kScaled ? __fmul_rn(d[4 * j + 2 * h], scale) : d[4 * j + 2 * h];
+        const float x1 = kScaled ? __fmul_rn(d[4 * j + 2 * h + 1], scale) : d[4 * j + 2 * h + 1];
+        dot = __fmaf_rn(x0, a.x, dot);
+        dot = __fmaf_rn(x1, a.y, dot);
+        // dA = w dA'; silu'(g) = sigma (1 + g (1 - sigma)).
+        auto grads = [&](float x, float gv, float uv, float& dg, float& du) {
           const float da = __fmul_rn(s, x);
-          const float sigma = __fdividef(1.0f, 1.0f + __expf(-gv[k]));
-          du[k] = valid ? da * (gv[k] * sigma) : 0.0f;
-          dg[k] = valid ? da * uv[k] * (sigma * (1.0f + gv[k] * (1.0f - sigma))) : 0.0f;
-          a_scaled[k] = __fmul_rn(s, a[k]);
-        }
-        *reinterpret_cast<uint4*>(dg_out + c) = pack8(dg);
-        *reinterpret_cast<uint4*>(dg_out + width + c) = pack8(du);
-        *reinterpret_cast<uint4*>(act_out + c) = pack8(a_scaled);
-        if constexpr (kMx) {  // this lane's 8 values of the row's 32-column block g
-          __nv_bfloat16* const dg_mx = p.dgu_mx + row * 2 * width + n0;
-          fmt::mx_round_quad_block(dg);
-          fmt::mx_round_quad_block(du);
-          *reinterpret_cast<uint4*>(dg_mx + c) = pack8(dg);
-          *reinterpret_cast<uint4*>(dg_mx + width + c) = pack8(du);
+          const float sigma = __fdividef(1.0f, 1.0f + __expf(-gv));
+          du = valid ? da * (gv * sigma) : 0.0f;
+          dg = valid ? da * uv * (sigma * (1.0f + gv * (1.0f - sigma))) : 0.0f;
+        };
+        float dg0, du0, dg1, du1;
+        grads(x0, g.x, u.x, dg0, du0);
+        grads(x1, g.y, u.y, dg1, du1);
+        if constexpr (kMx)
+          dg_v[2 * jj] = dg0, dg_v[2 * jj + 1] = dg1, du_v[2 * jj] = du0, du_v[2 * jj + 1] = du1;
+        *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(dg0, dg1);
+        *reinterpret_cast<__nv_bfloat162*>(dg_out + width + c) = __floats2bfloat162_rn(du0, du1);
+        *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
+            __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
+      }
+      if constexpr (kMx) {
+        __nv_bfloat16* const dg_mx = p.dgu_mx + row * 2 * width + n0;
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // dg, then du
+          const float* v = half ? du_v : dg_v;
+#pragma unroll
+          for (int b = 0; b < kPairs / 4; ++b) {  // this lane's 8 values of each 32-column block
+            float block[8];
+            fmt::mx_round_quad_block(block, [&](int i) { return v[8 * b + i]; });
+#pragma unroll
+            for (int jj = 0; jj < 4; ++jj) {
+              const int c = 8 * (chunk * kPairs + 4 * b + jj) + f.col0;
+              *reinterpret_cast<__nv_bfloat162*>(dg_mx + half * width + c) =
+                  __floats2bfloat162_rn(block[2 * jj], block[2 * jj + 1]);
+            }
+          }
         }
       }
     }

@@ -9,7 +9,6 @@
 
 #include <cstdint>
 
-#include "kernels/gemm/epilogue_sm90.cuh"
 #include "kernels/moe_forward/tile_schedule.cuh"
 
 namespace mok::kern {
@@ -31,6 +30,22 @@ struct ForwardCombineSums {
 __device__ __forceinline__ uint32_t token_done(const ForwardParams& p, int64_t t) {
   return p.ep_size > 1 ? dev::load_acquire_sys(p.token_done + t)
                        : dev::load_acquire_gpu(p.token_done + t);
+}
+
+__device__ __forceinline__ void unpack8(uint4 v, float (&f)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 x = __bfloat1622float2(h[i]);
+    f[2 * i] = x.x, f[2 * i + 1] = x.y;
+  }
+}
+__device__ __forceinline__ uint4 pack8(const float (&f)[8]) {
+  uint4 v;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+  return v;
 }
 
 // One token's reduction, kVecs 16-byte column groups per lane per step: all (K + 1) * kVecs loads
