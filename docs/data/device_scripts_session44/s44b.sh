@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Session 44, one GPU (carry [".device"]; run with the probe patch .device/probe.diff applied to
 # the working tree, which never landed): where the dgrad-down epilogue's time goes. The patch reads
-# MOK_PROBE into the backward's profile flags: 1 = the epilogue's act and g | u loads replaced by
+# MOK_PROBE into bits 8-10 of the backward's profile flags (bits 4-7 are the staged backward's
+# kinds: the first version of this call shifted into them, ran the wrong kinds and hung): 1 = the epilogue's act and g | u loads replaced by
 # constants, 2 = its dgu / act_scaled (and fp8_block's codes) stores dropped, 3 = both, 4 = no
-# epilogue at all (only the publish). BF16 and fp8_block beside each other in every run.
+# epilogue at all (only the publish). BF16 and fp8_block beside each other in every run. Without
+# the stores the later tiles multiply stale operands (less power drawn): the epilogue's own timer
+# (--breakdown 1) is the reading, not the total.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
@@ -28,8 +31,6 @@ probe() {  # PROBE PRESET TOKENS [ARGS]
   cat /tmp/p.txt >> $f
   printf 'probe %s ' $v; grep -E '^\| [a-z0-9-]+ \| [0-9]|^\| [a-z0-9-]+ T = ' /tmp/p.txt | cut -c1-200
 }
-for round in 1 2; do
-  for v in 0 1 2 3 4; do probe $v qwen3-30b 8192 --breakdown $(( round == 1 ? 1 : 0 )); done
-done
-for v in 0 1 2 3 4; do probe $v dsv3 4096; done
+for v in 0 1 2 3 4; do probe $v qwen3-30b 8192 --breakdown 1; done
+for v in 0 4 0 4; do probe $v dsv3 4096; done
 echo "end $(el)s"
