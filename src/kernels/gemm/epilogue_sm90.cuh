@@ -23,6 +23,18 @@ struct Fragment {
 // and the result is -0 instead of a magnitude below 1e-35 (the IEEE division gives -0 below -88.7).
 __device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
 
+// The logistic function in two MUFU operations and one multiply: ex2 and rcp, approximate and
+// flushing subnormals. __expf and __fdividef add range checks and rescaling (5 more instructions
+// per element, a sixth of the backward's dgrad-down epilogue); their only other results are for
+// subnormal intermediates, which here end as sigma = 1 (e^-g below 2^-126 vanishes beside 1) or
+// 0 (1 + e^-g above 2^126, where rcp.approx.ftz flushes 1 / y to 0).
+__device__ __forceinline__ float sigmoid(float g) {
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(g * -1.44269504f));  // e^-g
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.0f + e));
+  return r;
+}
+
 // Store epilogue: rows [row0, row0 + 64) of a BF16 [*, ld] matrix, columns [col_base, col_base +
 // valid) of this tile (valid < kBlockN when the last tile is half wide: TMA zero-filled the rest).
 // row_ptr(r) gives the destination row (nullptr: the row is padding and is not stored).

@@ -71,7 +71,7 @@ struct SwigluGrads {
   float dg, du;
 };
 __device__ __forceinline__ SwigluGrads swiglu_grads(float da, float g, float u) {
-  const float sigma = __fdividef(1.0f, __fadd_rn(1.0f, __expf(-g)));
+  const float sigma = sigmoid(g);
   const float dsilu = __fmul_rn(sigma, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sigma))));
   return {__fmul_rn(__fmul_rn(da, u), dsilu), __fmul_rn(da, __fmul_rn(g, sigma))};
 }
@@ -109,13 +109,15 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
     const bool valid = slot >= 0;
     const int source = valid ? sched::RowDestination::rank(destination) : 0;
     const float s = valid ? p.peer_topk_weights[source][slot] : 0.0f;
-    const uint8_t* act = p.act_e4m3 + row * I + n0;
+    // This thread's first column: every access below is then at a constant offset.
+    const int64_t at = row * I + n0 + f.col0, at2 = row * 2 * I + n0 + f.col0;
+    const uint8_t* act = p.act_e4m3 + at;
     const float* act_scale = p.act_scales + row * i_blocks + n0 / 128;
-    const __nv_bfloat16* g_in = p.gate_up + row * 2 * I + n0;
-    __nv_bfloat16* dg_out = p.dgu + row * 2 * I + n0;
-    uint8_t* codes_out = p.dgu_e4m3 + row * 2 * I + n0;
+    const __nv_bfloat16* g_in = p.gate_up + at2;
+    __nv_bfloat16* dg_out = p.dgu + at2;
+    uint8_t* codes_out = p.dgu_e4m3 + at2;
     float* scales_out = p.dgu_scales + row * 2 * i_blocks + n0 / 128;
-    __nv_bfloat16* act_out = p.act_scaled + row * I + n0;
+    __nv_bfloat16* act_out = p.act_scaled + at;
     float dot = 0.0f;
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
@@ -128,14 +130,14 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
         uint32_t a_raw[kChunk], g_raw[kChunk], u_raw[kChunk];
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {  // every load first (as the bf16 epilogue)
-          const int c = 128 * b + 8 * (chunk * kChunk + jj) + f.col0;
+          const int c = 128 * b + 8 * (chunk * kChunk + jj);
           a_raw[jj] = valid ? __ldg(reinterpret_cast<const unsigned short*>(act + c)) : 0u;
           g_raw[jj] = valid ? pair(g_in + c) : 0u;
           u_raw[jj] = valid ? pair(g_in + I + c) : 0u;
         }
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {
-          const int j = 16 * b + chunk * kChunk + jj, c = 8 * j + f.col0;
+          const int j = 16 * b + chunk * kChunk + jj, c = 8 * j;
           const float2 q = e4m3x2_to_float2(uint16_t(a_raw[jj]));
           const float2 a = make_float2(__fmul_rn(q.x, sa), __fmul_rn(q.y, sa));
           const float2 g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
@@ -166,13 +168,13 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
         uint32_t g_raw[kChunk], u_raw[kChunk];
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {
-          const int c = 128 * b + 8 * (chunk * kChunk + jj) + f.col0;
+          const int c = 128 * b + 8 * (chunk * kChunk + jj);
           g_raw[jj] = valid ? pair(g_in + c) : 0u;
           u_raw[jj] = valid ? pair(g_in + I + c) : 0u;
         }
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {
-          const int j = 16 * b + chunk * kChunk + jj, c = 8 * j + f.col0;
+          const int j = 16 * b + chunk * kChunk + jj, c = 8 * j;
           const float2 g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
           const SwigluGrads r0 = valid ? swiglu_grads(da(j, 0), g.x, u.x) : SwigluGrads{0, 0};
           const SwigluGrads r1 = valid ? swiglu_grads(da(j, 1), g.y, u.y) : SwigluGrads{0, 0};

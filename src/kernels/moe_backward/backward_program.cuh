@@ -166,10 +166,12 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
       source = valid ? sched::RowDestination::rank(destination) : 0;
       s = valid ? p.peer_topk_weights[source][slot] : 0.0f;
     }
-    const __nv_bfloat16* act = (shared ? p.act_shared : p.act) + row * width + n0;
-    const __nv_bfloat16* g_in = (shared ? p.gate_up_shared : p.gate_up) + row * 2 * width + n0;
-    __nv_bfloat16* dg_out = (shared ? p.dgu_shared : p.dgu) + row * 2 * width + n0;
-    __nv_bfloat16* act_out = (shared ? p.act_shared_copy : p.act_scaled) + row * width + n0;
+    // This thread's first column: every access below is then at a constant offset.
+    const int64_t at = row * width + n0 + f.col0, at2 = row * 2 * width + n0 + f.col0;
+    const __nv_bfloat16* act = (shared ? p.act_shared : p.act) + at;
+    const __nv_bfloat16* g_in = (shared ? p.gate_up_shared : p.gate_up) + at2;
+    __nv_bfloat16* dg_out = (shared ? p.dgu_shared : p.dgu) + at2;
+    __nv_bfloat16* act_out = (shared ? p.act_shared_copy : p.act_scaled) + at;
     // Per 8 column pairs, every load first (the stores below could alias them for the compiler,
     // which would then wait out one L2 round trip per column pair). The dot product keeps one
     // order whatever the chunking.
@@ -186,14 +188,14 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
       uint32_t a_raw[kPairs], g_raw[kPairs], u_raw[kPairs];
 #pragma unroll
       for (int jj = 0; jj < kPairs; ++jj) {
-        const int c = 8 * (chunk * kPairs + jj) + f.col0;
+        const int c = 8 * (chunk * kPairs + jj);
         a_raw[jj] = valid ? load_pair<kRecomputed>(act + c) : 0u;
         g_raw[jj] = valid ? load_pair<kRecomputed>(g_in + c) : 0u;
         u_raw[jj] = valid ? load_pair<kRecomputed>(g_in + width + c) : 0u;
       }
 #pragma unroll
       for (int jj = 0; jj < kPairs; ++jj) {
-        const int j = chunk * kPairs + jj, c = 8 * j + f.col0;
+        const int j = chunk * kPairs + jj, c = 8 * j;
         const float2 a = unpack(a_raw[jj]), g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
         const float x0 = kScaled ? __fmul_rn(d[4 * j + 2 * h], scale) : d[4 * j + 2 * h];
         const float x1 = kScaled ? __fmul_rn(d[4 * j + 2 * h + 1], scale) : d[4 * j + 2 * h + 1];
@@ -202,7 +204,7 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
         // dA = w dA'; silu'(g) = sigma (1 + g (1 - sigma)).
         auto grads = [&](float x, float gv, float uv, float& dg, float& du) {
           const float da = __fmul_rn(s, x);
-          const float sigma = __fdividef(1.0f, 1.0f + __expf(-gv));
+          const float sigma = sigmoid(gv);
           du = valid ? da * (gv * sigma) : 0.0f;
           dg = valid ? da * uv * (sigma * (1.0f + gv * (1.0f - sigma))) : 0.0f;
         };
@@ -217,7 +219,7 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
             __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
       }
       if constexpr (kMx) {
-        __nv_bfloat16* const dg_mx = p.dgu_mx + row * 2 * width + n0;
+        __nv_bfloat16* const dg_mx = p.dgu_mx + at2;
 #pragma unroll
         for (int half = 0; half < 2; ++half) {  // dg, then du
           const float* v = half ? du_v : dg_v;
@@ -227,7 +229,7 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
             fmt::mx_round_quad_block(block, [&](int i) { return v[8 * b + i]; });
 #pragma unroll
             for (int jj = 0; jj < 4; ++jj) {
-              const int c = 8 * (chunk * kPairs + 4 * b + jj) + f.col0;
+              const int c = 8 * (chunk * kPairs + 4 * b + jj);
               *reinterpret_cast<__nv_bfloat162*>(dg_mx + half * width + c) =
                   __floats2bfloat162_rn(block[2 * jj], block[2 * jj + 1]);
             }
