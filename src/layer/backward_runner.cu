@@ -130,16 +130,16 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
           who + ": a share of " + std::to_string(share) + " CTAs per rank is too few for " +
               std::to_string(dispatch_ctas) + " dispatch CTAs and the GEMMs");
   wait_cycles = uint64_t(wait_seconds * double(clock_khz) * 1e3);
-  // The tile order's lag (backward_tiles.cuh): units enough that 32 waves of a rank's CTAs fit
-  // in one lag's tiles, and at least two, estimated from the mean rows per expert (the order
-  // changes when tiles run, never their bits). 32, not four: a unit's dgrad-gate/up and
+  // The tile order's lag (backward_tiles.cuh): units enough that sixteen waves of a rank's CTAs
+  // fit in one lag's tiles, and at least two, estimated from the mean rows per expert (the order
+  // changes when tiles run, never their bits). Sixteen, not four: a unit's dgrad-gate/up and
   // weight-gradient tiles then rarely wait for its dgrad-down tiles, whose epilogue is long
-  // (fp8_block's twice BF16's): benchmarks.md, sessions 43 and 44.
+  // (fp8_block's twice BF16's): benchmarks.md, session 43.
   const int64_t blocks = (max_t * K / El + kTileRows - 1) / kTileRows;
   const int64_t recompute_tiles = o.gate_up == GateUpMode::recompute ? blocks * 2 * I / block_n : 0;
   const int64_t per_unit =
       recompute_tiles + blocks * (I + H) / block_n + (H * I + 2 * I * H) / (128 * block_n);
-  lag = int(std::clamp<int64_t>((32 * share + per_unit - 1) / std::max<int64_t>(per_unit, 1),
+  lag = int(std::clamp<int64_t>((16 * share + per_unit - 1) / std::max<int64_t>(per_unit, 1),
                                 std::min<int64_t>(2, El), El));
 
   capacity = sched::pad_to_tile(c.capacity_rows(), kTileRows);
