@@ -24,10 +24,10 @@ struct Fragment {
 __device__ __forceinline__ float silu(float g) { return __fdividef(g, 1.0f + __expf(-g)); }
 
 // The logistic function in two MUFU operations and one multiply: ex2 and rcp, approximate and
-// flushing subnormals. __expf and __fdividef add range checks and rescaling (5 more instructions
-// per element, a sixth of the backward's dgrad-down epilogue); their only other results are for
-// subnormal intermediates, which here end as sigma = 1 (e^-g below 2^-126 vanishes beside 1) or
-// 0 (1 + e^-g above 2^126, where rcp.approx.ftz flushes 1 / y to 0).
+// flushing subnormals. __expf and __fdividef add range checks and rescaling (about 3 instructions
+// per element in the backward's dgrad-down epilogue, which is bound by its instructions); they
+// differ only for subnormal intermediates, which end as sigma = 1 either way (e^-g below 2^-126
+// vanishes beside 1) or 0 (1 + e^-g above 2^126: rcp.approx.ftz flushes 1 / y to 0).
 __device__ __forceinline__ float sigmoid(float g) {
   float e, r;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(g * -1.44269504f));  // e^-g
