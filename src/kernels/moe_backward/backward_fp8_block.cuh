@@ -90,9 +90,9 @@ template <int kBlockN>
 __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
                                                         const BackwardWork& w,
                                                         const float (&d)[kBlockN / 2], int row0) {
-  // Per block 16 fragments of 8 columns, loaded 4 at a time (8 at a time, as the bf16 epilogue,
-  // spilled 404 bytes in the 256-wide kernel, 4 spill 260: ptxas -v).
-  constexpr int kBlocks = kBlockN / 128, kFragments = 16, kChunk = 4;
+  // Per block 16 fragments of 8 columns, 2 per chunk; the chunks loop without unrolling, as in
+  // the bf16 epilogue (bound by its instructions: a smaller body issues faster).
+  constexpr int kBlocks = kBlockN / 128, kFragments = 16, kChunk = 2;
   static_assert(kBlockN % 128 == 0 && kFragments % kChunk == 0);
   const Fragment f = Fragment::mine();
   const int64_t I = p.intermediate, i_blocks = I / 128;
@@ -123,10 +123,10 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
     for (int b = 0; b < kBlocks; ++b) {
       const float sa = valid ? __ldg(act_scale + b) : 0.0f;
       fmt::BlockAmax amax_g, amax_u;
-      // dA for fragment j of this block (columns 8 j + col0, + 1).
-      auto da = [&](int j, int e) { return __fmul_rn(s, d[4 * j + 2 * h + e]); };
-#pragma unroll
+#pragma unroll 1
       for (int chunk = 0; chunk < kFragments / kChunk; ++chunk) {
+        float x[2 * kChunk] = {};  // the chunk's accumulators of this row
+        fragment_slice<kBlockN, kChunk>(d, kFragments / kChunk * b + chunk, h, x);
         uint32_t a_raw[kChunk], g_raw[kChunk], u_raw[kChunk];
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {  // every load first (as the bf16 epilogue)
@@ -137,14 +137,15 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
         }
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {
-          const int j = 16 * b + chunk * kChunk + jj, c = 8 * j;
+          const int c = 128 * b + 8 * (chunk * kChunk + jj);
           const float2 q = e4m3x2_to_float2(uint16_t(a_raw[jj]));
           const float2 a = make_float2(__fmul_rn(q.x, sa), __fmul_rn(q.y, sa));
           const float2 g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
-          dot = __fmaf_rn(d[4 * j + 2 * h], a.x, dot);
-          dot = __fmaf_rn(d[4 * j + 2 * h + 1], a.y, dot);
-          const SwigluGrads r0 = valid ? swiglu_grads(da(j, 0), g.x, u.x) : SwigluGrads{0, 0};
-          const SwigluGrads r1 = valid ? swiglu_grads(da(j, 1), g.y, u.y) : SwigluGrads{0, 0};
+          dot = __fmaf_rn(x[2 * jj], a.x, dot);
+          dot = __fmaf_rn(x[2 * jj + 1], a.y, dot);
+          const float da0 = __fmul_rn(s, x[2 * jj]), da1 = __fmul_rn(s, x[2 * jj + 1]);
+          const SwigluGrads r0 = valid ? swiglu_grads(da0, g.x, u.x) : SwigluGrads{0, 0};
+          const SwigluGrads r1 = valid ? swiglu_grads(da1, g.y, u.y) : SwigluGrads{0, 0};
           amax_g.add(r0.dg), amax_g.add(r1.dg), amax_u.add(r0.du), amax_u.add(r1.du);
           *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(r0.dg, r1.dg);
           *reinterpret_cast<__nv_bfloat162*>(dg_out + I + c) = __floats2bfloat162_rn(r0.du, r1.du);
@@ -163,8 +164,10 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
         scales_out[i_blocks + b] = fmt::fp8_block_stored_scale(amax_u, su);
       }
       // The codes: dg | du formed again from g and u (L1-resident), bit for bit the values above.
-#pragma unroll
+#pragma unroll 1
       for (int chunk = 0; chunk < kFragments / kChunk; ++chunk) {
+        float x[2 * kChunk] = {};
+        fragment_slice<kBlockN, kChunk>(d, kFragments / kChunk * b + chunk, h, x);
         uint32_t g_raw[kChunk], u_raw[kChunk];
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {
@@ -174,10 +177,11 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
         }
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {
-          const int j = 16 * b + chunk * kChunk + jj, c = 8 * j;
+          const int c = 128 * b + 8 * (chunk * kChunk + jj);
           const float2 g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
-          const SwigluGrads r0 = valid ? swiglu_grads(da(j, 0), g.x, u.x) : SwigluGrads{0, 0};
-          const SwigluGrads r1 = valid ? swiglu_grads(da(j, 1), g.y, u.y) : SwigluGrads{0, 0};
+          const float da0 = __fmul_rn(s, x[2 * jj]), da1 = __fmul_rn(s, x[2 * jj + 1]);
+          const SwigluGrads r0 = valid ? swiglu_grads(da0, g.x, u.x) : SwigluGrads{0, 0};
+          const SwigluGrads r1 = valid ? swiglu_grads(da1, g.y, u.y) : SwigluGrads{0, 0};
           *reinterpret_cast<uint16_t*>(codes_out + c) =
               fmt::fp8_block_pair(r0.dg, r1.dg, sg.encode);
           *reinterpret_cast<uint16_t*>(codes_out + I + c) =
