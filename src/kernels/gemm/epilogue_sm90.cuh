@@ -35,6 +35,16 @@ __device__ __forceinline__ float sigmoid(float g) {
   return r;
 }
 
+// The SwiGLU backward of one element: dg = dA u silu'(g) and du = dA silu(g), where
+// silu'(g) = sigma (1 + g (1 - sigma)).
+struct SwigluGrads {
+  float dg, du;
+};
+__device__ __forceinline__ SwigluGrads swiglu_grads(float da, float g, float u) {
+  const float sigma = sigmoid(g);
+  return {da * u * (sigma * (1.0f + g * (1.0f - sigma))), da * (g * sigma)};
+}
+
 // Fragments [kCount * slice, kCount * (slice + 1)) of row h's accumulators (registers 4j + 2h
 // and 4j + 2h + 1) into x. Accumulators stay in registers only under compile-time indices; an
 // epilogue that loops over its column chunks without unrolling them (to shrink code that is bound

@@ -65,17 +65,6 @@ __device__ __forceinline__ BackwardTileScales backward_tile_scales(const Backwar
   return s;
 }
 
-// The SwiGLU backward of one element pair. Explicitly rounded operations (no contraction): the
-// epilogue forms dg and du twice, for the block's amax and for its codes, and both must agree.
-struct SwigluGrads {
-  float dg, du;
-};
-__device__ __forceinline__ SwigluGrads swiglu_grads(float da, float g, float u) {
-  const float sigma = sigmoid(g);
-  const float dsilu = __fmul_rn(sigma, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sigma))));
-  return {__fmul_rn(__fmul_rn(da, u), dsilu), __fmul_rn(da, __fmul_rn(g, sigma))};
-}
-
 __device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t codes) {
   return __half22float2(
       __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes), __NV_E4M3)));
@@ -84,8 +73,8 @@ __device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t codes) {
 // The routed dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from
 // row0), per 128-column block: act_q = its E4M3 codes times its scale; the router-weight partial
 // <dA', act_q> in the bf16 epilogue's fixed order; dA = w dA'; dg | du into dgu (BF16) and, once
-// the quad has the block's amax, into dgu_e4m3 and dgu_scales (block_scale.hpp's rule, from the
-// FP32 values); w act_q into act_scaled. Padding rows: zeros and the empty block's scale.
+// the quad has the block's amax, those BF16 values into dgu_e4m3 and dgu_scales (block_scale.hpp's
+// rule); w act_q into act_scaled. Padding rows: zeros and the empty block's scale.
 template <int kBlockN>
 __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
                                                         const BackwardWork& w,
@@ -123,6 +112,9 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
     for (int b = 0; b < kBlocks; ++b) {
       const float sa = valid ? __ldg(act_scale + b) : 0.0f;
       fmt::BlockAmax amax_g, amax_u;
+      // The block's BF16 dg | du pairs, kept for its codes: indexed by the rolled chunk loop, so
+      // in local memory (L1), which is cheaper than forming them again.
+      uint32_t kept_g[kFragments], kept_u[kFragments];
 #pragma unroll 1
       for (int chunk = 0; chunk < kFragments / kChunk; ++chunk) {
         float x[2 * kChunk] = {};  // the chunk's accumulators of this row
@@ -144,11 +136,16 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
           dot = __fmaf_rn(x[2 * jj], a.x, dot);
           dot = __fmaf_rn(x[2 * jj + 1], a.y, dot);
           const float da0 = __fmul_rn(s, x[2 * jj]), da1 = __fmul_rn(s, x[2 * jj + 1]);
-          const SwigluGrads r0 = valid ? swiglu_grads(da0, g.x, u.x) : SwigluGrads{0, 0};
-          const SwigluGrads r1 = valid ? swiglu_grads(da1, g.y, u.y) : SwigluGrads{0, 0};
-          amax_g.add(r0.dg), amax_g.add(r1.dg), amax_u.add(r0.du), amax_u.add(r1.du);
-          *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(r0.dg, r1.dg);
-          *reinterpret_cast<__nv_bfloat162*>(dg_out + I + c) = __floats2bfloat162_rn(r0.du, r1.du);
+          const SwigluGrads r0 = valid ? swiglu_grads(da0, g.x, u.x) : SwigluGrads{};
+          const SwigluGrads r1 = valid ? swiglu_grads(da1, g.y, u.y) : SwigluGrads{};
+          const __nv_bfloat162 dg = __floats2bfloat162_rn(r0.dg, r1.dg);
+          const __nv_bfloat162 du = __floats2bfloat162_rn(r0.du, r1.du);
+          const float2 dg_b = __bfloat1622float2(dg), du_b = __bfloat1622float2(du);
+          amax_g.add(dg_b.x), amax_g.add(dg_b.y), amax_u.add(du_b.x), amax_u.add(du_b.y);
+          *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = dg;
+          *reinterpret_cast<__nv_bfloat162*>(dg_out + I + c) = du;
+          kept_g[chunk * kChunk + jj] = *reinterpret_cast<const uint32_t*>(&dg);
+          kept_u[chunk * kChunk + jj] = *reinterpret_cast<const uint32_t*>(&du);
           *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
               __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
         }
@@ -163,30 +160,14 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
         scales_out[b] = fmt::fp8_block_stored_scale(amax_g, sg);
         scales_out[i_blocks + b] = fmt::fp8_block_stored_scale(amax_u, su);
       }
-      // The codes: dg | du formed again from g and u (L1-resident), bit for bit the values above.
+      // The codes, from the BF16 values (as the reference quantizes them).
 #pragma unroll 1
-      for (int chunk = 0; chunk < kFragments / kChunk; ++chunk) {
-        float x[2 * kChunk] = {};
-        fragment_slice<kBlockN, kChunk>(d, kFragments / kChunk * b + chunk, h, x);
-        uint32_t g_raw[kChunk], u_raw[kChunk];
-#pragma unroll
-        for (int jj = 0; jj < kChunk; ++jj) {
-          const int c = 128 * b + 8 * (chunk * kChunk + jj);
-          g_raw[jj] = valid ? pair(g_in + c) : 0u;
-          u_raw[jj] = valid ? pair(g_in + I + c) : 0u;
-        }
-#pragma unroll
-        for (int jj = 0; jj < kChunk; ++jj) {
-          const int c = 128 * b + 8 * (chunk * kChunk + jj);
-          const float2 g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
-          const float da0 = __fmul_rn(s, x[2 * jj]), da1 = __fmul_rn(s, x[2 * jj + 1]);
-          const SwigluGrads r0 = valid ? swiglu_grads(da0, g.x, u.x) : SwigluGrads{0, 0};
-          const SwigluGrads r1 = valid ? swiglu_grads(da1, g.y, u.y) : SwigluGrads{0, 0};
-          *reinterpret_cast<uint16_t*>(codes_out + c) =
-              fmt::fp8_block_pair(r0.dg, r1.dg, sg.encode);
-          *reinterpret_cast<uint16_t*>(codes_out + I + c) =
-              fmt::fp8_block_pair(r0.du, r1.du, su.encode);
-        }
+      for (int jj = 0; jj < kFragments; ++jj) {
+        const int c = 128 * b + 8 * jj;
+        const float2 dg = unpack(kept_g[jj]), du = unpack(kept_u[jj]);
+        *reinterpret_cast<uint16_t*>(codes_out + c) = fmt::fp8_block_pair(dg.x, dg.y, sg.encode);
+        *reinterpret_cast<uint16_t*>(codes_out + I + c) =
+            fmt::fp8_block_pair(du.x, du.y, su.encode);
       }
     }
     // As the bf16 epilogue: a fixed butterfly over the quad, then its first lane.

@@ -204,20 +204,15 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
         const float x1 = kScaled ? __fmul_rn(x[2 * jj + 1], scale) : x[2 * jj + 1];
         dot = __fmaf_rn(x0, a.x, dot);
         dot = __fmaf_rn(x1, a.y, dot);
-        // dA = w dA'; silu'(g) = sigma (1 + g (1 - sigma)).
-        auto grads = [&](float xv, float gv, float uv, float& dg, float& du) {
-          const float da = __fmul_rn(s, xv);
-          const float sigma = sigmoid(gv);
-          du = valid ? da * (gv * sigma) : 0.0f;
-          dg = valid ? da * uv * (sigma * (1.0f + gv * (1.0f - sigma))) : 0.0f;
-        };
-        float dg0, du0, dg1, du1;
-        grads(x0, g.x, u.x, dg0, du0);
-        grads(x1, g.y, u.y, dg1, du1);
+        // dA = w dA'.
+        const SwigluGrads r0 = valid ? swiglu_grads(__fmul_rn(s, x0), g.x, u.x) : SwigluGrads{};
+        const SwigluGrads r1 = valid ? swiglu_grads(__fmul_rn(s, x1), g.y, u.y) : SwigluGrads{};
         if constexpr (kMx)
-          dg_v[2 * jj] = dg0, dg_v[2 * jj + 1] = dg1, du_v[2 * jj] = du0, du_v[2 * jj + 1] = du1;
-        *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(dg0, dg1);
-        *reinterpret_cast<__nv_bfloat162*>(dg_out + width + c) = __floats2bfloat162_rn(du0, du1);
+          dg_v[2 * jj] = r0.dg, dg_v[2 * jj + 1] = r1.dg, du_v[2 * jj] = r0.du,
+                   du_v[2 * jj + 1] = r1.du;
+        *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(r0.dg, r1.dg);
+        *reinterpret_cast<__nv_bfloat162*>(dg_out + width + c) =
+            __floats2bfloat162_rn(r0.du, r1.du);
         *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
             __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
       }
