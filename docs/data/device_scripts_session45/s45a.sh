@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Session 45, one GPU (carry [".device"] after `bash scripts/device_ab_base.sh make HEAD~1 base`
-# at the loop commit): session 44 found the dgrad-down epilogue's time following its code size.
-# This tree loops over the epilogues' column chunks without unrolling them (one copy of the body,
-# the chunk's accumulators picked by fragment_slice). A/B first, then the suites.
+# Session 45, one GPU (carry [".device"] after `bash scripts/device_ab_base.sh make 129986d base`
+# and `... make 75c799a loop` at a0e5b95): session 44 found the dgrad-down epilogue's time
+# following its code size. loop (75c799a): the epilogues loop over their column chunks without
+# unrolling them (one copy of the body, the chunk's accumulators picked by fragment_slice). kept
+# (a0e5b95, this tree): fp8_block's codes from the BF16 dg | du kept in local memory, not formed
+# again. A/B/C first, then the suites.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
@@ -12,6 +14,7 @@ log=$OUT/s45a.log
 source scripts/device_steps.sh
 nvidia-smi --query-gpu=name,power.limit,memory.total,clocks.max.sm --format=csv,noheader
 (bash scripts/device_ab_base.sh build base > $OUT/base_build.txt 2>&1) &
+(bash scripts/device_ab_base.sh build loop > $OUT/loop_build.txt 2>&1) &
 nccl_root="$(bash scripts/nccl_root.sh)"
 cmake -S . -B build-gpu ${nccl_root:+-DMOK_NCCL_ROOT="$nccl_root"} -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DMOK_WERROR=ON -DCMAKE_CXX_COMPILER=/usr/bin/g++ -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ \
@@ -21,8 +24,8 @@ cmake --build build-gpu -j 16 --target mok test_moe_backward_gpu test_emulated_e
   { grep -E "error|FAILED" -A3 $OUT/build.log | head -30; exit 1; }
 wait
 echo "builds $(el)s"
-declare -A BIN=([base]=$(tail -1 $OUT/base_build.txt) [loop]=build-gpu/mok)
-for v in base loop; do [ -x "${BIN[$v]}" ] || { echo "no $v: ${BIN[$v]}"; exit 1; }; done
+declare -A BIN=([base]=$(tail -1 $OUT/base_build.txt) [loop]=$(tail -1 $OUT/loop_build.txt) [kept]=build-gpu/mok)
+for v in base loop kept; do [ -x "${BIN[$v]}" ] || { echo "no $v: ${BIN[$v]}"; exit 1; }; done
 bench() {  # VARIANT PRECISION PRESET TOKENS [ARGS]
   [ $(el) -gt $(( limit - 40 )) ] && { echo "skip $*"; return; }
   local f=$OUT/bench_$1.txt v=$1 precision=$2 preset=$3 tokens=$4
@@ -34,12 +37,11 @@ bench() {  # VARIANT PRECISION PRESET TOKENS [ARGS]
   printf '%-5s %-9s ' $v $precision
   grep -E '^\| [a-z0-9-]+ \| [0-9]|^\| [a-z0-9-]+ T = |does not fit|out of memory' /tmp/b.txt | cut -c1-160
 }
-bench base fp8_block qwen3-30b 8192 --breakdown 1
-bench loop fp8_block qwen3-30b 8192 --breakdown 1
+for v in base loop kept; do bench $v fp8_block qwen3-30b 8192 --breakdown 1; done
 for shape in "dsv3 4096" "qwen3-30b 8192" "fine 4096" "dsv3 4096"; do
-  for v in loop base; do bench $v fp8_block $shape; done
+  for v in kept loop base; do bench $v fp8_block $shape; done
 done
-for p in mxfp8 nvfp4; do for v in base loop; do bench $v $p qwen3-30b 8192; done; done
+for p in mxfp8 nvfp4; do for v in base kept; do bench $v $p qwen3-30b 8192; done; done
 T=build-gpu/tests
 run moe_backward 60 $T/test_moe_backward_gpu
 run fp8_block_backward 60 $T/test_fp8_block_backward_gpu
