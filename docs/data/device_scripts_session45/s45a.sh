@@ -4,7 +4,9 @@
 # following its code size. loop (75c799a): the epilogues loop over their column chunks without
 # unrolling them (one copy of the body, the chunk's accumulators picked by fragment_slice). kept
 # (a0e5b95, this tree): fp8_block's codes from the BF16 dg | du kept in local memory, not formed
-# again. A/B/C first, then the suites.
+# again. pipe (branch epilogue-pipe, `make epilogue-pipe pipe`: the reverse patch, so its build is
+# this tree plus it): kept with each chunk's loads issued a chunk ahead. Variants first, then the
+# suites.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
@@ -15,6 +17,7 @@ source scripts/device_steps.sh
 nvidia-smi --query-gpu=name,power.limit,memory.total,clocks.max.sm --format=csv,noheader
 (bash scripts/device_ab_base.sh build base > $OUT/base_build.txt 2>&1) &
 (bash scripts/device_ab_base.sh build loop > $OUT/loop_build.txt 2>&1) &
+(bash scripts/device_ab_base.sh build pipe > $OUT/pipe_build.txt 2>&1) &
 nccl_root="$(bash scripts/nccl_root.sh)"
 cmake -S . -B build-gpu ${nccl_root:+-DMOK_NCCL_ROOT="$nccl_root"} -G Ninja -DCMAKE_BUILD_TYPE=Release \
   -DMOK_WERROR=ON -DCMAKE_CXX_COMPILER=/usr/bin/g++ -DCMAKE_CUDA_HOST_COMPILER=/usr/bin/g++ \
@@ -24,8 +27,9 @@ cmake --build build-gpu -j 16 --target mok test_moe_backward_gpu test_emulated_e
   { grep -E "error|FAILED" -A3 $OUT/build.log | head -30; exit 1; }
 wait
 echo "builds $(el)s"
-declare -A BIN=([base]=$(tail -1 $OUT/base_build.txt) [loop]=$(tail -1 $OUT/loop_build.txt) [kept]=build-gpu/mok)
-for v in base loop kept; do [ -x "${BIN[$v]}" ] || { echo "no $v: ${BIN[$v]}"; exit 1; }; done
+declare -A BIN=([base]=$(tail -1 $OUT/base_build.txt) [loop]=$(tail -1 $OUT/loop_build.txt) [kept]=build-gpu/mok
+  [pipe]=$(tail -1 $OUT/pipe_build.txt))
+for v in base loop kept pipe; do [ -x "${BIN[$v]}" ] || { echo "no $v: ${BIN[$v]}"; exit 1; }; done
 bench() {  # VARIANT PRECISION PRESET TOKENS [ARGS]
   [ $(el) -gt $(( limit - 40 )) ] && { echo "skip $*"; return; }
   local f=$OUT/bench_$1.txt v=$1 precision=$2 preset=$3 tokens=$4
@@ -37,9 +41,9 @@ bench() {  # VARIANT PRECISION PRESET TOKENS [ARGS]
   printf '%-5s %-9s ' $v $precision
   grep -E '^\| [a-z0-9-]+ \| [0-9]|^\| [a-z0-9-]+ T = |does not fit|out of memory' /tmp/b.txt | cut -c1-160
 }
-for v in base loop kept; do bench $v fp8_block qwen3-30b 8192 --breakdown 1; done
-for shape in "dsv3 4096" "qwen3-30b 8192" "fine 4096" "dsv3 4096"; do
-  for v in kept loop base; do bench $v fp8_block $shape; done
+for v in base loop kept pipe; do bench $v fp8_block qwen3-30b 8192 --breakdown 1; done
+for shape in "dsv3 4096" "qwen3-30b 8192" "fine 4096"; do
+  for v in pipe kept loop base; do bench $v fp8_block $shape; done
 done
 for p in mxfp8 nvfp4; do for v in base kept; do bench $v $p qwen3-30b 8192; done; done
 T=build-gpu/tests
