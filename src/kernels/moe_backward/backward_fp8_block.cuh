@@ -70,6 +70,29 @@ __device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t codes) {
       __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes), __NV_E4M3)));
 }
 
+// BlockAmax of a lane's BF16 pairs from `magnitudes`, the max.u16x2 of their bits without the
+// sign: non-negative BF16 values order as their bits, and Inf and NaN above every finite one, so
+// a finite top half is the amax. A block holding Inf or NaN takes the exact path over the pairs.
+template <int kPairs>
+__device__ __forceinline__ fmt::BlockAmax bf16_pairs_amax(uint32_t magnitudes,
+                                                          const uint32_t (&pairs)[kPairs]) {
+  const uint32_t top = max(magnitudes & 0xFFFFu, magnitudes >> 16);
+  if (top < 0x7F80u) return {__uint_as_float(top << 16), false};
+  fmt::BlockAmax a;
+#pragma unroll 1
+  for (int j = 0; j < kPairs; ++j) {
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pairs[j]));
+    a.add(v.x), a.add(v.y);
+  }
+  return a;
+}
+
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
 // The routed dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from
 // row0), per 128-column block: act_q = its E4M3 codes times its scale; the router-weight partial
 // <dA', act_q> in the bf16 epilogue's fixed order; dA = w dA'; dg | du into dgu (BF16) and, once
@@ -111,7 +134,7 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
       const float sa = valid ? __ldg(act_scale + b) : 0.0f;
-      fmt::BlockAmax amax_g, amax_u;
+      uint32_t magnitudes_g = 0, magnitudes_u = 0;  // max.u16x2 of the |BF16| bits
       // The block's BF16 dg | du pairs, kept for its codes: indexed by the rolled chunk loop, so
       // in local memory (L1), which is cheaper than forming them again.
       uint32_t kept_g[kFragments], kept_u[kFragments];
@@ -140,19 +163,23 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
           const SwigluGrads r1 = valid ? swiglu_grads(da1, g.y, u.y) : SwigluGrads{};
           const __nv_bfloat162 dg = __floats2bfloat162_rn(r0.dg, r1.dg);
           const __nv_bfloat162 du = __floats2bfloat162_rn(r0.du, r1.du);
-          const float2 dg_b = __bfloat1622float2(dg), du_b = __bfloat1622float2(du);
-          amax_g.add(dg_b.x), amax_g.add(dg_b.y), amax_u.add(du_b.x), amax_u.add(du_b.y);
+          const uint32_t dg_bits = *reinterpret_cast<const uint32_t*>(&dg);
+          const uint32_t du_bits = *reinterpret_cast<const uint32_t*>(&du);
+          magnitudes_g = max_u16x2(magnitudes_g, dg_bits & 0x7FFF7FFFu);
+          magnitudes_u = max_u16x2(magnitudes_u, du_bits & 0x7FFF7FFFu);
           *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = dg;
           *reinterpret_cast<__nv_bfloat162*>(dg_out + I + c) = du;
-          kept_g[chunk * kChunk + jj] = *reinterpret_cast<const uint32_t*>(&dg);
-          kept_u[chunk * kChunk + jj] = *reinterpret_cast<const uint32_t*>(&du);
+          kept_g[chunk * kChunk + jj] = dg_bits;
+          kept_u[chunk * kChunk + jj] = du_bits;
           *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
               __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
         }
       }
       // The block's 128 columns of the row live in one quad.
-      amax_g = fmt::reduce_block_amax(amax_g, 3);
-      amax_u = fmt::reduce_block_amax(amax_u, 3);
+      const fmt::BlockAmax amax_g =
+          fmt::reduce_block_amax(bf16_pairs_amax(magnitudes_g, kept_g), 3);
+      const fmt::BlockAmax amax_u =
+          fmt::reduce_block_amax(bf16_pairs_amax(magnitudes_u, kept_u), 3);
       const bool ue8m0 = p.fp8_ue8m0 != 0;
       const fmt::Fp8BlockScale sg = fmt::fp8_block_scale(amax_g.amax, ue8m0);
       const fmt::Fp8BlockScale su = fmt::fp8_block_scale(amax_u.amax, ue8m0);
