@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Session 45, one GPU (carry [".device"] after `bash scripts/device_ab_base.sh make 129986d base`
-# and `... make 75c799a loop` at a0e5b95): session 44 found the dgrad-down epilogue's time
-# following its code size. loop (75c799a): the epilogues loop over their column chunks without
-# unrolling them (one copy of the body, the chunk's accumulators picked by fragment_slice). kept
-# (a0e5b95, this tree): fp8_block's codes from the BF16 dg | du kept in local memory, not formed
-# again. pipe (branch epilogue-pipe, `make epilogue-pipe pipe`: the reverse patch, so its build is
-# this tree plus it): kept with each chunk's loads issued a chunk ahead. Variants first, then the
-# suites.
+# Session 45, one GPU (carry [".device"] after `bash scripts/device_ab_base.sh make 129986d base`,
+# `... make 75c799a loop` and `... make epilogue-pipe pipe` at e55290b): session 44 found the
+# dgrad-down epilogue's time following its code size.
+#   base  129986d  session 44's epilogues
+#   loop  75c799a  the epilogues loop over their column chunks without unrolling them (one copy of
+#                  the body, the chunk's accumulators picked by fragment_slice)
+#   kept  e55290b  (this tree) fp8_block's codes from the BF16 dg | du kept in local memory, not
+#                  formed again, and its block amax by max.u16x2 over the BF16 magnitudes
+#   pipe  branch epilogue-pipe: kept with each chunk's loads issued a chunk ahead (its patch is
+#                  the reverse one, so its build is this tree plus it)
+# Variants first, then the suites.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
