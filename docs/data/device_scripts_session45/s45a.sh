@@ -41,7 +41,6 @@ bench() {  # VARIANT PRECISION PRESET TOKENS [ARGS]
   printf '%-5s %-9s ' $v $precision
   grep -E '^\| [a-z0-9-]+ \| [0-9]|^\| [a-z0-9-]+ T = |does not fit|out of memory' /tmp/b.txt | cut -c1-160
 }
-for v in base kept; do bench $v fp8_block qwen3-30b 8192 --breakdown 1; done
 round() { for shape in "dsv3 4096" "qwen3-30b 8192" "fine 4096"; do
   for v in kept base; do bench $v fp8_block $shape; done
 done; }
@@ -52,6 +51,7 @@ run fp8_block_backward 60 $T/test_fp8_block_backward_gpu
 run emulated_ep_backward 40 $T/test_emulated_ep_backward_gpu
 run mxfp8_backward 50 $T/test_mxfp8_backward_gpu
 run nvfp4_backward 50 $T/test_nvfp4_backward_gpu
+for v in base kept; do bench $v fp8_block qwen3-30b 8192 --breakdown 1; done
 round
 for p in mxfp8 nvfp4; do for v in base kept; do bench $v $p qwen3-30b 8192; done; done
 echo "end $(el)s"
