@@ -138,24 +138,33 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
       // The block's BF16 dg | du pairs, kept for its codes: indexed by the rolled chunk loop, so
       // in local memory (L1), which is cheaper than forming them again.
       uint32_t kept_g[kFragments], kept_u[kFragments];
+      struct Loaded {
+        uint32_t a[kChunk], g[kChunk], u[kChunk];
+      };
+      auto load_chunk = [&](int chunk) {  // every load first (as the bf16 epilogue), a chunk ahead
+        const bool live = valid && chunk < kFragments / kChunk;
+        Loaded l;
+#pragma unroll
+        for (int jj = 0; jj < kChunk; ++jj) {
+          const int c = 128 * b + 8 * (chunk * kChunk + jj);
+          l.a[jj] = live ? __ldg(reinterpret_cast<const unsigned short*>(act + c)) : 0u;
+          l.g[jj] = live ? pair(g_in + c) : 0u;
+          l.u[jj] = live ? pair(g_in + I + c) : 0u;
+        }
+        return l;
+      };
+      Loaded now = load_chunk(0);
 #pragma unroll 1
       for (int chunk = 0; chunk < kFragments / kChunk; ++chunk) {
         float x[2 * kChunk] = {};  // the chunk's accumulators of this row
         fragment_slice<kBlockN, kChunk>(d, kFragments / kChunk * b + chunk, h, x);
-        uint32_t a_raw[kChunk], g_raw[kChunk], u_raw[kChunk];
-#pragma unroll
-        for (int jj = 0; jj < kChunk; ++jj) {  // every load first (as the bf16 epilogue)
-          const int c = 128 * b + 8 * (chunk * kChunk + jj);
-          a_raw[jj] = valid ? __ldg(reinterpret_cast<const unsigned short*>(act + c)) : 0u;
-          g_raw[jj] = valid ? pair(g_in + c) : 0u;
-          u_raw[jj] = valid ? pair(g_in + I + c) : 0u;
-        }
+        const Loaded next = load_chunk(chunk + 1);
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {
           const int c = 128 * b + 8 * (chunk * kChunk + jj);
-          const float2 q = e4m3x2_to_float2(uint16_t(a_raw[jj]));
+          const float2 q = e4m3x2_to_float2(uint16_t(now.a[jj]));
           const float2 a = make_float2(__fmul_rn(q.x, sa), __fmul_rn(q.y, sa));
-          const float2 g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
+          const float2 g = unpack(now.g[jj]), u = unpack(now.u[jj]);
           dot = __fmaf_rn(x[2 * jj], a.x, dot);
           dot = __fmaf_rn(x[2 * jj + 1], a.y, dot);
           const float da0 = __fmul_rn(s, x[2 * jj]), da1 = __fmul_rn(s, x[2 * jj + 1]);
@@ -174,6 +183,7 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
           *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
               __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
         }
+        now = next;
       }
       // The block's 128 columns of the row live in one quad.
       const fmt::BlockAmax amax_g =

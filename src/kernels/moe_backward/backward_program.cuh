@@ -173,33 +173,42 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
     __nv_bfloat16* dg_out = (shared ? p.dgu_shared : p.dgu) + at2;
     __nv_bfloat16* act_out = (shared ? p.act_shared_copy : p.act_scaled) + at;
     // Per 4 column pairs, every load first (the stores below could alias them for the compiler,
-    // which would then wait out one L2 round trip per column pair). The chunks loop without
-    // unrolling: the epilogue is bound by its instructions, and a smaller body issues faster.
-    // The dot product keeps one order whatever the chunking.
-    constexpr int kPairs = 4;
+    // which would then wait out one L2 round trip per column pair), a chunk ahead. The chunks
+    // loop without unrolling: the epilogue is bound by its instructions, and a smaller body
+    // issues faster. The dot product keeps one order whatever the chunking.
+    constexpr int kPairs = 4, kChunks = kBlockN / 8 / kPairs;
     static_assert(kBlockN / 8 % kPairs == 0);
+    struct Loaded {
+      uint32_t a[kPairs], g[kPairs], u[kPairs];
+    };
+    auto load_chunk = [&](int chunk) {
+      const bool live = valid && chunk < kChunks;
+      Loaded l;
+#pragma unroll
+      for (int jj = 0; jj < kPairs; ++jj) {
+        const int c = 8 * (chunk * kPairs + jj);
+        l.a[jj] = live ? load_pair<kRecomputed>(act + c) : 0u;
+        l.g[jj] = live ? load_pair<kRecomputed>(g_in + c) : 0u;
+        l.u[jj] = live ? load_pair<kRecomputed>(g_in + width + c) : 0u;
+      }
+      return l;
+    };
     auto unpack = [](uint32_t v) {
       return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
     };
     float dot = 0.0f;
     static_assert(!kMx || kPairs % 4 == 0, "whole 32-column blocks per chunk");
+    Loaded now = load_chunk(0);
 #pragma unroll 1
-    for (int chunk = 0; chunk < kBlockN / 8 / kPairs; ++chunk) {
+    for (int chunk = 0; chunk < kChunks; ++chunk) {
       [[maybe_unused]] float dg_v[2 * kPairs], du_v[2 * kPairs];  // kMx: the chunk's, FP32
       float x[2 * kPairs] = {};  // the chunk's accumulators of this row
       fragment_slice<kBlockN, kPairs>(d, chunk, h, x);
-      uint32_t a_raw[kPairs], g_raw[kPairs], u_raw[kPairs];
+      const Loaded next = load_chunk(chunk + 1);
 #pragma unroll
       for (int jj = 0; jj < kPairs; ++jj) {
         const int c = 8 * (chunk * kPairs + jj);
-        a_raw[jj] = valid ? load_pair<kRecomputed>(act + c) : 0u;
-        g_raw[jj] = valid ? load_pair<kRecomputed>(g_in + c) : 0u;
-        u_raw[jj] = valid ? load_pair<kRecomputed>(g_in + width + c) : 0u;
-      }
-#pragma unroll
-      for (int jj = 0; jj < kPairs; ++jj) {
-        const int c = 8 * (chunk * kPairs + jj);
-        const float2 a = unpack(a_raw[jj]), g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
+        const float2 a = unpack(now.a[jj]), g = unpack(now.g[jj]), u = unpack(now.u[jj]);
         const float x0 = kScaled ? __fmul_rn(x[2 * jj], scale) : x[2 * jj];
         const float x1 = kScaled ? __fmul_rn(x[2 * jj + 1], scale) : x[2 * jj + 1];
         dot = __fmaf_rn(x0, a.x, dot);
@@ -234,6 +243,7 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
           }
         }
       }
+      now = next;
     }
     // The row's kBlockN columns live in one quad: a fixed butterfly, then the quad's first lane.
     dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, 1));
