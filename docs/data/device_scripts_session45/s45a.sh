@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 45's epilogue levers, written but not run (no device machine could be started). They
-# were reverted unrun; to run this, restore them first (`git revert` of the commit that reverted
-# them), then, at the restored tree, with carry [".device"]:
+# were reverted unrun (d08842d); to run this, restore them first (`git revert d08842d`), then, at
+# the restored tree, with carry [".device"]:
 #   bash scripts/device_ab_base.sh make 129986d base
 #   bash scripts/device_ab_base.sh make 75c799a loop
 #   bash scripts/device_ab_base.sh make e55290b kept
