@@ -102,9 +102,10 @@ template <int kBlockN>
 __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
                                                         const BackwardWork& w,
                                                         const float (&d)[kBlockN / 2], int row0) {
-  // Per block 16 fragments of 8 columns, 2 per chunk; the chunks loop without unrolling, as in
-  // the bf16 epilogue (bound by its instructions: a smaller body issues faster).
-  constexpr int kBlocks = kBlockN / 128, kFragments = 16, kChunk = 2;
+  // Per block 16 fragments of 8 columns, 4 per chunk; the chunks loop without unrolling, as in
+  // the bf16 epilogue (bound by its instructions: a smaller body issues faster), their pointers
+  // advanced per chunk (recomputing them from the chunk index doubles the body).
+  constexpr int kBlocks = kBlockN / 128, kFragments = 16, kChunk = 4;
   static_assert(kBlockN % 128 == 0 && kFragments % kChunk == 0);
   const Fragment f = Fragment::mine();
   const int64_t I = p.intermediate, i_blocks = I / 128;
@@ -138,30 +139,32 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
       // The block's BF16 dg | du pairs, kept for its codes: indexed by the rolled chunk loop, so
       // in local memory (L1), which is cheaper than forming them again.
       uint32_t kept_g[kFragments], kept_u[kFragments];
+      const uint8_t* a_at = act + 128 * b;
+      const __nv_bfloat16 *g_at = g_in + 128 * b, *u_at = g_at + I;
+      __nv_bfloat16 *dg_at = dg_out + 128 * b, *du_at = dg_at + I, *w_at = act_out + 128 * b;
       struct Loaded {
         uint32_t a[kChunk], g[kChunk], u[kChunk];
       };
-      auto load_chunk = [&](int chunk) {  // every load first (as the bf16 epilogue), a chunk ahead
-        const bool live = valid && chunk < kFragments / kChunk;
+      auto load_chunk = [&](bool live, int ahead) {  // every load first, a chunk ahead
         Loaded l;
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {
-          const int c = 128 * b + 8 * (chunk * kChunk + jj);
-          l.a[jj] = live ? __ldg(reinterpret_cast<const unsigned short*>(act + c)) : 0u;
-          l.g[jj] = live ? pair(g_in + c) : 0u;
-          l.u[jj] = live ? pair(g_in + I + c) : 0u;
+          const int c = ahead + 8 * jj;
+          l.a[jj] = live ? __ldg(reinterpret_cast<const unsigned short*>(a_at + c)) : 0u;
+          l.g[jj] = live ? pair(g_at + c) : 0u;
+          l.u[jj] = live ? pair(u_at + c) : 0u;
         }
         return l;
       };
-      Loaded now = load_chunk(0);
+      Loaded now = load_chunk(valid, 0);
 #pragma unroll 1
       for (int chunk = 0; chunk < kFragments / kChunk; ++chunk) {
         float x[2 * kChunk] = {};  // the chunk's accumulators of this row
         fragment_slice<kBlockN, kChunk>(d, kFragments / kChunk * b + chunk, h, x);
-        const Loaded next = load_chunk(chunk + 1);
+        const Loaded next = load_chunk(valid && chunk + 1 < kFragments / kChunk, 8 * kChunk);
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {
-          const int c = 128 * b + 8 * (chunk * kChunk + jj);
+          const int c = 8 * jj;
           const float2 q = e4m3x2_to_float2(uint16_t(now.a[jj]));
           const float2 a = make_float2(__fmul_rn(q.x, sa), __fmul_rn(q.y, sa));
           const float2 g = unpack(now.g[jj]), u = unpack(now.u[jj]);
@@ -176,13 +179,15 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
           const uint32_t du_bits = *reinterpret_cast<const uint32_t*>(&du);
           magnitudes_g = max_u16x2(magnitudes_g, dg_bits & 0x7FFF7FFFu);
           magnitudes_u = max_u16x2(magnitudes_u, du_bits & 0x7FFF7FFFu);
-          *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = dg;
-          *reinterpret_cast<__nv_bfloat162*>(dg_out + I + c) = du;
+          *reinterpret_cast<__nv_bfloat162*>(dg_at + c) = dg;
+          *reinterpret_cast<__nv_bfloat162*>(du_at + c) = du;
           kept_g[chunk * kChunk + jj] = dg_bits;
           kept_u[chunk * kChunk + jj] = du_bits;
-          *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
+          *reinterpret_cast<__nv_bfloat162*>(w_at + c) =
               __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
         }
+        a_at += 8 * kChunk, g_at += 8 * kChunk, u_at += 8 * kChunk;
+        dg_at += 8 * kChunk, du_at += 8 * kChunk, w_at += 8 * kChunk;
         now = next;
       }
       // The block's 128 columns of the row live in one quad.
@@ -198,13 +203,12 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
         scales_out[i_blocks + b] = fmt::fp8_block_stored_scale(amax_u, su);
       }
       // The codes, from the BF16 values (as the reference quantizes them).
+      uint8_t* codes_at = codes_out + 128 * b;
 #pragma unroll 1
-      for (int jj = 0; jj < kFragments; ++jj) {
-        const int c = 128 * b + 8 * jj;
+      for (int jj = 0; jj < kFragments; ++jj, codes_at += 8) {
         const float2 dg = unpack(kept_g[jj]), du = unpack(kept_u[jj]);
-        *reinterpret_cast<uint16_t*>(codes_out + c) = fmt::fp8_block_pair(dg.x, dg.y, sg.encode);
-        *reinterpret_cast<uint16_t*>(codes_out + I + c) =
-            fmt::fp8_block_pair(du.x, du.y, su.encode);
+        *reinterpret_cast<uint16_t*>(codes_at) = fmt::fp8_block_pair(dg.x, dg.y, sg.encode);
+        *reinterpret_cast<uint16_t*>(codes_at + I) = fmt::fp8_block_pair(du.x, du.y, su.encode);
       }
     }
     // As the bf16 epilogue: a fixed butterfly over the quad, then its first lane.
