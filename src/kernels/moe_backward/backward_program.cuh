@@ -170,58 +170,51 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
     const int64_t at = row * width + n0 + f.col0, at2 = row * 2 * width + n0 + f.col0;
     const __nv_bfloat16* act = (shared ? p.act_shared : p.act) + at;
     const __nv_bfloat16* g_in = (shared ? p.gate_up_shared : p.gate_up) + at2;
-    const __nv_bfloat16* u_in = g_in + width;
     __nv_bfloat16* dg_out = (shared ? p.dgu_shared : p.dgu) + at2;
-    __nv_bfloat16* du_out = dg_out + width;
     __nv_bfloat16* act_out = (shared ? p.act_shared_copy : p.act_scaled) + at;
-    // Per 4 column pairs, every load first (the stores below could alias them for the compiler,
-    // which would then wait out one L2 round trip per column pair), a chunk ahead. The chunks
-    // loop without unrolling: the epilogue is bound by its instructions, and a smaller body
-    // issues faster. The dot product keeps one order whatever the chunking.
-    constexpr int kPairs = 4, kChunks = kBlockN / 8 / kPairs;
+    // Per 8 column pairs, every load first (the stores below could alias them for the compiler,
+    // which would then wait out one L2 round trip per column pair). The dot product keeps one
+    // order whatever the chunking.
+    constexpr int kPairs = 8;
     static_assert(kBlockN / 8 % kPairs == 0);
-    struct Loaded {
-      uint32_t a[kPairs], g[kPairs], u[kPairs];
-    };
-    auto load_chunk = [&](bool live, int ahead) {
-      Loaded l;
-#pragma unroll
-      for (int jj = 0; jj < kPairs; ++jj) {
-        const int c = ahead + 8 * jj;
-        l.a[jj] = live ? load_pair<kRecomputed>(act + c) : 0u;
-        l.g[jj] = live ? load_pair<kRecomputed>(g_in + c) : 0u;
-        l.u[jj] = live ? load_pair<kRecomputed>(u_in + c) : 0u;
-      }
-      return l;
-    };
     auto unpack = [](uint32_t v) {
       return __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
     };
     float dot = 0.0f;
     static_assert(!kMx || kPairs % 4 == 0, "whole 32-column blocks per chunk");
-    Loaded now = load_chunk(valid, 0);
-#pragma unroll 1
-    for (int chunk = 0; chunk < kChunks; ++chunk) {
+#pragma unroll
+    for (int chunk = 0; chunk < kBlockN / 8 / kPairs; ++chunk) {
       [[maybe_unused]] float dg_v[2 * kPairs], du_v[2 * kPairs];  // kMx: the chunk's, FP32
-      float x[2 * kPairs] = {};  // the chunk's accumulators of this row
-      fragment_slice<kBlockN, kPairs>(d, chunk, h, x);
-      const Loaded next = load_chunk(valid && chunk + 1 < kChunks, 8 * kPairs);
+      uint32_t a_raw[kPairs], g_raw[kPairs], u_raw[kPairs];
 #pragma unroll
       for (int jj = 0; jj < kPairs; ++jj) {
-        const int c = 8 * jj;
-        const float2 a = unpack(now.a[jj]), g = unpack(now.g[jj]), u = unpack(now.u[jj]);
-        const float x0 = kScaled ? __fmul_rn(x[2 * jj], scale) : x[2 * jj];
-        const float x1 = kScaled ? __fmul_rn(x[2 * jj + 1], scale) : x[2 * jj + 1];
+        const int c = 8 * (chunk * kPairs + jj);
+        a_raw[jj] = valid ? load_pair<kRecomputed>(act + c) : 0u;
+        g_raw[jj] = valid ? load_pair<kRecomputed>(g_in + c) : 0u;
+        u_raw[jj] = valid ? load_pair<kRecomputed>(g_in + width + c) : 0u;
+      }
+#pragma unroll
+      for (int jj = 0; jj < kPairs; ++jj) {
+        const int j = chunk * kPairs + jj, c = 8 * j;
+        const float2 a = unpack(a_raw[jj]), g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
+        const float x0 = kScaled ? __fmul_rn(d[4 * j + 2 * h], scale) : d[4 * j + 2 * h];
+        const float x1 = kScaled ? __fmul_rn(d[4 * j + 2 * h + 1], scale) : d[4 * j + 2 * h + 1];
         dot = __fmaf_rn(x0, a.x, dot);
         dot = __fmaf_rn(x1, a.y, dot);
-        // dA = w dA'.
-        const SwigluGrads r0 = valid ? swiglu_grads(__fmul_rn(s, x0), g.x, u.x) : SwigluGrads{};
-        const SwigluGrads r1 = valid ? swiglu_grads(__fmul_rn(s, x1), g.y, u.y) : SwigluGrads{};
+        // dA = w dA'; silu'(g) = sigma (1 + g (1 - sigma)).
+        auto grads = [&](float x, float gv, float uv, float& dg, float& du) {
+          const float da = __fmul_rn(s, x);
+          const float sigma = sigmoid(gv);
+          du = valid ? da * (gv * sigma) : 0.0f;
+          dg = valid ? da * uv * (sigma * (1.0f + gv * (1.0f - sigma))) : 0.0f;
+        };
+        float dg0, du0, dg1, du1;
+        grads(x0, g.x, u.x, dg0, du0);
+        grads(x1, g.y, u.y, dg1, du1);
         if constexpr (kMx)
-          dg_v[2 * jj] = r0.dg, dg_v[2 * jj + 1] = r1.dg, du_v[2 * jj] = r0.du,
-                   du_v[2 * jj + 1] = r1.du;
-        *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(r0.dg, r1.dg);
-        *reinterpret_cast<__nv_bfloat162*>(du_out + c) = __floats2bfloat162_rn(r0.du, r1.du);
+          dg_v[2 * jj] = dg0, dg_v[2 * jj + 1] = dg1, du_v[2 * jj] = du0, du_v[2 * jj + 1] = du1;
+        *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(dg0, dg1);
+        *reinterpret_cast<__nv_bfloat162*>(dg_out + width + c) = __floats2bfloat162_rn(du0, du1);
         *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
             __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
       }
@@ -243,9 +236,6 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
           }
         }
       }
-      now = next;
-      act += 8 * kPairs, g_in += 8 * kPairs, u_in += 8 * kPairs;
-      dg_out += 8 * kPairs, du_out += 8 * kPairs, act_out += 8 * kPairs;
     }
     // The row's kBlockN columns live in one quad: a fixed butterfly, then the quad's first lane.
     dot = __fadd_rn(dot, __shfl_xor_sync(0xFFFFFFFFu, dot, 1));
