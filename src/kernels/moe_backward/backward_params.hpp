@@ -37,14 +37,14 @@ constexpr int kProfileNoWgradTiles = 8;
 // an earlier launch filled.
 constexpr int kStageDgradDown = 16, kStageDgradGateUp = 32, kStageWgrad = 64, kStageRecompute = 128;
 constexpr int kStageMask = kStageDgradDown | kStageDgradGateUp | kStageWgrad | kStageRecompute;
-// One word holds both, with the forward's variants: a variant flag that is also a kind would run
-// the wrong kinds and hang until the waits time out.
-static_assert(((kProfileNoDispatchCopy | kProfileNoCombine) &
-               (kProfileNoWgrad | kProfileNoWgradTiles)) == 0 &&
-                  ((kProfileNoDispatchCopy | kProfileNoCombine | kProfileNoWgrad |
-                    kProfileNoWgradTiles) &
-                   kStageMask) == 0,
-              "profile_flags: variants and staged kinds overlap");
+// One word holds the forward's variants, these and the staged kinds, each its own bit (their sum
+// is their union): a variant flag that is also a kind would run the wrong kinds and hang until
+// the waits time out.
+static_assert((kProfileNoDispatchCopy | kProfileNoCombine | kProfileNoWgrad | kProfileNoWgradTiles |
+               kStageMask) == kProfileNoDispatchCopy + kProfileNoCombine + kProfileNoWgrad +
+                                  kProfileNoWgradTiles + kStageDgradDown + kStageDgradGateUp +
+                                  kStageWgrad + kStageRecompute,
+              "profile_flags: two flags share a bit");
 
 // Floats of a rank's router-weight partials ([T * K, I / block_n]) for any tile width: sized for
 // the narrowest, 128.
