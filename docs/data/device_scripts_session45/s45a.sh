@@ -38,19 +38,8 @@ echo "builds $(el)s"
 declare -A BIN=([fp8]=build-gpu/mok)
 for v in base both; do BIN[$v]=$(tail -1 $OUT/${v}_build.txt); done
 for v in base both fp8; do [ -x "${BIN[$v]}" ] || { echo "no $v: ${BIN[$v]}"; exit 1; }; done
-bench() {  # VARIANT PRECISION PRESET TOKENS [ARGS]
-  [ $(el) -gt $(( limit - 40 )) ] && { echo "skip $*"; return; }
-  local f=$OUT/bench_$1.txt v=$1 precision=$2 preset=$3 tokens=$4
-  shift 4
-  echo "--- $v $precision $preset $tokens $*" >> $f
-  timeout $(( limit - $(el) )) ${BIN[$v]} bench --precision $precision --direction backward \
-    --preset $preset --tokens $tokens --iterations 10 "$@" > /tmp/b.txt 2>&1
-  cat /tmp/b.txt >> $f
-  printf '%-5s %-9s ' $v $precision
-  grep -E '^\| [a-z0-9-]+ \| [0-9]|^\| [a-z0-9-]+ T = |does not fit|out of memory' /tmp/b.txt | cut -c1-160
-}
 round() { for shape in "dsv3 4096" "qwen3-30b 8192" "fine 4096"; do
-  for v in fp8 both base; do bench $v fp8_block $shape; done
+  for v in fp8 both base; do bench_backward $v fp8_block $shape; done
 done; }
 round
 T=build-gpu/tests
@@ -59,7 +48,7 @@ run fp8_block_backward 60 $T/test_fp8_block_backward_gpu
 run emulated_ep_backward 40 $T/test_emulated_ep_backward_gpu
 run mxfp8_backward 50 $T/test_mxfp8_backward_gpu
 run nvfp4_backward 50 $T/test_nvfp4_backward_gpu
-for v in base both fp8; do bench $v fp8_block qwen3-30b 8192 --breakdown 1; done
+for v in base both fp8; do bench_backward $v fp8_block qwen3-30b 8192 --breakdown 1; done
 round
-for p in mxfp8 nvfp4; do for v in base both; do bench $v $p qwen3-30b 8192; done; done
+for p in mxfp8 nvfp4; do for v in base both; do bench_backward $v $p qwen3-30b 8192; done; done
 echo "end $(el)s"
