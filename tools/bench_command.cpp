@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <utility>
 
 #include "mok/config.hpp"
 #include "json_report.hpp"
@@ -71,7 +72,9 @@ const char* const kBenchHelp =
     "  --sweep N                  N random valid shapes instead of the presets (H and I\n"
     "                             multiples of 64 in [256, 8192], E in [8, 512], K up to 16, T\n"
     "                             in [1, 16384], shared experts on and off), each checked on\n"
-    "                             sampled rows against the CPU reference; --seed S picks them\n"
+    "                             sampled rows against the CPU reference\n"
+    "  --seed S                   with --sweep: its shapes (default 1); otherwise the inputs'\n"
+    "                             seed (weights, x, routing, d_out; default 0)\n"
     "  --json FILE                also write every printed table (columns, rows, numbers as\n"
     "                             printed), the notes, the command, the machine, the commit\n"
     "                             and the date to FILE (bench/plot_bench.py draws it)\n";
@@ -120,15 +123,14 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     } else if (a == "--sweep")
       o.sweep = int(count(1, 1000));
     else if (a == "--seed")
-      o.seed = uint64_t(count(0, int64_t(1) << 62)), seed_given = true;
+      o.seed = parse_seed(a, option_value(args, i)), seed_given = true;
     else
       throw UsageError("unknown option '" + a + "' for bench (mok bench --help lists them)");
   }
   // The arguments joined by spaces (not quoted for a shell).
   for (const std::string& a : args) o.command_line += (o.command_line.empty() ? "mok " : " ") + a;
   o.all_shapes = o.layer.preset.empty() && !o.layer.has_numbers();
-  if (seed_given && o.sweep == 0)
-    throw UsageError("--seed chooses --sweep's shapes; add --sweep N");
+  if (seed_given && o.sweep == 0) o.inputs_seed = o.seed;  // --sweep keeps its recorded inputs
   if (o.sweep > 0 && (preset_all || !o.all_shapes || o.layer.tokens > 0))
     throw UsageError(
         "--sweep N draws its own shapes: drop --preset, the layer's numbers and --tokens");
@@ -146,6 +148,26 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     throw UsageError("--direction backward times the EP = 1 layer without stage probes");
   if (o.ep > 1 && o.stage_probes)
     throw UsageError("--stage-probes times the EP = 1 megakernel; drop it or use --ep 1");
+  // What only the BF16 forward at EP = 1 reads (bench_command's own path): refused elsewhere, not
+  // silently ignored.
+  const bool bf16_forward = o.ep == 1 && o.direction == "forward" && o.layer.precision == "bf16";
+  for (const auto& [given, option] :
+       {std::pair{o.graph, "--graph 1"}, std::pair{o.sustain_seconds > 0, "--sustain"},
+        std::pair{o.stage_probes, "--stage-probes 1"}})
+    if (given && !bf16_forward)
+      throw UsageError(std::string(option) +
+                       " applies to the BF16 forward at EP = 1: drop it, or --ep, --direction "
+                       "backward and --precision");
+  if (o.breakdown && o.ep > 1) throw UsageError("--breakdown 1 times EP = 1 only: drop it or --ep");
+  if (o.row_path == "gather" && o.layer.precision != "bf16")
+    throw UsageError("--row-path gather: the low precisions take the dispatch copy (--precision " +
+                     o.layer.precision + "); use --row-path copy or auto");
+  const int64_t tile_rows = Config{}.tile_rows;  // the GPU's (Config::validate, forward_plan.cu)
+  for (const auto& [rows, option] :
+       {std::pair{o.overlap_rows, "--overlap-rows"}, std::pair{o.ring_rows, "--ring-rows"}})
+    if (rows % tile_rows != 0)
+      throw UsageError(std::string(option) + " " + std::to_string(rows) +
+                       ": expected a multiple of " + std::to_string(tile_rows) + " (0: automatic)");
   return o;
 }
 
@@ -300,7 +322,7 @@ Row bench_shape(const std::string& name, Config c, int64_t tokens, int iteration
   c.validate();
   const int64_t H = c.hidden, I = c.intermediate, E = c.num_experts, S = c.shared_width(),
                 K = c.top_k;
-  const BenchLayer data(c, int(E), tokens, 0, o.layer.routing_choice());
+  const BenchLayer data(c, int(E), tokens, 0, o.layer.routing_choice(), o.inputs_seed);
   const gpu::ForwardOptions fo = bench_forward_options(o);
   gpu::MoeForward f(c, fo);
   gpu::StagedForward staged(c);

@@ -218,7 +218,7 @@ int bench_ep_command(const BenchOptions& o) {
       Config c1 = c;
       c1.ep_size = 1;
       c1.ring_rows = 0;
-      BenchLayer one(c1, c1.num_experts, tokens, 1000, o.layer.routing_choice());
+      BenchLayer one(c1, c1.num_experts, tokens, 1000, o.layer.routing_choice(), o.inputs_seed);
       gpu::LowPrecisionExperts experts1(c1);
       experts1.quantize(one.weights(), nullptr);
       const gpu::DeviceLayerWeights w1 = experts1.with(one.weights());
@@ -236,7 +236,7 @@ int bench_ep_command(const BenchOptions& o) {
     for (int r = 0; r < n; ++r) {
       cuda_ok(cudaSetDevice(use_nccl ? r : 0), "cudaSetDevice");
       ranks.push_back(std::make_unique<BenchLayer>(c, El, tokens, 100 * uint64_t(r + 1),
-                                                   o.layer.routing_choice()));
+                                                   o.layer.routing_choice(), o.inputs_seed));
       ids_host.push_back(ranks.back()->ids.to_host());
       experts.push_back(std::make_unique<gpu::LowPrecisionExperts>(c));
       experts.back()->quantize(ranks.back()->weights(), nullptr);

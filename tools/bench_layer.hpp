@@ -36,8 +36,9 @@ inline gpu::ForwardOptions bench_forward_options(const BenchOptions& o) {
 }
 
 // A layer share and a batch on the current device, random as every benchmark draws them: the
-// shared experts, `experts` routed experts, `t` tokens routed over all c.num_experts. `seed`
-// offsets the routed weights and the batch (ranks of an EP group differ; 0 for EP = 1).
+// shared experts, `experts` routed experts, `t` tokens routed over all c.num_experts. `rank_seed`
+// offsets the routed weights and the batch (ranks of an EP group differ; 0 for EP = 1);
+// `inputs_seed` (--seed) moves every draw, 0 leaving them as they always were.
 // routing (layer_data.hpp): random draws on the device; balanced sends slot (token, k) to expert
 // (token K + k) mod E instead (distinct per token), so every expert gets t K / E rows (with a
 // multiple of 128, no padding and no imbalance); skewed is drawn on the host.
@@ -46,8 +47,8 @@ struct BenchLayer {
   DeviceArray<__nv_bfloat16> sg, su, sd, g, u, d, x, out;
   DeviceArray<int32_t> ids;
   DeviceArray<float> w;
-  BenchLayer(const Config& c, int experts, int64_t t, uint64_t seed,
-             const RoutingChoice& routing = {})
+  BenchLayer(const Config& c, int experts, int64_t t, uint64_t rank_seed,
+             const RoutingChoice& routing = {}, uint64_t inputs_seed = 0)
       : tokens(t),
         sg(size_t(c.shared_width() * c.hidden)),
         su(sg.n),
@@ -60,12 +61,14 @@ struct BenchLayer {
         ids(size_t(t * c.top_k)),
         w(ids.n) {
     const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width();
+    const uint64_t base = seed_base(inputs_seed);
+    const uint64_t seed = base + rank_seed;
     const float bh = 1.0f / std::sqrt(float(H)), bi = 1.0f / std::sqrt(float(I));
-    cuda_ok(gpu::fill_uniform_bf16(sg.ptr, S * H, 11, bh, nullptr), "fill");
-    cuda_ok(gpu::fill_uniform_bf16(su.ptr, S * H, 12, bh, nullptr), "fill");
-    cuda_ok(
-        gpu::fill_uniform_bf16(sd.ptr, S * H, 13, S ? 1.0f / std::sqrt(float(S)) : 0.0f, nullptr),
-        "fill");
+    cuda_ok(gpu::fill_uniform_bf16(sg.ptr, S * H, base + 11, bh, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(su.ptr, S * H, base + 12, bh, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(sd.ptr, S * H, base + 13, S ? 1.0f / std::sqrt(float(S)) : 0.0f,
+                                   nullptr),
+            "fill");
     cuda_ok(gpu::fill_uniform_bf16(g.ptr, int64_t(g.n), seed + 14, bh, nullptr), "fill");
     cuda_ok(gpu::fill_uniform_bf16(u.ptr, int64_t(u.n), seed + 15, bh, nullptr), "fill");
     cuda_ok(gpu::fill_uniform_bf16(d.ptr, int64_t(d.n), seed + 16, bi, nullptr), "fill");
@@ -89,6 +92,8 @@ struct BenchLayer {
               "cudaMemcpy");
     }
   }
+  // What --seed adds to every seed a benchmark draws with (odd factor: distinct seeds stay apart).
+  static uint64_t seed_base(uint64_t inputs_seed) { return inputs_seed * 0x9E3779B97F4A7C15ull; }
   gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
   gpu::DeviceLayerWeights weights() const {
     return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr, {}, {}, {}};

@@ -131,9 +131,11 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
       std::fflush(stdout);
       return;
     }
-    const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice());
+    const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice(), o.inputs_seed);
     DeviceArray<__nv_bfloat16> d_out(size_t(tokens * H)), out_q(d_out.n);
-    cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, tokens * H, 21, 1.0f, nullptr), "fill");
+    cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, tokens * H, BenchLayer::seed_base(o.inputs_seed) + 21,
+                                   1.0f, nullptr),
+            "fill");
     const size_t shared_n = static_cast<size_t>(SH), routed_n = static_cast<size_t>(EIH);
     DeviceArray<__nv_bfloat16> d_x16(size_t(tokens * H)), d_x8(d_x16.n), sg(shared_n), su(shared_n),
         sd(shared_n), g(routed_n), u(routed_n), d(routed_n);
@@ -260,7 +262,7 @@ int bench_precision_command(const BenchOptions& o) {
     Config q = c;
     q.precision = precision;
     q.fp8_ue8m0 = o.layer.fp8_scales == "ue8m0";
-    const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice());
+    const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice(), o.inputs_seed);
     DeviceArray<__nv_bfloat16> out_q(size_t(tokens * c.hidden));
     gpu::MoeForward bf16(c, fo), low(q, fq);
     const gpu::DeviceLayerWeights weights = data.weights();

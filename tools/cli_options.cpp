@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <utility>
 
 #include "mok/error.hpp"
 
@@ -37,8 +38,9 @@ int64_t parse_int(const std::string& option, const std::string& text, int64_t lo
 }
 
 double parse_number(const std::string& option, const std::string& text, double lo, double hi) {
-  const std::string want = option + " " + text + ": expected a number in [" + std::to_string(lo) +
-                           ", " + std::to_string(hi) + "]";
+  char range[64];
+  std::snprintf(range, sizeof range, "[%g, %g]", lo, hi);
+  const std::string want = join({option, " ", text, ": expected a number in ", range});
   char* end = nullptr;
   errno = 0;
   const double v = std::strtod(text.c_str(), &end);
@@ -63,6 +65,10 @@ bool parse_switch(const std::string& option, const std::string& text) {
   throw UsageError(join({option, " ", text, ": expected 1 or 0 (yes/no, on/off)"}));
 }
 
+uint64_t parse_seed(const std::string& option, const std::string& text) {
+  return uint64_t(parse_int(option, text, 0, INT64_MAX));
+}
+
 bool LayerOptions::take(const std::vector<std::string>& args, size_t& i) {
   const std::string& a = args[i];
   constexpr int64_t kDim = 1 << 20;  // far above any layer; Config::validate has the real rules
@@ -85,7 +91,7 @@ bool LayerOptions::take(const std::vector<std::string>& args, size_t& i) {
   else if (a == "--shared-width")
     dim(shared_width, 0);
   else if (a == "--tokens")
-    tokens = parse_int(a, option_value(args, i), 1, int64_t(1) << 24);
+    tokens = parse_int(a, option_value(args, i), 1, kMaxTokensPerRank);
   else if (a == "--precision")
     precision = parse_choice(a, option_value(args, i), {"bf16", "fp8_block", "mxfp8", "nvfp4"});
   else if (a == "--fp8-scales")
@@ -109,10 +115,20 @@ Config LayerOptions::config() const {
   if (!preset.empty()) {
     c = mok::preset(preset);
   } else {
-    if (hidden < 0 || intermediate < 0 || experts < 0 || top_k < 0)
+    const std::pair<int, const char*> numbers[] = {{hidden, "--hidden"},
+                                                   {intermediate, "--intermediate"},
+                                                   {experts, "--experts"},
+                                                   {top_k, "--top-k"}};
+    std::string missing;
+    for (const auto& [value, option] : numbers)
+      if (value < 0) missing.append(missing.empty() ? "" : ", ").append(option);
+    if (!missing.empty())
       throw UsageError(
-          "a layer is --preset NAME, or --hidden, --intermediate, --experts and --top-k "
-          "(with --shared-experts, --shared-width, --tokens); got neither");
+          has_numbers()
+              ? join({"a layer by its numbers needs ", missing, " too (or --preset NAME)"})
+              : join({"a layer is --preset NAME, or --hidden, --intermediate, "
+                      "--experts and --top-k (with --shared-experts, --shared-width, "
+                      "--tokens); got neither"}));
     c.num_shared_experts = 0;
     c.shared_intermediate = 0;
     c.max_tokens_per_rank = 4096;
@@ -125,6 +141,9 @@ Config LayerOptions::config() const {
   if (shared_width >= 0) c.shared_intermediate = shared_width;
   if (c.num_shared_experts > 0 && c.shared_intermediate == 0)
     c.shared_intermediate = c.intermediate;
+  if (c.num_shared_experts == 0 && shared_width > 0)
+    throw UsageError(join({"--shared-width ", std::to_string(shared_width),
+                           ": the layer has no shared expert (add --shared-experts N)"}));
   if (c.num_shared_experts == 0) c.shared_intermediate = 0;
   if (tokens > 0) c.max_tokens_per_rank = int(tokens);
   c.precision = parse_precision(precision);
@@ -167,17 +186,23 @@ std::string LayerOptions::routing_name() const {
   return buf;
 }
 
-const char* LayerOptions::help() {
-  return "  the layer, by preset or by its numbers (they override the preset's):\n"
-         "    --preset NAME            tiny, dsv3, mok-default, qwen3-30b, fine\n"
-         "    --hidden H               model width (a multiple of 64)\n"
-         "    --intermediate I         routed expert width (a multiple of 64)\n"
-         "    --experts E              routed experts\n"
-         "    --top-k K                experts per token\n"
-         "    --shared-experts N       shared experts (default 0 without a preset)\n"
-         "    --shared-width S         each shared expert's width (default: I)\n"
-         "    --tokens T               tokens per rank (default: the preset's, else 4096)\n"
-         "    --precision P            bf16 (default), fp8_block, mxfp8, nvfp4\n"
+std::string LayerOptions::help(const char* precisions) {
+  char precision_line[128];
+  std::snprintf(precision_line, sizeof precision_line, "    --precision P            %s\n",
+                precisions);
+  return std::string(
+             "  the layer, by preset or by its numbers (they override the preset's):\n"
+             "    --preset NAME            tiny, dsv3, mok-default, qwen3-30b, fine\n"
+             "    --hidden H               model width (a multiple of 64)\n"
+             "    --intermediate I         routed expert width (a multiple of 64)\n"
+             "    --experts E              routed experts\n"
+             "    --top-k K                experts per token\n"
+             "    --shared-experts N       shared experts (default 0 without a preset)\n"
+             "    --shared-width S         each shared expert's width (default: I)\n"
+             "    --tokens T               tokens per rank, up to 1048576 (default: the preset's, "
+             "else\n"
+             "                             4096)\n") +
+         precision_line +
          "    --fp8-scales S           fp8_block's block scales: fp32 (default) or ue8m0 (powers\n"
          "                             of two)\n"
          "  the tokens' routing:\n"

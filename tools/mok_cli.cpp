@@ -49,6 +49,7 @@ int info() {
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
+    std::fputs("mok: a command is needed (info, run, bench, trace)\n", stderr);
     std::fputs(kUsage, stderr);
     return 2;
   }
@@ -74,21 +75,24 @@ int main(int argc, char** argv) {
     }
     if (command == "run") {
       if (asks_for_help(args)) {
-        std::printf(mok::tools::kRunHelp, mok::tools::LayerOptions::help());
+        std::printf(mok::tools::kRunHelp, mok::tools::LayerOptions::help().c_str());
         return 0;
       }
       return mok::tools::run_command(mok::tools::parse_run_options(args));
     }
     if (command == "bench") {
       if (asks_for_help(args)) {
-        std::printf(mok::tools::kBenchHelp, mok::tools::LayerOptions::help());
+        std::printf(mok::tools::kBenchHelp, mok::tools::LayerOptions::help().c_str());
         return 0;
       }
       return mok::tools::bench_command_with_json(mok::tools::parse_bench_options(args));
     }
     if (command == "trace") {
       if (asks_for_help(args)) {
-        std::printf(mok::tools::kTraceHelp, mok::tools::LayerOptions::help());
+        std::printf(
+            mok::tools::kTraceHelp,
+            mok::tools::LayerOptions::help("bf16 (default); fp8_block with --direction backward")
+                .c_str());
         return 0;
       }
       return mok::tools::trace_command(mok::tools::parse_trace_options(args));

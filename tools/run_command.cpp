@@ -16,6 +16,7 @@
 #include "mok/error.hpp"
 #include "mok/layer.hpp"
 #include "mok/compare.hpp"
+#include "mok_commit.hpp"
 
 namespace mok::tools {
 
@@ -26,7 +27,7 @@ std::string json_machine_fields(const std::string& device) {
   std::strftime(date, sizeof date, "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
   std::string j = ",\n  \"date\": " + json_string(date);
   j += ",\n  \"mok\": " + json_string(info.version + " (" + info.build_type + ")");
-  j += ",\n  \"commit_at_configure\": " + json_string(MOK_GIT_COMMIT);
+  j += ",\n  \"commit\": " + json_string(MOK_GIT_COMMIT);  // at build time
   j += ",\n  \"cuda\": " + json_string(info.cuda_runtime + ", driver " + info.cuda_driver);
   j += ",\n  \"device\": " + json_string(!device.empty()     ? device
                                          : info.gpus.empty() ? info.gpu_status
@@ -56,10 +57,11 @@ RunOptions parse_run_options(const std::vector<std::string>& args) {
     if (a == "--ep")
       o.ep = std::stoi(parse_choice(a, option_value(args, i), {"1", "2", "4", "8"}));
     else if (a == "--seed")
-      o.seed = uint64_t(parse_int(a, option_value(args, i), 0, INT64_MAX));
-    else if (a == "--json")
+      o.seed = parse_seed(a, option_value(args, i));
+    else if (a == "--json") {
       o.json = option_value(args, i);
-    else
+      if (o.json.empty()) throw UsageError("--json needs a file name, got ''");
+    } else
       throw UsageError("unknown option '" + a + "' for run (mok run --help lists them)");
   }
   if (o.layer.preset.empty() && !o.layer.has_numbers()) o.layer.preset = "tiny";
@@ -238,6 +240,7 @@ std::string sci(double v) {
 }  // namespace
 
 int run_command(const RunOptions& o) {
+  if (!o.json.empty()) require_writable(o.json, "--json");  // before any work
   const Config c = o.layer.config();
   const int64_t T = c.max_tokens_per_rank;
   Config shown = c;  // the header names the simulated group's size

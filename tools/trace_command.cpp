@@ -1,7 +1,9 @@
 #include "trace_command.hpp"
 
 #include <cstdio>
+#include <cstdlib>
 #include <optional>
+#include <sys/stat.h>
 
 #include "json_report.hpp"
 #include "mok/error.hpp"
@@ -29,13 +31,16 @@ const char* const kTraceHelp =
     "longest idle gap, the consumers' time by tile kind and how much of the row movement\n"
     "overlaps the GEMMs\n"
     "\n"
-    "  the layer (default: --preset qwen3-30b):\n"
     "%s"
+    "    (mok trace's layer defaults to --preset qwen3-30b)\n"
     "  --direction D              forward (default) or backward (after a training forward;\n"
     "                             BF16 weight gradients)\n"
-    "  --out FILE                 the trace (default mok_trace.json; python3\n"
-    "                             bench/plot_trace.py FILE -o FILE.png draws it)\n"
-    "  --events N                 the timeline's capacity (default 4194304)\n";
+    "  --out FILE                 the trace (default mok_trace.json)\n"
+    "  --png FILE                 its picture, one row per SM and role (default: the trace's\n"
+    "                             name with .png; drawn by bench/plot_trace.py, which needs\n"
+    "                             python3 with matplotlib: without them, and no --png, none)\n"
+    "  --events N                 the timeline's capacity (default 4194304)\n"
+    "  --seed S                   the inputs' seed (weights, x, routing, d_out; default 0)\n";
 
 TraceOptions parse_trace_options(const std::vector<std::string>& args) {
   TraceOptions o;
@@ -45,10 +50,15 @@ TraceOptions parse_trace_options(const std::vector<std::string>& args) {
     if (a == "--out") {
       o.out = option_value(args, i);
       if (o.out.empty()) throw UsageError("--out needs a file name, got ''");
+    } else if (a == "--png") {
+      o.png = option_value(args, i);
+      if (o.png.empty()) throw UsageError("--png needs a file name, got ''");
     } else if (a == "--direction") {
       o.direction = parse_choice(a, option_value(args, i), {"forward", "backward"});
     } else if (a == "--events") {
       o.events = parse_int(a, option_value(args, i), 1, int64_t(1) << 28);
+    } else if (a == "--seed") {
+      o.seed = parse_seed(a, option_value(args, i));
     } else {
       throw UsageError("unknown option '" + a + "' for trace (mok trace --help lists them)");
     }
@@ -64,14 +74,49 @@ TraceOptions parse_trace_options(const std::vector<std::string>& args) {
   return o;
 }
 
+namespace {
+
+const std::string kPlotter = std::string(MOK_SOURCE_DIR) + "/bench/plot_trace.py";
+
+std::string shell_quoted(const std::string& s) {
+  std::string q = "'";
+  for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return q + "'";
+}
+
+bool plotter_found() {
+  struct stat st {};
+  return stat(kPlotter.c_str(), &st) == 0 &&
+         std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
+}
+
+}  // namespace
+
+std::string trace_png_path(const TraceOptions& o) {
+  if (!o.png.empty()) {
+    if (!plotter_found())
+      throw Error(ErrorCode::unsupported, "--png " + o.png + ": drawing it needs python3 with " +
+                                              "matplotlib and " + kPlotter + "; not found");
+    return o.png;
+  }
+  if (!plotter_found()) return "";
+  const std::string stem = o.out.size() > 5 && o.out.compare(o.out.size() - 5, 5, ".json") == 0
+                               ? o.out.substr(0, o.out.size() - 5)
+                               : o.out;
+  return stem + ".png";
+}
+
 int trace_command(const TraceOptions& o) {
 #if defined(MOK_WITH_CUDA_KERNELS)
+  const std::string png = trace_png_path(o);  // its errors before any GPU work
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
     throw Error(ErrorCode::unsupported, "mok trace needs a GPU; none is visible on this machine");
   require_writable(o.out, "--out");
+  if (!png.empty()) require_writable(png, "--png");
   const Config c = o.layer.config();
-  const BenchLayer data(c, c.num_experts, c.max_tokens_per_rank, 0, o.layer.routing_choice());
+  const BenchLayer data(c, c.num_experts, c.max_tokens_per_rank, 0, o.layer.routing_choice(),
+                        o.seed);
   const bool backward = o.direction == "backward";
   int64_t claimed = 0;
   std::vector<kern::TraceEvent> events;
@@ -90,7 +135,9 @@ int trace_command(const TraceOptions& o) {
     DeviceArray<__nv_bfloat16> d_out(size_t(T * H)), d_x(d_out.n), dsg(shared), dsu(shared),
         dsd(shared), dg(routed), du(routed), dd(routed);
     DeviceArray<float> d_w(size_t(T * c.top_k));
-    cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, T * H, 21, 1.0f, nullptr), "fill");
+    cuda_ok(
+        gpu::fill_uniform_bf16(d_out.ptr, T * H, BenchLayer::seed_base(o.seed) + 21, 1.0f, nullptr),
+        "fill");
     const gpu::DeviceGradients grads{d_x.ptr, d_w.ptr, dsg.ptr, dsu.ptr,
                                      dsd.ptr, dg.ptr,  du.ptr,  dd.ptr};
     gpu::detail::ForwardHooks hooks;
@@ -126,6 +173,15 @@ int trace_command(const TraceOptions& o) {
   if (claimed > int64_t(events.size()))
     std::printf("the timeline held %zu of %lld events: raise --events\n", events.size(),
                 static_cast<long long>(claimed));
+  if (png.empty()) {
+    std::printf("no picture: python3 with matplotlib not found (%s draws one)\n", kPlotter.c_str());
+    return 0;
+  }
+  std::fflush(stdout);
+  const std::string draw = "python3 " + shell_quoted(kPlotter) + " " + shell_quoted(o.out) +
+                           " -o " + shell_quoted(png) + (backward ? " --by-kind" : "");
+  if (std::system(draw.c_str()) != 0)
+    throw Error(ErrorCode::unsupported, "--png " + png + ": " + kPlotter + " failed");
   return 0;
 #else
   (void)o;

@@ -18,9 +18,9 @@ expect() {  # expect CODE REGEX ARGS...: the exit code, and REGEX matching the f
   fi
 }
 expect 0 '^mok [0-9]+\.[0-9]+\.[0-9]+ \(' --version
-expect 2 "^mok run: --tokens abc: expected an integer in \[1, 16777216\]$" run --tokens abc
+expect 2 "^mok run: --tokens abc: expected an integer in \[1, 1048576\]$" run --tokens abc
 expect 2 "^mok run: --tokens -1: expected an integer" run --tokens -1
-expect 2 "^mok bench: --tokens 99999999999: expected an integer in \[1, 16777216\]$" \
+expect 2 "^mok bench: --tokens 99999999999: expected an integer in \[1, 1048576\]$" \
   bench --preset dsv3 --tokens 99999999999
 expect 2 "^mok bench: --iterations abc: expected an integer in \[1, 100000\]$" bench --iterations abc
 expect 2 "^mok bench: --iterations 1.5: expected an integer" bench --iterations 1.5
@@ -36,17 +36,30 @@ expect 2 "^mok run: --ep 8: expected a divisor of the 4 experts$" \
 expect 2 "^mok run: --preset nope: expected one of tiny, dsv3" run --preset nope
 expect 2 "^mok run: invalid config: hidden = 250 is not allowed" \
   run --hidden 250 --intermediate 128 --experts 8 --top-k 2
-expect 2 "^mok run: a layer is --preset NAME, or --hidden" run --hidden 256
+expect 2 "^mok run: --tokens 2000000: expected an integer in \[1, 1048576\]$" \
+  run --preset tiny --tokens 2000000
+expect 2 "^mok run: a layer by its numbers needs --intermediate, --experts, --top-k too" \
+  run --hidden 256
+expect 2 "^mok run: a layer by its numbers needs --hidden, --intermediate, --top-k too" \
+  run --experts 8 --shared-experts 1
+expect 2 "^mok run: --shared-width 100: the layer has no shared expert \(add --shared-experts N\)$" \
+  run --hidden 256 --intermediate 128 --experts 8 --top-k 2 --shared-width 100
+expect 2 "^mok run: --seed -1: expected an integer in \[0, 9223372036854775807\]$" run --seed -1
+expect 2 "^mok bench: --seed -1: expected an integer in \[0, 9223372036854775807\]$" \
+  bench --seed -1
+expect 2 "^mok trace: --seed x: expected an integer in \[0, 9223372036854775807\]$" \
+  trace --seed x
 expect 2 "^mok run: unknown option '--frob' for run" run --frob 1
 expect 2 "^mok run: --seed needs a value$" run --seed
 expect 2 "^mok bench: --graph maybe: expected 1 or 0" bench --graph maybe
 expect 2 "^mok run: --routing zipf: expected one of random, balanced, skewed$" run --routing zipf
 expect 2 "^mok run: --zipf applies to --routing skewed \(the routing is random\)$" run --zipf 1.2
-expect 2 "^mok bench: --zipf 9: expected a number in" bench --routing skewed --zipf 9
+expect 2 "^mok bench: --zipf 9: expected a number in \[0, 8\]$" bench --routing skewed --zipf 9
 expect 0 "^mok run: preset tiny, .*routing skewed \(zipf 1\.20\)$" \
   run --preset tiny --ep 1 --routing skewed --zipf 1.2
 expect 2 "^mok bench: --tokens needs a layer" bench --tokens 64
 expect 2 "^mok: unknown command 'frob'" frob
+expect 2 "^mok: a command is needed \(info, run, bench, trace\)$"
 expect 2 "^mok info: info takes no options" info --verbose
 expect 0 "^usage: mok run \[options\]$" run --help
 expect 0 "^usage: mok bench \[options\]$" bench --help
@@ -57,6 +70,30 @@ if "$mok" run --help | grep -q -- "--stage-probes"; then
 fi
 if ! "$mok" bench --help | grep -q -- "--stage-probes"; then
   echo "FAIL: mok bench --help misses --stage-probes"
+  failures=$((failures + 1))
+fi
+# Options one bench path reads are refused on the others, not ignored; rows are whole tiles.
+expect 2 "^mok bench: --graph 1 applies to the BF16 forward at EP = 1" bench --graph 1 --ep 2
+expect 2 "^mok bench: --sustain applies to the BF16 forward at EP = 1" \
+  bench --sustain 5 --precision fp8_block
+expect 2 "^mok bench: --graph 1 applies to the BF16 forward at EP = 1" \
+  bench --graph 1 --direction backward
+expect 2 "^mok bench: --stage-probes 1 applies to the BF16 forward at EP = 1" \
+  bench --stage-probes 1 --precision nvfp4
+expect 2 "^mok bench: --breakdown 1 times EP = 1 only" bench --breakdown 1 --ep 2
+expect 2 "^mok bench: --row-path gather: the low precisions take the dispatch copy" \
+  bench --row-path gather --precision mxfp8
+expect 2 "^mok bench: --overlap-rows 100: expected a multiple of 128 \(0: automatic\)$" \
+  bench --overlap-rows 100
+expect 2 "^mok bench: --ring-rows 100: expected a multiple of 128 \(0: automatic\)$" \
+  bench --ring-rows 100
+# mok run --json: the path is checked before any work.
+expect 2 "^mok run: --json needs a file name, got ''$" run --json ""
+expect 1 "^mok run: unsupported: --json /nonexistent-dir/r.json: cannot write the file$" \
+  run --preset tiny --json /nonexistent-dir/r.json
+# mok trace --help: the precisions it records, one heading for the layer.
+if "$mok" trace --help | grep -q "mxfp8" || [ "$("$mok" trace --help | grep -c "the layer")" != 1 ]; then
+  echo "FAIL: mok trace --help lists mxfp8 or repeats the layer's heading"
   failures=$((failures + 1))
 fi
 # A layer by its numbers runs (the CPU reference without a GPU); the header names the EP size.
@@ -73,6 +110,7 @@ if ! "$mok" run --preset tiny --tokens 24 --ep 2 --json "$json" >/dev/null 2>&1 
 import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["passed"] is True and r["layer"]["tokens"] == 24 and r["layer"]["ep_checked"] == 2
+assert r["commit"] == "unknown" or len(r["commit"].split("+")[0]) == 12, r["commit"]
 names = [c["name"] for c in r["checks"]]
 assert "out vs FP64 (relative L2)" in names and "EP=2 vs EP=1 (out, d_x, d_w, routed dW)" in names
 out = r["checks"][names.index("out vs FP64 (relative L2)")]
@@ -85,12 +123,12 @@ fi
 rm -f "$json"
 # mok bench --sweep N: random shapes, the BF16 forward at EP = 1 only; --seed belongs to it.
 expect 2 "^mok bench: --sweep 0: expected an integer in \[1, 1000\]$" bench --sweep 0
-expect 2 "^mok bench: --seed chooses --sweep's shapes; add --sweep N$" bench --seed 3
 expect 2 "^mok bench: --sweep N draws its own shapes" bench --sweep 3 --preset fine
 expect 2 "^mok bench: --sweep N draws its own shapes" bench --preset all --sweep 3
 expect 2 "^mok bench: --sweep times the BF16 forward at EP = 1" bench --sweep 3 --ep 2
 if "$mok" info | grep -q "GPUs    no GPU"; then
   expect 1 "needs a .*GPU" bench --sweep 2 --seed 5
+  expect 1 "needs a .*GPU" bench --preset tiny --seed 3 --routing skewed
   # Every precision goes to the EP bench (once refused as "EP = 1 only"); here it stops at the GPU.
   expect 1 "needs a .*GPU" bench --precision fp8_block --ep 2 --preset tiny
 fi
@@ -132,12 +170,16 @@ expect 2 "^mok trace: --precision mxfp8 with --direction backward: mok trace rec
   trace --precision mxfp8 --direction backward
 expect 2 "^mok trace: unknown option '--ep' for trace" trace --ep 2
 expect 2 "^mok trace: --out needs a file name, got ''$" trace --out ""
+expect 2 "^mok trace: --png needs a file name, got ''$" trace --png ""
 expect 2 "^mok trace: --direction sideways: expected one of forward, backward$" \
   trace --direction sideways
 trace="$(mktemp -u).json"
 if "$mok" info | grep -q "GPUs    no GPU"; then
   expect 1 "needs a .*GPU" trace --preset tiny --out "$trace"
   expect 1 "needs a .*GPU" trace --preset tiny --direction backward --out "$trace"
+  # An explicit --png needs its plotter (python3 with matplotlib): said before the GPU is looked for.
+  expect 1 "^mok trace: unsupported: (--png .*: drawing it needs python3 with matplotlib|mok trace needs a GPU)" \
+    trace --preset tiny --png /tmp/mok_cli_check.png
 else
   for run in "forward bf16" "backward bf16" "backward fp8_block"; do
     read -r direction precision <<<"$run"
