@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # On the GPU machine, after scripts/gpu_build.sh: compute-sanitizer's memcheck, racecheck,
 # synccheck and initcheck on the forward and backward megakernels (tiny, EP = 1), an emulated EP
-# group of two (forward and backward), the fp8_block, nvfp4 and mxfp8 forwards, the fp8_block and
-# nvfp4 backwards and one standard
-# shape (qwen3-30b: the forward at T = 2048, the backward at T = 4096). Prints one line per run
+# group of two (forward and backward), the fp8_block, nvfp4 and mxfp8 forwards and backwards, and
+# one standard shape (qwen3-30b: the forward at T = 2048, the backward at T = 4096). Prints one line per run
 # and a table of the error counts (docs/reliability.md records the last one). TOOLS="memcheck"
 # narrows it.
 set -uo pipefail
@@ -18,6 +17,7 @@ targets=(
   "mxfp8 forward|$T/test_mxfp8_gpu|*ForwardMatchesTheQuantizedReference"
   "fp8_block backward|$T/test_fp8_block_backward_gpu|*MatchesTheQuantizedReference"
   "nvfp4 backward|$T/test_nvfp4_backward_gpu|*MatchesTheQuantizedReference"
+  "mxfp8 backward|$T/test_mxfp8_backward_gpu|*MatchesTheQuantizedReference"
   "qwen3-30b forward|$T/test_forward_gpu|ForwardGpu/1.StandardShapeAgreesWithTheCublasPipeline"
   "qwen3-30b backward|$T/test_backward_sampled_gpu|*Qwen3_30b*"
 )
