@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from torch_shapes import add_shape_arguments, selected_shapes, forward_flops, make_layer, time_ms
+from torch_shapes import (add_shape_arguments, selected_shapes, forward_flops, make_layer,
+                          generator, routing_choice, routing_name, time_ms)
 
 
 def forward(p, x, ids, w, k, world):
@@ -62,13 +63,15 @@ def main():
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.cuda.set_device(rank % torch.cuda.device_count())
     shapes = selected_shapes(ap, args)
-    gen = torch.Generator(device="cuda").manual_seed(rank)
+    gen = generator(args, rank)
+    choice = routing_choice(args)
     if rank == 0:
         print(f"PyTorch {torch.__version__}, EP = {world} ({torch.cuda.get_device_name()}): "
-              "all_to_all + torch._grouped_mm, per GPU")
+              f"all_to_all + torch._grouped_mm, per GPU, routing {routing_name(choice)}, seed "
+              f"{args.seed} + rank")
         print("| shape | T per rank | forward ms | TFLOP/s per GPU |\n|---|---|---|---|")
     for name, (h, i, e, k, s, t) in shapes:
-        p, x, ids, w = make_layer(h, i, e, k, s, t, gen, e // world)
+        p, x, ids, w = make_layer(h, i, e, k, s, t, gen, e // world, choice)
         run = lambda: forward(p, x, ids, w, k, world)  # noqa: E731
         for _ in range(5):
             run()

@@ -11,7 +11,8 @@ import torch
 
 import mok.torch as mt
 from torch_moe_forward import bench_backward, forward
-from torch_shapes import add_shape_arguments, selected_shapes, forward_flops, make_layer
+from torch_shapes import (add_shape_arguments, selected_shapes, forward_flops, make_layer,
+                          generator, routing_choice, routing_name)
 
 
 def mok_operands(p, h, i, e, k, s, t):
@@ -38,13 +39,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=2)
     args = ap.parse_args()
     shapes = selected_shapes(ap, args)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = generator(args)
+    choice = routing_choice(args)
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: a training step of the "
-          f"MoE layer under autograd")
+          f"MoE layer under autograd, routing {routing_name(choice)}, seed {args.seed}")
     print("| shape | T | layer | round | forward ms | backward ms | backward TFLOP/s | step ms "
           "| step TFLOP/s |\n|---|---|---|---|---|---|---|---|---|")
     for name, (h, i, e, k, s, t) in shapes:
-        p, x, ids, w = make_layer(h, i, e, k, s, t, gen)
+        p, x, ids, w = make_layer(h, i, e, k, s, t, gen, choice=choice)
         ids = ids.to(torch.int32)
         q, mok_forward = mok_operands(p, h, i, e, k, s, t)
         flops = forward_flops(h, i, k, s, t)

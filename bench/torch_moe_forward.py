@@ -19,7 +19,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from torch_shapes import add_shape_arguments, selected_shapes, forward_flops, make_layer, time_ms
+from torch_shapes import (add_shape_arguments, selected_shapes, forward_flops, make_layer,
+                          generator, routing_choice, routing_name, time_ms)
 
 
 def bf16_experts(p, xs, offs):
@@ -110,8 +111,10 @@ def main():
     ap.add_argument("--direction", choices=["forward", "backward"], default="forward")
     args = ap.parse_args()
     shapes = selected_shapes(ap, args)
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: the unfused MoE forward")
+    gen = generator(args)
+    choice = routing_choice(args)
+    print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: the unfused MoE forward,"
+          f" routing {routing_name(choice)}, seed {args.seed}")
     if args.sustain > 0:
         a = torch.randn(8192, 8192, device="cuda", generator=gen).to(torch.bfloat16)
         b = torch.randn(8192, 8192, device="cuda", generator=gen).to(torch.bfloat16)
@@ -123,7 +126,7 @@ def main():
     else:
         print("| shape | T | forward ms | TFLOP/s |\n|---|---|---|---|")
     for name, (h, i, e, k, s, t) in shapes:
-        p, x, ids, w = make_layer(h, i, e, k, s, t, gen)
+        p, x, ids, w = make_layer(h, i, e, k, s, t, gen, choice=choice)
         ids = ids.to(torch.int32)
         if args.direction == "backward":
             flops = forward_flops(h, i, k, s, t)

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from torch_moe_forward import forward, median_ms
-from torch_shapes import add_shape_arguments, selected_shapes, forward_flops, make_layer
+from torch_shapes import (add_shape_arguments, selected_shapes, forward_flops, make_layer,
+                          generator, routing_choice, routing_name)
 
 E4M3_MAX = 448.0
 
@@ -56,13 +57,15 @@ def main():
     ap.add_argument("--iterations", type=int, default=20)
     args = ap.parse_args()
     shapes = selected_shapes(ap, args)
-    gen = torch.Generator(device="cuda").manual_seed(0)
+    gen = generator(args)
+    choice = routing_choice(args)
     print(f"PyTorch {torch.__version__} on {torch.cuda.get_device_name()}: the unfused MoE "
-          "forward in BF16 and in FP8 (row-wise scales, torch._scaled_grouped_mm)")
+          "forward in BF16 and in FP8 (row-wise scales, torch._scaled_grouped_mm), routing "
+          f"{routing_name(choice)}, seed {args.seed}")
     print("| shape | T | BF16 ms | BF16 TFLOP/s | FP8 ms | FP8 TFLOP/s | speed-up | FP8 output "
           "differs from BF16 by |\n|---|---|---|---|---|---|---|---|")
     for name, (h, i, e, k, s, t) in shapes:
-        p, x, ids, w = make_layer(h, i, e, k, s, t, gen)
+        p, x, ids, w = make_layer(h, i, e, k, s, t, gen, choice=choice)
         ids = ids.to(torch.int32)
         flops = forward_flops(h, i, k, s, t)
         run_bf16 = lambda: forward(p, x, ids, w, k)  # noqa: E731
