@@ -28,6 +28,7 @@ _load_the_frameworks_nccl()
 from ._mok import (  # noqa: F401
     Error,
     build_info,
+    config_check,
     decode_e2m1,
     decode_e4m3,
     decode_e5m2,

@@ -158,17 +158,29 @@ def _fp32_masters(params):
     return all(p.dtype == torch.float32 for p in params)
 
 
-def _reference(config, x, ids, w, params, d_out=None):
+def _cpu_ids(who, ids):
+    """topk_ids as the reference reads them: an int32 CPU tensor. Another dtype is refused as the
+    GPU layer refuses it (a cast would truncate float ids and wrap int64 ones into range)."""
+    if ids.device.type != "cpu" or ids.dtype != torch.int32:
+        got = (f"a tensor on {ids.device}" if ids.device.type != "cpu"
+               else str(ids.dtype).replace("torch.", ""))
+        raise _mok.Error(f"invalid argument: {who}: topk_ids must be an int32 CPU tensor of shape "
+                         f"[T, K]; got {got}")
+    return ids.detach().numpy()
+
+
+def _reference(who, config, x, ids, w, params, d_out=None):
     """The CPU path: the reference layer in FP64 on the operands; a low-precision configuration
     runs its quantized recipe (the operands quantized as the GPU recipe will, formats.md)."""
     f64 = lambda t: t.detach().double().cpu().numpy()  # noqa: E731
+    ids = _cpu_ids(who, ids)
     precision = config.get("precision", "bf16")
     # nvfp4 on Hopper is NVFP4 weights with BF16 activations (recipes.md), as the GPU layer runs it.
     quant = {"bf16": "bf16" if x.dtype == torch.bfloat16 else "none",
              "nvfp4": "nvfp4_weights"}.get(precision, precision)
     return _mok.reference_layer(
-        config, {n: f64(p) for n, p in zip(PARAMS, params)}, f64(x), ids.detach().int().numpy(),
-        f64(w), d_out=None if d_out is None else f64(d_out), numerics="fp64", quant=quant)
+        config, {n: f64(p) for n, p in zip(PARAMS, params)}, f64(x), ids, f64(w),
+        d_out=None if d_out is None else f64(d_out), numerics="fp64", quant=quant)
 
 
 def run_forward(handle, x, topk_ids, topk_weights, params, training, scheduled=False,
@@ -188,7 +200,8 @@ def run_forward(handle, x, topk_ids, topk_weights, params, training, scheduled=F
     if h.group is not None:
         raise RuntimeError("mok: an expert-parallel layer (process_group) runs on CUDA tensors "
                            "only; x is on the CPU")
-    out = torch.from_numpy(_reference(h.config, x, topk_ids, topk_weights, params)["out"])
+    out = torch.from_numpy(_reference("mok::moe_forward (CPU)", h.config, x, topk_ids,
+                                      topk_weights, params)["out"])
     h.cpu_generation += 1
     return out.to(x.dtype), torch.tensor(h.cpu_generation, dtype=torch.int64, device="cpu")
 
@@ -237,7 +250,7 @@ def moe_backward(handle: int, generation: torch.Tensor, d_out: torch.Tensor, x: 
         layer.backward(int(generation), x, topk_ids, topk_weights, params, d_out, d_x, d_w, grads,
                        stream)
         return [d_x, d_w, *grads]
-    r = _reference(h.config, x, topk_ids, topk_weights, params, d_out)
+    r = _reference("mok::moe_backward (CPU)", h.config, x, topk_ids, topk_weights, params, d_out)
     grads = [torch.from_numpy(r["d_" + n]).to(p.dtype) for n, p in zip(PARAMS, params)]
     return [torch.from_numpy(r["d_x"]).to(x.dtype),
             torch.from_numpy(r["d_topk_weights"]).to(topk_weights.dtype), *grads]

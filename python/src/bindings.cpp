@@ -7,6 +7,9 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <limits>
+#include <utility>
+
 #include "bindings.hpp"
 #include "mok/build_info.hpp"
 #include "mok/error.hpp"
@@ -17,12 +20,124 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 
+namespace mok_py {
+
+// The dtype an array argument must have, as NumPy names it (in messages and in signatures).
+template <class T>
+struct DtypeName;
+template <>
+struct DtypeName<double> {
+  static constexpr auto descr = nb::detail::const_name("float64");
+};
+template <>
+struct DtypeName<float> {
+  static constexpr auto descr = nb::detail::const_name("float32");
+};
+template <>
+struct DtypeName<int32_t> {
+  static constexpr auto descr = nb::detail::const_name("int32");
+};
+template <>
+struct DtypeName<uint8_t> {
+  static constexpr auto descr = nb::detail::const_name("uint8");
+};
+
+// An array argument of dtype T as the caller passed it: its caster takes any object, and the
+// function's body checks it with take() (below), so that a refusal names the argument. nanobind's
+// own ndarray caster would cast other dtypes silently (int64 ids, float64 scales), or refuse
+// without saying which argument or why.
+template <class T>
+struct Arg {
+  nb::object obj;
+};
+
+}  // namespace mok_py
+
+namespace nanobind::detail {
+template <class T>
+struct type_caster<mok_py::Arg<T>> {
+  NB_TYPE_CASTER(mok_py::Arg<T>,
+                 const_name("numpy.ndarray[dtype=") + mok_py::DtypeName<T>::descr + const_name("]"))
+  bool from_python(handle src, uint32_t, cleanup_list*) noexcept {
+    value.obj = borrow(src);
+    return true;
+  }
+};
+}  // namespace nanobind::detail
+
 namespace {
 
+using mok_py::Arg;
 template <class T>
 using In = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
 template <class T>
 using Out = nb::ndarray<nb::numpy, T>;
+
+std::string dtype_text(nb::dlpack::dtype d) {
+  using Code = nb::dlpack::dtype_code;
+  std::string kind;
+  switch (Code(d.code)) {
+    case Code::Int:
+      kind = "int";
+      break;
+    case Code::UInt:
+      kind = "uint";
+      break;
+    case Code::Float:
+      kind = "float";
+      break;
+    case Code::Bfloat:
+      kind = "bfloat";
+      break;
+    case Code::Complex:
+      kind = "complex";
+      break;
+    case Code::Bool:
+      return "bool";
+    default:  // the float8 and float4 codes and others NumPy has no name for
+      return "DLPack dtype code " + std::to_string(int(d.code)) + " (" + std::to_string(d.bits) +
+             " bits)";
+  }
+  std::string text = kind + std::to_string(d.bits);
+  if (d.lanes != 1) text += " x " + std::to_string(d.lanes) + " lanes";
+  return text;
+}
+
+// The array `h` (argument `name`) as a C-contiguous CPU array of dtype T, or a TypeError naming
+// the argument, what it got and the dtype expected. Nothing is converted: another dtype (int64
+// ids, float64 scales, float32 weights) is an error, never a cast; only the layout may change (a
+// non-contiguous array of dtype T is copied). Lists and other non-arrays are refused too.
+template <class T>
+In<T> take(nb::handle h, const std::string& name) {
+  const std::string want = name + " must be a NumPy array of dtype " +
+                           std::string(mok_py::DtypeName<T>::descr.text) + "; got ";
+  nb::ndarray<nb::ro> any;
+  if (!nb::try_cast(h, any, /*convert=*/false)) {
+    PyErr_Clear();  // what the failed import left (e.g. NumPy's BufferError from __dlpack__)
+    std::string got = nb::type_name(h.type()).c_str();
+    if (nb::hasattr(h, "dtype"))
+      got += " of dtype " + std::string(nb::str(nb::handle(nb::object(h.attr("dtype")))).c_str());
+    throw nb::type_error((want + got).c_str());
+  }
+  if (any.device_type() != nb::device::cpu::value)
+    throw nb::type_error(
+        (want + (any.device_type() == nb::device::cuda::value
+                     ? std::string("a CUDA array (copy it to the CPU)")
+                     : "an array on DLPack device type " + std::to_string(any.device_type())))
+            .c_str());
+  if (any.dtype() != nb::dtype<T>())
+    throw nb::type_error((want + "dtype " + dtype_text(any.dtype())).c_str());
+  In<T> a;
+  if (!nb::try_cast(h, a, /*convert=*/true)) {  // only a copy to C order is left to do
+    PyErr_Clear();
+    throw nb::type_error((want + "an array nanobind could not copy to C order").c_str());
+  }
+  return a;
+}
+template <class T>
+In<T> take(const Arg<T>& a, const std::string& name) {
+  return take<T>(a.obj, name);
+}
 
 // Hands a vector to NumPy without copying; the capsule frees it with the array.
 template <class T>
@@ -85,36 +200,86 @@ std::string mok_py::shape_text(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
+namespace {
+
+// A short repr of a config value for messages (a long list is cut).
+std::string value_text(nb::handle v) {
+  std::string r = nb::repr(v).c_str();
+  return r.size() > 60 ? r.substr(0, 57) + "..." : r;
+}
+
+// A config field's integer: a Python int (or an integer type with __index__, e.g. numpy.int64),
+// never a bool, a float or a str (TypeError); one that does not fit the field's C++ type is
+// invalid_config (a mok.Error).
+template <class Int>
+Int config_int(const std::string& field, nb::handle v) {
+  if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr()))
+    throw nb::type_error(("config field '" + field + "' must be an int; got " +
+                          nb::type_name(v.type()).c_str() + " " + value_text(v))
+                             .c_str());
+  nb::object index = nb::steal(PyNumber_Index(v.ptr()));
+  if (!index.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (x == -1 && PyErr_Occurred()) throw nb::python_error();
+  constexpr long long lo = std::numeric_limits<Int>::min(), hi = std::numeric_limits<Int>::max();
+  if (overflow != 0 || x < lo || x > hi)
+    throw mok::Error(mok::ErrorCode::invalid_config,
+                     field + " = " + value_text(index) + " is not allowed: outside the field's " +
+                         (sizeof(Int) == 4 ? "int32" : "int64") + " range [" + std::to_string(lo) +
+                         ", " + std::to_string(hi) + "]");
+  return Int(x);
+}
+
+// The int fields of Config (routed_capacity_rows and ring_rows are int64_t).
+constexpr std::pair<const char*, int mok::Config::*> kIntFields[] = {
+    {"hidden", &mok::Config::hidden},
+    {"intermediate", &mok::Config::intermediate},
+    {"num_experts", &mok::Config::num_experts},
+    {"top_k", &mok::Config::top_k},
+    {"num_shared_experts", &mok::Config::num_shared_experts},
+    {"shared_intermediate", &mok::Config::shared_intermediate},
+    {"max_tokens_per_rank", &mok::Config::max_tokens_per_rank},
+    {"ep_size", &mok::Config::ep_size},
+    {"ep_rank", &mok::Config::ep_rank},
+    {"tile_rows", &mok::Config::tile_rows}};
+
+std::string precision_names() {
+  std::string out;
+  for (mok::Precision p : {mok::Precision::bf16, mok::Precision::fp8_block, mok::Precision::mxfp8,
+                           mok::Precision::nvfp4})
+    out += std::string(out.empty() ? "" : ", ") + mok::precision_name(p);
+  return out;
+}
+
+}  // namespace
+
 mok::Config mok_py::config_from(const nb::dict& d) {
   mok::Config c;
   for (auto [key, value] : d) {
+    if (!nb::isinstance<nb::str>(key))
+      throw nb::type_error(("config keys must be str (mok.preset's field names); got " +
+                            std::string(nb::type_name(key.type()).c_str()) + " " + value_text(key))
+                               .c_str());
     const std::string k = nb::cast<std::string>(key);
-    if (k == "hidden")
-      c.hidden = nb::cast<int>(value);
-    else if (k == "intermediate")
-      c.intermediate = nb::cast<int>(value);
-    else if (k == "num_experts")
-      c.num_experts = nb::cast<int>(value);
-    else if (k == "top_k")
-      c.top_k = nb::cast<int>(value);
-    else if (k == "num_shared_experts")
-      c.num_shared_experts = nb::cast<int>(value);
-    else if (k == "shared_intermediate")
-      c.shared_intermediate = nb::cast<int>(value);
-    else if (k == "max_tokens_per_rank")
-      c.max_tokens_per_rank = nb::cast<int>(value);
-    else if (k == "ep_size")
-      c.ep_size = nb::cast<int>(value);
-    else if (k == "ep_rank")
-      c.ep_rank = nb::cast<int>(value);
-    else if (k == "precision")
+    bool known = false;
+    for (auto [name, field] : kIntFields)
+      if (k == name) {
+        c.*field = config_int<int>(k, value);
+        known = true;
+      }
+    if (known) continue;
+    if (k == "precision") {
+      if (!nb::isinstance<nb::str>(value))
+        throw nb::type_error(
+            ("config field 'precision' must be a str (allowed: " + precision_names() + "); got " +
+             nb::type_name(value.type()).c_str() + " " + value_text(value))
+                .c_str());
       c.precision = mok::parse_precision(nb::cast<std::string>(value));
-    else if (k == "tile_rows")
-      c.tile_rows = nb::cast<int>(value);
-    else if (k == "routed_capacity_rows")
-      c.routed_capacity_rows = nb::cast<int64_t>(value);
+    } else if (k == "routed_capacity_rows")
+      c.routed_capacity_rows = config_int<int64_t>(k, value);
     else if (k == "ring_rows")
-      c.ring_rows = nb::cast<int64_t>(value);
+      c.ring_rows = config_int<int64_t>(k, value);
     else
       throw mok::Error(mok::ErrorCode::invalid_config, "unknown config field '" + k + "'");
   }
@@ -160,12 +325,17 @@ mok::MxScaleRule rule_from(const std::string& s) {
                    "rule '" + s + "' is unknown (allowed: rceil, floor)");
 }
 
-nb::dict reference_layer(const nb::dict& config, const nb::dict& params, const In<double>& x,
-                         const In<int32_t>& topk_ids, const In<double>& topk_weights,
-                         std::optional<In<double>> d_out, const std::string& numerics,
+nb::dict reference_layer(const nb::dict& config, const nb::dict& params, const Arg<double>& x_arg,
+                         const Arg<int32_t>& ids_arg, const Arg<double>& weights_arg,
+                         const std::optional<Arg<double>>& d_out_arg, const std::string& numerics,
                          const std::string& quant, const std::string& mx_scale_rule,
                          bool fp8_ue8m0) {
   const mok::Config c = config_from(config);
+  const In<double> x = take(x_arg, "x");
+  const In<int32_t> topk_ids = take(ids_arg, "topk_ids");
+  const In<double> topk_weights = take(weights_arg, "topk_weights");
+  std::optional<In<double>> d_out;
+  if (d_out_arg) d_out = take(*d_out_arg, "d_out");
   mok::LayerParams p;
   const std::pair<const char*, std::vector<double>*> fields[] = {{"shared_gate", &p.shared_gate},
                                                                  {"shared_up", &p.shared_up},
@@ -181,8 +351,9 @@ nb::dict reference_layer(const nb::dict& config, const nb::dict& params, const I
     if (!params.contains(name))
       throw mok::Error(mok::ErrorCode::invalid_argument,
                        std::string("params has no '") + name + "'");
-    const In<double> a = nb::cast<In<double>>(params[name]);
-    require_shape(std::string("params['") + name + "']", a, shapes[i], dims[i]);
+    const std::string arg = std::string("params['") + name + "']";
+    const In<double> a = take<double>(params[name], arg);
+    require_shape(arg, a, shapes[i], dims[i]);
     *dst = to_vector(a);
     ++i;
   }
@@ -233,18 +404,28 @@ nb::dict reference_layer(const nb::dict& config, const nb::dict& params, const I
   return result;
 }
 
+template <class T>
+std::vector<size_t> shape_of(const In<T>& a) {
+  std::vector<size_t> s(a.ndim());
+  for (size_t i = 0; i < a.ndim(); ++i) s[i] = a.shape(i);
+  return s;
+}
+
+// The codecs map element to element: the codes (values) have the input's shape.
 template <class Encode>
-Out<uint8_t> encode_bytes(const In<float>& x, Encode encode) {
+Out<uint8_t> encode_bytes(const Arg<float>& arg, Encode encode) {
+  const In<float> x = take(arg, "x");
   std::vector<uint8_t> out(x.size());
   encode(x.data(), out.data(), int64_t(x.size()));
-  return to_numpy(std::move(out), {x.size()});
+  return to_numpy(std::move(out), shape_of(x));
 }
 
 template <class Decode>
-Out<float> decode_bytes(const In<uint8_t>& c, Decode decode) {
+Out<float> decode_bytes(const Arg<uint8_t>& arg, Decode decode) {
+  const In<uint8_t> c = take(arg, "codes");
   std::vector<float> out(c.size());
   for (size_t i = 0; i < c.size(); ++i) out[i] = decode(c.data()[i]);
-  return to_numpy(std::move(out), {c.size()});
+  return to_numpy(std::move(out), shape_of(c));
 }
 
 }  // namespace
@@ -259,7 +440,8 @@ NB_MODULE(_mok, m) {
   m.def("preset_names", &mok::preset_names);
   m.def(
       "config_check", [](const nb::dict& d) { config_from(d).validate(); }, "config"_a,
-      "Raises mok.Error naming the field for a configuration the layer does not take.");
+      "Raises mok.Error naming the field for a configuration the layer does not take (TypeError "
+      "for a field of the wrong type).");
   m.def("build_info", [] {
     const mok::BuildInfo b = mok::build_info();
     nb::dict d;
@@ -271,16 +453,17 @@ NB_MODULE(_mok, m) {
     return d;
   });
 
-  m.def(
-      "reference_layer", &reference_layer, "config"_a, "params"_a, "x"_a, "topk_ids"_a,
-      "topk_weights"_a, "d_out"_a = nb::none(), "numerics"_a = "fp32", "quant"_a = "none",
-      "mx_scale_rule"_a = "rceil", "fp8_ue8m0"_a = false,
-      "The CPU reference layer (float64 arrays; topk_ids int32). Returns {'out'} and, given d_out, "
-      "the gradients d_x, d_topk_weights, d_shared_gate/up/down, d_gate/up/down.");
+  m.def("reference_layer", &reference_layer, "config"_a, "params"_a, "x"_a, "topk_ids"_a,
+        "topk_weights"_a, "d_out"_a = nb::none(), "numerics"_a = "fp32", "quant"_a = "none",
+        "mx_scale_rule"_a = "rceil", "fp8_ue8m0"_a = false,
+        "The CPU reference layer (float64 arrays; topk_ids int32; another dtype is a TypeError). "
+        "Returns {'out'} and, given d_out, the gradients d_x, d_topk_weights, "
+        "d_shared_gate/up/down, d_gate/up/down.");
 
   m.def(
       "route_softmax_topk",
-      [](const In<float>& logits, int top_k, bool renormalize) {
+      [](const Arg<float>& logits_arg, int top_k, bool renormalize) {
+        const In<float> logits = take(logits_arg, "logits");
         auto [T, E] = matrix_shape("logits", logits);
         mok::Routing r;
         {
@@ -293,12 +476,15 @@ NB_MODULE(_mok, m) {
       "logits"_a, "top_k"_a, "renormalize"_a = false);
   m.def(
       "route_deepseek_v3",
-      [](const In<float>& logits, std::optional<In<float>> bias, int top_k, int num_groups,
-         int topk_groups, bool normalize, float scaling_factor) {
+      [](const Arg<float>& logits_arg, const std::optional<Arg<float>>& bias_arg, int top_k,
+         int num_groups, int topk_groups, bool normalize, float scaling_factor) {
+        const In<float> logits = take(logits_arg, "logits");
         auto [T, E] = matrix_shape("logits", logits);
-        if (bias && bias->size() != size_t(E))
-          throw mok::Error(mok::ErrorCode::invalid_argument,
-                           "expert_bias must have num_experts elements");
+        std::optional<In<float>> bias;
+        if (bias_arg) {
+          bias = take(*bias_arg, "expert_bias");
+          require_shape("expert_bias", *bias, {E}, "[E]");
+        }
         mok::DeepSeekRouter cfg{top_k, num_groups, topk_groups, normalize, scaling_factor};
         mok::Routing r =
             mok::route_deepseek_v3(logits.data(), bias ? bias->data() : nullptr, T, int(E), cfg);
@@ -309,35 +495,37 @@ NB_MODULE(_mok, m) {
       "topk_groups"_a = 4, "normalize"_a = true, "scaling_factor"_a = 2.5f);
 
   m.def(
-      "encode_e4m3", [](const In<float>& x) { return encode_bytes(x, mok::encode_e4m3); }, "x"_a);
+      "encode_e4m3", [](const Arg<float>& x) { return encode_bytes(x, mok::encode_e4m3); }, "x"_a);
   m.def(
-      "encode_e5m2", [](const In<float>& x) { return encode_bytes(x, mok::encode_e5m2); }, "x"_a);
+      "encode_e5m2", [](const Arg<float>& x) { return encode_bytes(x, mok::encode_e5m2); }, "x"_a);
   m.def(
-      "encode_e2m1", [](const In<float>& x) { return encode_bytes(x, mok::encode_e2m1); }, "x"_a);
+      "encode_e2m1", [](const Arg<float>& x) { return encode_bytes(x, mok::encode_e2m1); }, "x"_a);
   m.def(
       "encode_bf16",
-      [](const In<float>& x) {
+      [](const Arg<float>& arg) {
+        const In<float> x = take(arg, "x");
         std::vector<uint16_t> out(x.size());
         mok::encode_bf16(x.data(), out.data(), int64_t(x.size()));
-        return to_numpy(std::move(out), {x.size()});
+        return to_numpy(std::move(out), shape_of(x));
       },
       "x"_a);
   m.def(
-      "decode_e4m3", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e4m3_to_float); },
+      "decode_e4m3", [](const Arg<uint8_t>& c) { return decode_bytes(c, mok::fmt::e4m3_to_float); },
       "codes"_a);
   m.def(
-      "decode_e5m2", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e5m2_to_float); },
+      "decode_e5m2", [](const Arg<uint8_t>& c) { return decode_bytes(c, mok::fmt::e5m2_to_float); },
       "codes"_a);
   m.def(
-      "decode_e2m1", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e2m1_to_float); },
+      "decode_e2m1", [](const Arg<uint8_t>& c) { return decode_bytes(c, mok::fmt::e2m1_to_float); },
       "codes"_a);
   m.def(
-      "decode_e8m0", [](const In<uint8_t>& c) { return decode_bytes(c, mok::fmt::e8m0_to_float); },
+      "decode_e8m0", [](const Arg<uint8_t>& c) { return decode_bytes(c, mok::fmt::e8m0_to_float); },
       "codes"_a);
 
   m.def(
       "quantize_mxfp8",
-      [](const In<float>& x, std::tuple<int, int> block, const std::string& rule) {
+      [](const Arg<float>& x_arg, std::tuple<int, int> block, const std::string& rule) {
+        const In<float> x = take(x_arg, "x");
         auto [R, C] = matrix_shape("x", x);
         mok::Mxfp8Tensor t = mok::quantize_mxfp8(x.data(), R, C, block_of(block), rule_from(rule));
         const size_t sr = size_t((R + t.block.rows - 1) / t.block.rows),
@@ -349,7 +537,9 @@ NB_MODULE(_mok, m) {
       "MXFP8: (E4M3 codes [R, C], E8M0 scales [ceil(R/br), ceil(C/bc)]).");
   m.def(
       "dequantize_mxfp8",
-      [](const In<uint8_t>& data, const In<uint8_t>& scales, std::tuple<int, int> block) {
+      [](const Arg<uint8_t>& data_arg, const Arg<uint8_t>& scales_arg, std::tuple<int, int> block) {
+        const In<uint8_t> data = take(data_arg, "data");
+        const In<uint8_t> scales = take(scales_arg, "scales");
         auto [R, C] = codes_shape(data);
         require_shape("scales", scales, scale_grid(R, C, block_of(block)),
                       "[ceil(R / block rows), ceil(C / block cols)]");
@@ -359,7 +549,8 @@ NB_MODULE(_mok, m) {
       "data"_a, "scales"_a, "block"_a = std::make_tuple(1, 32));
   m.def(
       "quantize_nvfp4",
-      [](const In<float>& x, std::tuple<int, int> block) {
+      [](const Arg<float>& x_arg, std::tuple<int, int> block) {
+        const In<float> x = take(x_arg, "x");
         auto [R, C] = matrix_shape("x", x);
         mok::Nvfp4Tensor t = mok::quantize_nvfp4(x.data(), R, C, block_of(block));
         const size_t sr = size_t((R + t.block.rows - 1) / t.block.rows),
@@ -371,8 +562,10 @@ NB_MODULE(_mok, m) {
       "NVFP4: (packed E2M1 [R, C/2], UE4M3 scales, global amax, per-tensor decode scale).");
   m.def(
       "dequantize_nvfp4",
-      [](const In<uint8_t>& data, const In<uint8_t>& scales, float s_dec,
+      [](const Arg<uint8_t>& data_arg, const Arg<uint8_t>& scales_arg, float s_dec,
          std::tuple<int, int> block) {
+        const In<uint8_t> data = take(data_arg, "data");
+        const In<uint8_t> scales = take(scales_arg, "scales");
         auto [R, packed] = codes_shape(data);
         mok::Nvfp4Tensor t;
         t.rows = R;
@@ -388,7 +581,8 @@ NB_MODULE(_mok, m) {
       "data"_a, "scales"_a, "s_dec"_a, "block"_a = std::make_tuple(1, 16));
   m.def(
       "quantize_fp8_block",
-      [](const In<float>& x, std::tuple<int, int> block, bool ue8m0) {
+      [](const Arg<float>& x_arg, std::tuple<int, int> block, bool ue8m0) {
+        const In<float> x = take(x_arg, "x");
         auto [R, C] = matrix_shape("x", x);
         mok::Fp8BlockTensor t = mok::quantize_fp8_block(x.data(), R, C, block_of(block), ue8m0);
         const size_t sr = size_t((R + t.block.rows - 1) / t.block.rows),
@@ -400,7 +594,9 @@ NB_MODULE(_mok, m) {
       "FP8 block: (E4M3 codes, FP32 decode scales).");
   m.def(
       "dequantize_fp8_block",
-      [](const In<uint8_t>& data, const In<float>& scales, std::tuple<int, int> block) {
+      [](const Arg<uint8_t>& data_arg, const Arg<float>& scales_arg, std::tuple<int, int> block) {
+        const In<uint8_t> data = take(data_arg, "data");
+        const In<float> scales = take(scales_arg, "scales");
         auto [R, C] = codes_shape(data);
         require_shape("scales", scales, scale_grid(R, C, block_of(block)),
                       "[ceil(R / block rows), ceil(C / block cols)]");
