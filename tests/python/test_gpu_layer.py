@@ -109,6 +109,8 @@ def test_refuses_bad_tensors_by_name():
         fwd(out=torch.empty(H, 64, dtype=torch.bfloat16, device="cuda").t())
     with pytest.raises(mok.Error, match=r"gate must be .*\[E, I, H\]"):
         fwd(params=params[:3] + (params[3][:, :, :-1].contiguous(),) + params[4:])
+    with pytest.raises(mok.Error, match="up must be a CUDA tensor; got list"):
+        fwd(params=params[:4] + ([1.0],) + params[5:])
     with pytest.raises(mok.Error, match="T <= max_tokens_per_rank = 64"):
         fwd(x=torch.zeros(65, H, dtype=torch.bfloat16, device="cuda"))
     gen = layer.forward(x, ids, w, params, out, True, stream)
