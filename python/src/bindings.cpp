@@ -346,6 +346,15 @@ nb::dict reference_layer(const nb::dict& config, const nb::dict& params, const A
   const int64_t H = c.hidden, I = c.intermediate, S = c.shared_width(), L = c.experts_per_rank();
   const std::vector<int64_t> shapes[] = {{S, H}, {S, H}, {H, S}, {L, I, H}, {L, I, H}, {L, H, I}};
   const char* dims[] = {"[S, H]", "[S, H]", "[H, S]", "[E, I, H]", "[E, I, H]", "[E, H, I]"};
+  for (auto [key, value] : params) {  // a misspelt name would otherwise go unread
+    bool known = false;
+    for (auto [name, dst] : fields)
+      known = known || (nb::isinstance<nb::str>(key) && nb::cast<std::string>(key) == name);
+    if (!known)
+      throw mok::Error(mok::ErrorCode::invalid_argument,
+                       "params has an unknown key " + std::string(nb::repr(key).c_str()) +
+                           " (allowed: shared_gate, shared_up, shared_down, gate, up, down)");
+  }
   int i = 0;
   for (auto [name, dst] : fields) {
     if (!params.contains(name))

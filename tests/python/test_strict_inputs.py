@@ -236,6 +236,8 @@ def test_reference_layer_names_a_bad_config_or_params_entry(rng):
         mok.reference_layer({**CFG, "hidden": "256"}, p, x, ids, w)
     with refused("params['shared_up']", "float64", "int"):
         mok.reference_layer(CFG, {**p, "shared_up": 0}, x, ids, w)
+    with pytest.raises(mok.Error, match=r"params has an unknown key 'gate_proj' \(allowed: "):
+        mok.reference_layer(CFG, {**p, "gate_proj": p["gate"]}, x, ids, w)
 
 
 # --- mok.torch's CPU path ------------------------------------------------------------------------
