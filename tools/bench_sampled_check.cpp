@@ -48,22 +48,22 @@ ref::PreparedMlp prepared_mlp(const __nv_bfloat16* gate, const __nv_bfloat16* up
 }
 
 // The relative L2 error of `got`'s sampled rows against the reference with rounding r: the
-// layer's output, or with d_out given its d_x (shared dx + the sum over k of each slot's dx).
-double sampled_error(const Config& c, const BenchLayer& data, const __nv_bfloat16* got_rows,
-                     const __nv_bfloat16* d_out_rows, const ref::Rounding& r) {
+// layer's output, or with d_out given its d_x (shared dx + the sum over k of each slot's dx) and,
+// with got_d_weights [T, K] given too, that of the sampled slots' router-weight gradients.
+SampledBackwardErrors sampled_errors(const Config& c, const BenchLayer& data,
+                                     const __nv_bfloat16* got_rows, const __nv_bfloat16* d_out_rows,
+                                     const ref::Rounding& r, const float* got_d_weights = nullptr) {
   const int64_t T = data.tokens, H = c.hidden, I = c.intermediate, S = c.shared_width(),
                 K = c.top_k;
-  if (T == 0) return 0;
+  if (T == 0) return {};
   const bool backward = d_out_rows != nullptr;
-  std::vector<int64_t> picks{0};
-  if (T / 2 > 0) picks.push_back(T / 2);
-  if (T - 1 > T / 2) picks.push_back(T - 1);
+  const std::vector<int64_t> picks = sampled_tokens(T);
   const size_t P = picks.size();
   const ref::Rounding shared_r = r.for_shared();
   std::vector<std::vector<double>> x(P), d_out(P);
   std::vector<int32_t> ids(P * size_t(K));
   std::vector<double> weights(P * size_t(K)), y_shared(P * size_t(H), 0.0),
-      y_slots(P * size_t(K * H));
+      y_slots(P * size_t(K * H)), d_weights(P * size_t(K));
   for (size_t p = 0; p < P; ++p) {
     x[p] = bf16_values(data.x.ptr, picks[p] * H, H);
     if (backward) d_out[p] = bf16_values(d_out_rows, picks[p] * H, H);
@@ -118,6 +118,7 @@ double sampled_error(const Config& c, const BenchLayer& data, const __nv_bfloat1
           if (ids[slot] != e) continue;
           const std::vector<double>& y = row(m, slot / size_t(K), weights[slot], r, out);
           std::copy(y.begin(), y.end(), y_slots.begin() + std::ptrdiff_t(slot * size_t(H)));
+          d_weights[slot] = out.d_weight;
         }
       }
     } catch (...) {
@@ -139,20 +140,47 @@ double sampled_error(const Config& c, const BenchLayer& data, const __nv_bfloat1
   else
     ref::combine_rows(r, int64_t(P), H, K, y_shared.data(), y_slots.data(), weights.data(),
                       want.data());
+  std::vector<double> got_w;
   for (const int64_t t : picks) {
     const std::vector<double> mine = bf16_values(got_rows, t * H, H);
     got.insert(got.end(), mine.begin(), mine.end());
+    if (got_d_weights) {
+      std::vector<float> w(static_cast<size_t>(K));
+      cuda_ok(cudaMemcpy(w.data(), got_d_weights + t * K, size_t(K) * 4, cudaMemcpyDeviceToHost),
+              "cudaMemcpy");
+      got_w.insert(got_w.end(), w.begin(), w.end());
+    }
   }
-  return relative_l2_error(got, want);
+  SampledBackwardErrors e;
+  e.rows = relative_l2_error(got, want);
+  if (got_d_weights) e.d_topk_weights = relative_l2_error(got_w, d_weights);
+  return e;
 }
 
 }  // namespace
+
+std::vector<int64_t> sampled_tokens(int64_t tokens) {
+  std::vector<int64_t> picks;
+  if (tokens > 0) picks.push_back(0);
+  if (tokens / 2 > 0) picks.push_back(tokens / 2);
+  if (tokens - 1 > tokens / 2) picks.push_back(tokens - 1);
+  return picks;
+}
 
 double sampled_reference_error(const Config& c, const BenchLayer& data) {
   ref::Rounding r;
   r.numerics = Numerics::fp32;
   r.quant = OperandQuant::bf16;
-  return sampled_error(c, data, data.out.ptr, nullptr, r);
+  return sampled_errors(c, data, data.out.ptr, nullptr, r).rows;
+}
+
+SampledBackwardErrors sampled_backward_errors(const Config& c, const BenchLayer& data,
+                                              const __nv_bfloat16* d_x, const __nv_bfloat16* d_out,
+                                              const float* d_topk_weights) {
+  ref::Rounding r;
+  r.numerics = Numerics::fp32;
+  r.quant = OperandQuant::bf16;
+  return sampled_errors(c, data, d_x, d_out, r, d_topk_weights);
 }
 
 double sampled_exact_error(const Config& c, const BenchLayer& data, const __nv_bfloat16* got,
@@ -160,7 +188,7 @@ double sampled_exact_error(const Config& c, const BenchLayer& data, const __nv_b
   ref::Rounding r;
   r.numerics = Numerics::fp64;
   r.quant = OperandQuant::none;
-  return sampled_error(c, data, got, d_out, r);
+  return sampled_errors(c, data, got, d_out, r).rows;
 }
 
 }  // namespace mok::tools

@@ -7,8 +7,10 @@
 #include <cstdio>
 #include <cstring>
 #include <ctime>
+#include <utility>
 
 #include "gpu_forward_check.hpp"
+#include "gpu_sampled_run.hpp"
 #include "json_report.hpp"
 #include "layer_data.hpp"
 #include "mok/build_info.hpp"
@@ -40,7 +42,9 @@ const char* const kRunHelp =
     "usage: mok run [options]\n"
     "a verified MoE layer forward and backward with a throughput report: the CPU reference\n"
     "(twice, for its bits; against FP64; against a simulated EP group), and on a GPU the\n"
-    "megakernels against it, 21 times each for their bits, timed\n"
+    "megakernels against it, 21 times each for their bits, timed; a BF16 layer past what the\n"
+    "CPU reference can run (4 GB of FP64 parameters and gradients, 4e9 FLOPs per forward):\n"
+    "the megakernels alone, checked on three sampled tokens (the GPU's inputs)\n"
     "\n"
     "%s"
     "  --ep N                     the simulated EP group checked against EP = 1: 1 (none), 2,\n"
@@ -237,6 +241,64 @@ std::string sci(double v) {
   return buf;
 }
 
+// A layer past the CPU reference: the GPU megakernels checked on sampled tokens
+// (gpu_sampled_run), or the reason the CPU cannot run it when no GPU can either.
+int run_sampled_on_gpu(const RunOptions& o, const Config& c, int64_t T, const std::string& device,
+                       const std::string& too_large) {
+  const std::string unavailable = gpu_sampled_run_unavailable(c);
+  if (!unavailable.empty())
+    throw Error(ErrorCode::unsupported, too_large + " (GPU: " + unavailable + ")");
+  std::printf("  %s:\n  the GPU megakernels (EP=1) on sampled tokens instead\n", too_large.c_str());
+  const GpuSampledReport r = gpu_sampled_run(c, o.seed, o.layer.routing_choice());
+  const double fwd_flops = forward_flops(c, T), bound = relative_error_bound(OperandQuant::bf16);
+  std::printf("\nchecks (%d sampled tokens against the reference on BF16 operands)\n",
+              r.sampled_tokens);
+  bool ok = r.out_error <= bound && r.forward_repeatable;
+  line("GPU forward vs reference (sampled)", r.out_error <= bound,
+       sci(r.out_error) + " (bound " + sci(bound) + ")", r.out_error, bound);
+  line("GPU forward: 21 runs", r.forward_repeatable,
+       r.forward_repeatable ? "bitwise identical" : "bits differ");
+  if (r.backward_ran) {
+    for (const auto& [name, err] :
+         {std::pair{"GPU backward d_x vs reference (sampled)", r.d_x_error},
+          std::pair{"GPU backward d_topk_weights (sampled)", r.d_topk_weights_error}}) {
+      ok &= err <= bound;
+      line(name, err <= bound, sci(err) + " (bound " + sci(bound) + ")", err, bound);
+    }
+    ok &= r.backward_repeatable;
+    line("GPU backward: 21 runs", r.backward_repeatable,
+         r.backward_repeatable ? "bitwise identical (d_x, d_w, shared and two experts' dW)"
+                               : "bits differ");
+    std::printf(
+        "  weight gradients: repeatability only here (tests/gpu/test_backward_sampled_gpu "
+        "checks sampled blocks of them on every standard shape)\n");
+  } else {
+    std::printf("  GPU backward: not run (%s)\n", r.backward_skipped_because.c_str());
+  }
+  if (o.ep > 1) std::printf("  EP=%d simulation: not run (the CPU's, past its limit)\n", o.ep);
+  g_measures.push_back({"GPU forward (megakernel), median of 50", r.forward_ms, "ms"});
+  g_measures.push_back(
+      {"GPU forward TFLOP/s", fwd_flops / (r.forward_ms * 1e-3) * 1e-12, "TFLOP/s"});
+  std::printf("\nthroughput\n  GPU forward (mega)    %8.3f ms  %8.2f TFLOP/s  (median of 50)\n",
+              r.forward_ms, fwd_flops / (r.forward_ms * 1e-3) * 1e-12);
+  if (r.backward_ran) {
+    const double tflops = 2 * fwd_flops / (r.backward_ms * 1e-3) * 1e-12;
+    g_measures.push_back({"GPU backward (megakernel, BF16 dW), median of 50", r.backward_ms, "ms"});
+    g_measures.push_back({"GPU backward TFLOP/s", tflops, "TFLOP/s"});
+    std::printf(
+        "  GPU backward (mega)   %8.3f ms  %8.2f TFLOP/s  (median of 50, BF16 weight "
+        "gradients)\n",
+        r.backward_ms, tflops);
+  }
+  g_measures.push_back({"forward FLOPs (design.md)", fwd_flops, "FLOP"});
+  std::printf("\n%s\n", ok ? "mok run: all checks passed" : "mok run: CHECKS FAILED");
+  if (!o.json.empty()) {
+    write_json(o.json, o, c, T, device, ok);
+    std::printf("wrote %s\n", o.json.c_str());
+  }
+  return ok ? 0 : 1;
+}
+
 }  // namespace
 
 int run_command(const RunOptions& o) {
@@ -256,18 +318,16 @@ int run_command(const RunOptions& o) {
   const double fwd_flops = forward_flops(c, T);
   const double param_bytes =
       8.0 * 3 * c.hidden * (double(c.num_experts) * c.intermediate + c.shared_width());
-  if (2 * param_bytes > kCpuMemoryLimit) {
-    throw Error(
-        ErrorCode::unsupported,
+  std::string too_large;  // why the CPU reference cannot run this layer here
+  if (2 * param_bytes > kCpuMemoryLimit)
+    too_large =
         "the CPU reference keeps parameters and gradients in FP64: " + sci(2 * param_bytes / 1e9) +
-            " GB for this layer; on the CPU use --preset tiny");
-  }
-  if (fwd_flops > kCpuForwardFlopLimit) {
-    const int64_t fit = int64_t(kCpuForwardFlopLimit / forward_flops(c, 1));
-    throw Error(ErrorCode::unsupported, "the CPU reference of this shape needs " + sci(fwd_flops) +
-                                            " FLOPs per forward; on the CPU use --tokens " +
-                                            std::to_string(fit) + " or fewer");
-  }
+        " GB for this layer; on the CPU use --preset tiny";
+  else if (fwd_flops > kCpuForwardFlopLimit)
+    too_large = "the CPU reference of this shape needs " + sci(fwd_flops) +
+                " FLOPs per forward; on the CPU use --tokens " +
+                std::to_string(int64_t(kCpuForwardFlopLimit / forward_flops(c, 1))) + " or fewer";
+  if (!too_large.empty()) return run_sampled_on_gpu(o, c, T, device, too_large);
 
   const LayerParams p = random_params(c, o.seed);
   const Batch b = random_batch(c, T, o.seed + 1, o.layer.routing_choice());

@@ -126,6 +126,18 @@ expect 2 "^mok bench: --sweep 0: expected an integer in \[1, 1000\]$" bench --sw
 expect 2 "^mok bench: --sweep N draws its own shapes" bench --sweep 3 --preset fine
 expect 2 "^mok bench: --sweep N draws its own shapes" bench --preset all --sweep 3
 expect 2 "^mok bench: --sweep times the BF16 forward at EP = 1" bench --sweep 3 --ep 2
+# mok run past the CPU reference: the GPU megakernels on sampled tokens, or the reason neither runs.
+if "$mok" info | grep -q "GPUs    no GPU"; then
+  expect 1 "^mok run: unsupported: the CPU reference keeps parameters and gradients in FP64: .* \(GPU: no GPU\)$" \
+    run --preset qwen3-30b
+else
+  out="$("$mok" run --preset qwen3-30b --tokens 512 2>&1)"
+  if [ $? != 0 ] || ! grep -q "^mok run: all checks passed$" <<<"$out" ||
+    ! grep -q "GPU backward d_x vs reference (sampled) .*PASS" <<<"$out"; then
+    echo "FAIL: mok run --preset qwen3-30b on the GPU: $(tail -3 <<<"$out")"
+    failures=$((failures + 1))
+  fi
+fi
 if "$mok" info | grep -q "GPUs    no GPU"; then
   expect 1 "needs a .*GPU" bench --sweep 2 --seed 5
   expect 1 "needs a .*GPU" bench --preset tiny --seed 3 --routing skewed
