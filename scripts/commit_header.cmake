@@ -5,7 +5,14 @@
 execute_process(COMMAND git rev-parse --short=12 HEAD WORKING_DIRECTORY ${SOURCE}
                 OUTPUT_VARIABLE commit OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET
                 RESULT_VARIABLE failed)
-if(failed OR NOT commit)
+# A source tree unpacked inside another checkout is not that checkout's commit.
+execute_process(COMMAND git rev-parse --show-toplevel WORKING_DIRECTORY ${SOURCE}
+                OUTPUT_VARIABLE top OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+file(REAL_PATH "${SOURCE}" source_real)
+if(top)
+  file(REAL_PATH "${top}" top)
+endif()
+if(failed OR NOT commit OR NOT top STREQUAL source_real)
   set(commit unknown)
 else()
   execute_process(COMMAND git diff --quiet HEAD -- WORKING_DIRECTORY ${SOURCE}

@@ -60,9 +60,7 @@ BackwardRow bench_backward_shape(const std::string& name, Config c, int64_t toke
   cuda_ok(cudaMemGetInfo(&free_before, &total_bytes), "cudaMemGetInfo");
   const BenchLayer data(c, int(E), tokens, 0, o.layer.routing_choice(), o.inputs_seed);
   DeviceArray<__nv_bfloat16> d_out(size_t(tokens * c.hidden)), d_x(d_out.n);
-  cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, tokens * c.hidden,
-                                 BenchLayer::seed_base(o.inputs_seed) + 21, 1.0f, nullptr),
-          "fill");
+  BenchLayer::fill_d_out(d_out.ptr, tokens * c.hidden, o.inputs_seed);
   DeviceArray<float> d_w(size_t(tokens * c.top_k));
   // One FP32-sized buffer per weight gradient where they fit beside the workspaces (the BF16
   // backward writes the first half of each), else BF16-sized ones and no FP32 run.

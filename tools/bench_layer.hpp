@@ -94,6 +94,10 @@ struct BenchLayer {
   }
   // What --seed adds to every seed a benchmark draws with (odd factor: distinct seeds stay apart).
   static uint64_t seed_base(uint64_t inputs_seed) { return inputs_seed * 0x9E3779B97F4A7C15ull; }
+  // The output gradient [n elements] a benchmark's backward takes, drawn as every one draws it.
+  static void fill_d_out(__nv_bfloat16* d_out, int64_t n, uint64_t inputs_seed) {
+    cuda_ok(gpu::fill_uniform_bf16(d_out, n, seed_base(inputs_seed) + 21, 1.0f, nullptr), "fill");
+  }
   gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
   gpu::DeviceLayerWeights weights() const {
     return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr, {}, {}, {}};

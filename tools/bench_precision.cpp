@@ -133,9 +133,7 @@ int bench_precision_backward(const BenchOptions& o, Precision precision) {
     }
     const BenchLayer data(c, c.num_experts, tokens, 0, o.layer.routing_choice(), o.inputs_seed);
     DeviceArray<__nv_bfloat16> d_out(size_t(tokens * H)), out_q(d_out.n);
-    cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, tokens * H, BenchLayer::seed_base(o.inputs_seed) + 21,
-                                   1.0f, nullptr),
-            "fill");
+    BenchLayer::fill_d_out(d_out.ptr, tokens * H, o.inputs_seed);
     const size_t shared_n = static_cast<size_t>(SH), routed_n = static_cast<size_t>(EIH);
     DeviceArray<__nv_bfloat16> d_x16(size_t(tokens * H)), d_x8(d_x16.n), sg(shared_n), su(shared_n),
         sd(shared_n), g(routed_n), u(routed_n), d(routed_n);

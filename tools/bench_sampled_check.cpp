@@ -50,9 +50,9 @@ ref::PreparedMlp prepared_mlp(const __nv_bfloat16* gate, const __nv_bfloat16* up
 // The relative L2 error of `got`'s sampled rows against the reference with rounding r: the
 // layer's output, or with d_out given its d_x (shared dx + the sum over k of each slot's dx) and,
 // with got_d_weights [T, K] given too, that of the sampled slots' router-weight gradients.
-SampledBackwardErrors sampled_errors(const Config& c, const BenchLayer& data,
-                                     const __nv_bfloat16* got_rows, const __nv_bfloat16* d_out_rows,
-                                     const ref::Rounding& r, const float* got_d_weights = nullptr) {
+SampledErrors sampled_errors(const Config& c, const BenchLayer& data, const __nv_bfloat16* got_rows,
+                             const __nv_bfloat16* d_out_rows, const ref::Rounding& r,
+                             const float* got_d_weights = nullptr) {
   const int64_t T = data.tokens, H = c.hidden, I = c.intermediate, S = c.shared_width(),
                 K = c.top_k;
   if (T == 0) return {};
@@ -151,7 +151,7 @@ SampledBackwardErrors sampled_errors(const Config& c, const BenchLayer& data,
       got_w.insert(got_w.end(), w.begin(), w.end());
     }
   }
-  SampledBackwardErrors e;
+  SampledErrors e;
   e.rows = relative_l2_error(got, want);
   if (got_d_weights) e.d_topk_weights = relative_l2_error(got_w, d_weights);
   return e;
@@ -174,9 +174,9 @@ double sampled_reference_error(const Config& c, const BenchLayer& data) {
   return sampled_errors(c, data, data.out.ptr, nullptr, r).rows;
 }
 
-SampledBackwardErrors sampled_backward_errors(const Config& c, const BenchLayer& data,
-                                              const __nv_bfloat16* d_x, const __nv_bfloat16* d_out,
-                                              const float* d_topk_weights) {
+SampledErrors sampled_backward_errors(const Config& c, const BenchLayer& data,
+                                      const __nv_bfloat16* d_x, const __nv_bfloat16* d_out,
+                                      const float* d_topk_weights) {
   ref::Rounding r;
   r.numerics = Numerics::fp32;
   r.quant = OperandQuant::bf16;

@@ -19,13 +19,13 @@ double sampled_reference_error(const Config& c, const BenchLayer& data);
 // The backward's d_x rows and router-weight gradients [T, K] of the same sampled tokens against
 // the reference on BF16 operands (FP32 arithmetic, as sampled_reference_error), after a backward
 // whose output gradient was d_out [T, H].
-struct SampledBackwardErrors {
+struct SampledErrors {
   double rows = 0;            // the output's or d_x's sampled rows, relative L2
   double d_topk_weights = 0;  // the sampled slots' router-weight gradients, relative L2
 };
-SampledBackwardErrors sampled_backward_errors(const Config& c, const BenchLayer& data,
-                                              const __nv_bfloat16* d_x, const __nv_bfloat16* d_out,
-                                              const float* d_topk_weights);
+SampledErrors sampled_backward_errors(const Config& c, const BenchLayer& data,
+                                      const __nv_bfloat16* d_x, const __nv_bfloat16* d_out,
+                                      const float* d_topk_weights);
 
 // The same sampled rows against the exact layer: FP64 arithmetic and storage, no operand
 // rounding, on the BF16 weights and inputs as given (`mok bench --precision`'s accuracy). `got`:

@@ -186,23 +186,26 @@ std::string LayerOptions::routing_name() const {
   return buf;
 }
 
-std::string LayerOptions::help(const char* precisions) {
-  char precision_line[128];
-  std::snprintf(precision_line, sizeof precision_line, "    --precision P            %s\n",
-                precisions);
-  return std::string(
-             "  the layer, by preset or by its numbers (they override the preset's):\n"
-             "    --preset NAME            tiny, dsv3, mok-default, qwen3-30b, fine\n"
-             "    --hidden H               model width (a multiple of 64)\n"
-             "    --intermediate I         routed expert width (a multiple of 64)\n"
-             "    --experts E              routed experts\n"
-             "    --top-k K                experts per token\n"
-             "    --shared-experts N       shared experts (default 0 without a preset)\n"
-             "    --shared-width S         each shared expert's width (default: I)\n"
-             "    --tokens T               tokens per rank, up to 1048576 (default: the preset's, "
-             "else\n"
-             "                             4096)\n") +
-         precision_line +
+std::string LayerOptions::help(const char* precisions, const char* default_preset) {
+  const std::string heading =
+      std::string("  the layer") +
+      (*default_preset ? std::string(" (default: --preset ") + default_preset + ")" : "") +
+      ", by preset or by its numbers (they override the preset's):\n";
+  return heading +
+         "    --preset NAME            tiny, dsv3, mok-default, qwen3-30b, fine\n"
+         "    --hidden H               model width (a multiple of 64)\n"
+         "    --intermediate I         routed expert width (a multiple of 64)\n"
+         "    --experts E              routed experts\n"
+         "    --top-k K                experts per token\n"
+         "    --shared-experts N       shared experts (default 0 without a preset)\n"
+         "    --shared-width S         each shared expert's width (default: I)\n"
+         "    --tokens T               tokens per rank, up to " +
+         std::to_string(kMaxTokensPerRank) +
+         " (default: the preset's, else\n"
+         "                             4096)\n"
+         "    --precision P            " +
+         precisions +
+         "\n"
          "    --fp8-scales S           fp8_block's block scales: fp32 (default) or ue8m0 (powers\n"
          "                             of two)\n"
          "  the tokens' routing:\n"

@@ -30,9 +30,6 @@ bool parse_switch(const std::string& option, const std::string& text);
 // A random seed, in [0, 2^63 - 1] for every command.
 uint64_t parse_seed(const std::string& option, const std::string& text);
 
-// Tokens per rank a layer may be configured for (Config::validate's bound on max_tokens_per_rank).
-constexpr int64_t kMaxTokensPerRank = int64_t(1) << 20;
-
 // The layer: a preset, its fields overridden by the numbers given, or (no preset) the numbers
 // alone (hidden, intermediate, experts and top-k required; no shared expert unless given).
 struct LayerOptions {
@@ -54,8 +51,10 @@ struct LayerOptions {
   // The tokens' routing (UsageError for --zipf without --routing skewed), and its name.
   RoutingChoice routing_choice() const;
   std::string routing_name() const;
-  // The lines of these options for a command's --help; `precisions`: those the command takes.
-  static std::string help(const char* precisions = "bf16 (default), fp8_block, mxfp8, nvfp4");
+  // The lines of these options for a command's --help: `precisions` those the command takes,
+  // `default_preset` the layer it runs without one ("": none).
+  static std::string help(const char* precisions = "bf16 (default), fp8_block, mxfp8, nvfp4",
+                          const char* default_preset = "");
 };
 
 // The value of option args[i]: args[i + 1] (UsageError when missing); advances i.

@@ -1,5 +1,11 @@
 #include "gpu_sampled_run.hpp"
 
+#include <cstdio>
+#include <utility>
+
+#include "mok/compare.hpp"
+#include "run_report.hpp"
+
 #if defined(MOK_WITH_CUDA_KERNELS)
 #include <cuda_runtime_api.h>
 
@@ -33,50 +39,79 @@ void poison(void* ptr, size_t bytes) {  // NaN in BF16 and FP32
   cuda_ok(cudaMemset(ptr, 0xFF, bytes), "cudaMemset");
 }
 
-// The backward after a training forward, into r's backward fields.
+// What the backward needs beside the forward's data: it may not fit this GPU's memory.
+struct BackwardState {
+  gpu::MoeBackward backward;
+  gpu::Schedule schedule;
+  gpu::ForwardContext context;
+  size_t routed, shared;
+  DeviceArray<__nv_bfloat16> d_out, d_x, dsg, dsu, dsd, dg, du, dd;
+  DeviceArray<float> d_w;
+  BackwardState(const Config& c, const gpu::BackwardOptions& bo, int64_t T)
+      : backward(c, bo),
+        schedule(c),
+        context(c),
+        routed(size_t(c.num_experts) * size_t(c.intermediate) * size_t(c.hidden)),
+        shared(size_t(c.shared_width()) * size_t(c.hidden)),
+        d_out(size_t(T) * size_t(c.hidden)),
+        d_x(d_out.n),
+        dsg(shared),
+        dsu(shared),
+        dsd(shared),
+        dg(routed),
+        du(routed),
+        dd(routed),
+        d_w(size_t(T) * size_t(c.top_k)) {}
+  gpu::DeviceGradients grads() const {
+    return {d_x.ptr, d_w.ptr, dsg.ptr, dsu.ptr, dsd.ptr, dg.ptr, du.ptr, dd.ptr};
+  }
+};
+
+// The backward after a training forward, into r's backward fields. Only building its state may
+// fail softly (it does not fit beside the forward: r says so); a failure of the runs is an error.
 void sampled_backward(const Config& c, uint64_t seed, const BenchLayer& data, gpu::MoeForward& f,
                       GpuSampledReport& r) {
-  const int64_t T = data.tokens, H = c.hidden, K = c.top_k, I = c.intermediate;
-  const size_t routed = size_t(c.num_experts) * size_t(I) * size_t(H),
-               shared = size_t(c.shared_width()) * size_t(H);
   gpu::BackwardOptions bo;
   bo.weight_grads = gpu::WeightGrads::write_bf16;  // FP32 ones may not fit beside the weights
-  gpu::MoeBackward b(c, bo);
-  gpu::Schedule s(c);
-  gpu::ForwardContext ctx(c);
-  DeviceArray<__nv_bfloat16> d_out(size_t(T * H)), d_x(d_out.n), dsg(shared), dsu(shared),
-      dsd(shared), dg(routed), du(routed), dd(routed);
-  DeviceArray<float> d_w(size_t(T * K));
-  cuda_ok(gpu::fill_uniform_bf16(d_out.ptr, T * H, BenchLayer::seed_base(seed) + 21, 1.0f, nullptr),
-          "fill");
-  const gpu::DeviceGradients grads{d_x.ptr, d_w.ptr, dsg.ptr, dsu.ptr,
-                                   dsd.ptr, dg.ptr,  du.ptr,  dd.ptr};
-  f.schedule(data.batch(), s, nullptr);
-  f.forward(s, data.batch(), data.weights(), data.out.ptr, &ctx, nullptr);
+  std::unique_ptr<BackwardState> st;
+  try {
+    st = std::make_unique<BackwardState>(c, bo, data.tokens);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::unsupported) throw;
+    r.backward_skipped_because = e.what();
+    return;
+  }
+  BenchLayer::fill_d_out(st->d_out.ptr, int64_t(st->d_out.n), seed);
+  f.schedule(data.batch(), st->schedule, nullptr);
+  f.forward(st->schedule, data.batch(), data.weights(), data.out.ptr, &st->context, nullptr);
   f.check(nullptr);
-  auto run = [&] { b.backward(s, ctx, data.batch(), data.weights(), d_out.ptr, grads, nullptr); };
-  const size_t expert = size_t(I) * size_t(H), last = routed - expert;
+  const gpu::DeviceGradients grads = st->grads();
+  auto run = [&] {
+    st->backward.backward(st->schedule, st->context, data.batch(), data.weights(), st->d_out.ptr,
+                          grads, nullptr);
+  };
+  const size_t expert = size_t(c.intermediate) * size_t(c.hidden), last = st->routed - expert;
   auto fetch = [&] {
     std::vector<uint8_t> bits;
-    append_bytes(bits, d_x.ptr, d_x.n * 2);
-    append_bytes(bits, d_w.ptr, d_w.n * 4);
-    for (const auto* g : {&dsg, &dsu, &dsd}) append_bytes(bits, g->ptr, shared * 2);
-    for (const auto* g : {&dg, &du, &dd}) {
+    append_bytes(bits, st->d_x.ptr, st->d_x.n * 2);
+    append_bytes(bits, st->d_w.ptr, st->d_w.n * 4);
+    for (const auto* g : {&st->dsg, &st->dsu, &st->dsd}) append_bytes(bits, g->ptr, st->shared * 2);
+    for (const auto* g : {&st->dg, &st->du, &st->dd}) {
       append_bytes(bits, g->ptr, expert * 2);
       append_bytes(bits, g->ptr + last, expert * 2);
     }
     return bits;
   };
   auto poisoned_run = [&] {
-    poison(d_x.ptr, d_x.n * 2);
-    poison(d_w.ptr, d_w.n * 4);
-    for (const auto* g : {&dsg, &dsu, &dsd}) poison(g->ptr, shared * 2);
-    for (const auto* g : {&dg, &du, &dd}) poison(g->ptr, routed * 2);
+    poison(st->d_x.ptr, st->d_x.n * 2);
+    poison(st->d_w.ptr, st->d_w.n * 4);
+    for (const auto* g : {&st->dsg, &st->dsu, &st->dsd}) poison(g->ptr, st->shared * 2);
+    for (const auto* g : {&st->dg, &st->du, &st->dd}) poison(g->ptr, st->routed * 2);
     run();
-    b.check(nullptr);
+    st->backward.check(nullptr);
   };
   poisoned_run();
-  const SampledBackwardErrors e = sampled_backward_errors(c, data, d_x.ptr, d_out.ptr, d_w.ptr);
+  const SampledErrors e = sampled_backward_errors(c, data, st->d_x.ptr, st->d_out.ptr, st->d_w.ptr);
   r.d_x_error = e.rows;
   r.d_topk_weights_error = e.d_topk_weights;
   const std::vector<uint8_t> first = fetch();
@@ -86,7 +121,7 @@ void sampled_backward(const Config& c, uint64_t seed, const BenchLayer& data, gp
     r.backward_repeatable &= fetch() == first;
   }
   r.backward_ms = median_ms(run, 50);
-  b.check(nullptr);
+  st->backward.check(nullptr);
   r.backward_ran = true;
 }
 
@@ -127,12 +162,7 @@ GpuSampledReport gpu_sampled_run(const Config& c, uint64_t seed, const RoutingCh
   }
   r.forward_ms = median_ms(run, 50);
   f.check(nullptr);
-  try {
-    sampled_backward(c, seed, data, f, r);
-  } catch (const Error& e) {  // an allocation that does not fit, a backward this build lacks
-    if (e.code() != ErrorCode::unsupported) throw;
-    r.backward_skipped_because = e.what();
-  }
+  sampled_backward(c, seed, data, f, r);
   return r;
 }
 
@@ -144,5 +174,52 @@ std::string gpu_sampled_run_unavailable(const Config&) {
 GpuSampledReport gpu_sampled_run(const Config&, uint64_t, const RoutingChoice&) { return {}; }
 
 #endif
+
+int run_sampled_on_gpu(const RunOptions& o, const Config& c, int64_t T, const std::string& device,
+                       const std::string& reason) {
+  std::printf("  %s: the GPU megakernels alone, checked on sampled tokens\n", reason.c_str());
+  const GpuSampledReport r = gpu_sampled_run(c, o.seed, o.layer.routing_choice());
+  const double fwd_flops = forward_flops(c, T), bound = relative_error_bound(OperandQuant::bf16);
+  std::printf("\nchecks (%d sampled tokens against the reference on BF16 operands)\n",
+              r.sampled_tokens);
+  bool ok = r.out_error <= bound && r.forward_repeatable;
+  report_check("GPU forward vs reference (sampled)", r.out_error <= bound,
+               sci(r.out_error) + " (bound " + sci(bound) + ")", r.out_error, bound);
+  report_check("GPU forward: 21 runs", r.forward_repeatable,
+               r.forward_repeatable ? "bitwise identical" : "bits differ");
+  if (r.backward_ran) {
+    for (const auto& [name, err] :
+         {std::pair{"GPU backward d_x vs reference (sampled)", r.d_x_error},
+          std::pair{"GPU backward d_topk_weights (sampled)", r.d_topk_weights_error}}) {
+      ok &= err <= bound;
+      report_check(name, err <= bound, sci(err) + " (bound " + sci(bound) + ")", err, bound);
+    }
+    ok &= r.backward_repeatable;
+    report_check("GPU backward: 21 runs", r.backward_repeatable,
+                 r.backward_repeatable ? "bitwise identical (d_x, d_w, shared and two experts' dW)"
+                                       : "bits differ");
+    std::printf(
+        "  weight gradients: repeatability only here (tests/gpu/test_backward_sampled_gpu "
+        "checks sampled blocks of them on every standard shape)\n");
+  } else {
+    std::printf("  GPU backward: not run (%s)\n", r.backward_skipped_because.c_str());
+  }
+  if (o.ep > 1) std::printf("  EP=%d simulation: not run (on the CPU, past its limit)\n", o.ep);
+  report_measure("GPU forward (megakernel), median of 50", r.forward_ms, "ms");
+  report_measure("GPU forward TFLOP/s", fwd_flops / (r.forward_ms * 1e-3) * 1e-12, "TFLOP/s");
+  std::printf("\nthroughput\n  GPU forward (mega)    %8.3f ms  %8.2f TFLOP/s  (median of 50)\n",
+              r.forward_ms, fwd_flops / (r.forward_ms * 1e-3) * 1e-12);
+  if (r.backward_ran) {
+    const double tflops = 2 * fwd_flops / (r.backward_ms * 1e-3) * 1e-12;
+    report_measure("GPU backward (megakernel, BF16 dW), median of 50", r.backward_ms, "ms");
+    report_measure("GPU backward TFLOP/s", tflops, "TFLOP/s");
+    std::printf(
+        "  GPU backward (mega)   %8.3f ms  %8.2f TFLOP/s  (median of 50, BF16 weight "
+        "gradients)\n",
+        r.backward_ms, tflops);
+  }
+  report_measure("forward FLOPs (design.md)", fwd_flops, "FLOP");
+  return report_finish(o, c, T, 1, device, ok);
+}
 
 }  // namespace mok::tools

@@ -8,6 +8,7 @@
 
 #include "layer_data.hpp"
 #include "mok/config.hpp"
+#include "run_command.hpp"
 
 namespace mok::tools {
 
@@ -30,5 +31,10 @@ struct GpuSampledReport {
 // Why gpu_sampled_run cannot run c here (no GPU, no CUDA kernels, not BF16); empty if it can.
 std::string gpu_sampled_run_unavailable(const Config& c);
 GpuSampledReport gpu_sampled_run(const Config& c, uint64_t seed, const RoutingChoice& routing);
+
+// `mok run` on such a layer (`reason`: why the CPU reference cannot run it), on a GPU that can
+// take it (gpu_sampled_run_unavailable empty): the report's checks and numbers, EP = 1.
+int run_sampled_on_gpu(const RunOptions& o, const Config& c, int64_t T, const std::string& device,
+                       const std::string& reason);
 
 }  // namespace mok::tools

@@ -75,7 +75,9 @@ int main(int argc, char** argv) {
     }
     if (command == "run") {
       if (asks_for_help(args)) {
-        std::printf(mok::tools::kRunHelp, mok::tools::LayerOptions::help().c_str());
+        std::printf(mok::tools::kRunHelp, mok::tools::LayerOptions::help(
+                                              "bf16 (default), fp8_block, mxfp8, nvfp4", "tiny")
+                                              .c_str());
         return 0;
       }
       return mok::tools::run_command(mok::tools::parse_run_options(args));
@@ -89,10 +91,10 @@ int main(int argc, char** argv) {
     }
     if (command == "trace") {
       if (asks_for_help(args)) {
-        std::printf(
-            mok::tools::kTraceHelp,
-            mok::tools::LayerOptions::help("bf16 (default); fp8_block with --direction backward")
-                .c_str());
+        std::printf(mok::tools::kTraceHelp,
+                    mok::tools::LayerOptions::help(
+                        "bf16 (default); fp8_block with --direction backward", "qwen3-30b")
+                        .c_str());
         return 0;
       }
       return mok::tools::trace_command(mok::tools::parse_trace_options(args));

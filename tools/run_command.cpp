@@ -11,6 +11,7 @@
 
 #include "gpu_forward_check.hpp"
 #include "gpu_sampled_run.hpp"
+#include "run_report.hpp"
 #include "json_report.hpp"
 #include "layer_data.hpp"
 #include "mok/build_info.hpp"
@@ -183,120 +184,23 @@ Run run_simulated(const Config& single, const LayerParams& p, const Batch& b,
   return r;
 }
 
-// What the report prints, kept for --json: every check and every throughput number.
-struct Check {
-  std::string name;
-  bool pass;
-  double value, bound;  // NaN where the check is bitwise
-  std::string detail;
+// Why the CPU reference cannot run c here (empty if it can), and the CPU's way out.
+struct CpuLimit {
+  std::string reason, advice;
 };
-struct Measure {
-  std::string name;
-  double value;
-  const char* unit;
-};
-std::vector<Check> g_checks;
-std::vector<Measure> g_measures;
-
-void line(const std::string& label, bool ok, const std::string& detail, double value = NAN,
-          double bound = NAN) {
-  std::printf("  %-40s %s  %s\n", label.c_str(), ok ? "PASS" : "FAIL", detail.c_str());
-  g_checks.push_back({label, ok, value, bound, detail});
-}
-
-// Every number the report printed, with the layer, the machine and the date.
-void write_json(const std::string& path, const RunOptions& o, const Config& c, int64_t T,
-                const std::string& device, bool ok) {
-  std::string j = "{\n  \"command\": \"mok run\"" + json_machine_fields(device);
-  j += ",\n  \"layer\": {\"name\": " + json_string(o.layer.name()) +
-       ", \"hidden\": " + std::to_string(c.hidden) +
-       ", \"intermediate\": " + std::to_string(c.intermediate) +
-       ", \"experts\": " + std::to_string(c.num_experts) +
-       ", \"top_k\": " + std::to_string(c.top_k) +
-       ", \"shared_width\": " + std::to_string(c.shared_width()) +
-       ", \"tokens\": " + std::to_string(T) +
-       ", \"precision\": " + json_string(precision_name(c.precision)) +
-       ", \"ep_checked\": " + std::to_string(o.ep) + ", \"seed\": " + std::to_string(o.seed) +
-       ", \"routing\": " + json_string(o.layer.routing_name()) + "}";
-  j += ",\n  \"checks\": [";
-  for (size_t i = 0; i < g_checks.size(); ++i) {
-    const Check& k = g_checks[i];
-    j += std::string(i ? "," : "") + "\n    {\"name\": " + json_string(k.name) +
-         ", \"pass\": " + (k.pass ? "true" : "false") + ", \"value\": " + json_number(k.value) +
-         ", \"bound\": " + json_number(k.bound) + ", \"detail\": " + json_string(k.detail) + "}";
-  }
-  j += "\n  ],\n  \"throughput\": [";
-  for (size_t i = 0; i < g_measures.size(); ++i) {
-    const Measure& m = g_measures[i];
-    j += std::string(i ? "," : "") + "\n    {\"name\": " + json_string(m.name) +
-         ", \"value\": " + json_number(m.value) + ", \"unit\": " + json_string(m.unit) + "}";
-  }
-  j += std::string("\n  ],\n  \"passed\": ") + (ok ? "true" : "false") + "\n}\n";
-  write_text_file(path, j, "--json");
-}
-
-std::string sci(double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2e", v);
-  return buf;
-}
-
-// A layer past the CPU reference: the GPU megakernels checked on sampled tokens
-// (gpu_sampled_run), or the reason the CPU cannot run it when no GPU can either.
-int run_sampled_on_gpu(const RunOptions& o, const Config& c, int64_t T, const std::string& device,
-                       const std::string& too_large) {
-  const std::string unavailable = gpu_sampled_run_unavailable(c);
-  if (!unavailable.empty())
-    throw Error(ErrorCode::unsupported, too_large + " (GPU: " + unavailable + ")");
-  std::printf("  %s:\n  the GPU megakernels (EP=1) on sampled tokens instead\n", too_large.c_str());
-  const GpuSampledReport r = gpu_sampled_run(c, o.seed, o.layer.routing_choice());
-  const double fwd_flops = forward_flops(c, T), bound = relative_error_bound(OperandQuant::bf16);
-  std::printf("\nchecks (%d sampled tokens against the reference on BF16 operands)\n",
-              r.sampled_tokens);
-  bool ok = r.out_error <= bound && r.forward_repeatable;
-  line("GPU forward vs reference (sampled)", r.out_error <= bound,
-       sci(r.out_error) + " (bound " + sci(bound) + ")", r.out_error, bound);
-  line("GPU forward: 21 runs", r.forward_repeatable,
-       r.forward_repeatable ? "bitwise identical" : "bits differ");
-  if (r.backward_ran) {
-    for (const auto& [name, err] :
-         {std::pair{"GPU backward d_x vs reference (sampled)", r.d_x_error},
-          std::pair{"GPU backward d_topk_weights (sampled)", r.d_topk_weights_error}}) {
-      ok &= err <= bound;
-      line(name, err <= bound, sci(err) + " (bound " + sci(bound) + ")", err, bound);
-    }
-    ok &= r.backward_repeatable;
-    line("GPU backward: 21 runs", r.backward_repeatable,
-         r.backward_repeatable ? "bitwise identical (d_x, d_w, shared and two experts' dW)"
-                               : "bits differ");
-    std::printf(
-        "  weight gradients: repeatability only here (tests/gpu/test_backward_sampled_gpu "
-        "checks sampled blocks of them on every standard shape)\n");
-  } else {
-    std::printf("  GPU backward: not run (%s)\n", r.backward_skipped_because.c_str());
-  }
-  if (o.ep > 1) std::printf("  EP=%d simulation: not run (the CPU's, past its limit)\n", o.ep);
-  g_measures.push_back({"GPU forward (megakernel), median of 50", r.forward_ms, "ms"});
-  g_measures.push_back(
-      {"GPU forward TFLOP/s", fwd_flops / (r.forward_ms * 1e-3) * 1e-12, "TFLOP/s"});
-  std::printf("\nthroughput\n  GPU forward (mega)    %8.3f ms  %8.2f TFLOP/s  (median of 50)\n",
-              r.forward_ms, fwd_flops / (r.forward_ms * 1e-3) * 1e-12);
-  if (r.backward_ran) {
-    const double tflops = 2 * fwd_flops / (r.backward_ms * 1e-3) * 1e-12;
-    g_measures.push_back({"GPU backward (megakernel, BF16 dW), median of 50", r.backward_ms, "ms"});
-    g_measures.push_back({"GPU backward TFLOP/s", tflops, "TFLOP/s"});
-    std::printf(
-        "  GPU backward (mega)   %8.3f ms  %8.2f TFLOP/s  (median of 50, BF16 weight "
-        "gradients)\n",
-        r.backward_ms, tflops);
-  }
-  g_measures.push_back({"forward FLOPs (design.md)", fwd_flops, "FLOP"});
-  std::printf("\n%s\n", ok ? "mok run: all checks passed" : "mok run: CHECKS FAILED");
-  if (!o.json.empty()) {
-    write_json(o.json, o, c, T, device, ok);
-    std::printf("wrote %s\n", o.json.c_str());
-  }
-  return ok ? 0 : 1;
+CpuLimit cpu_limit(const Config& c, int64_t T) {
+  const double fwd_flops = forward_flops(c, T);
+  const double param_bytes =
+      8.0 * 3 * c.hidden * (double(c.num_experts) * c.intermediate + c.shared_width());
+  if (2 * param_bytes > kCpuMemoryLimit)
+    return {"the CPU reference keeps parameters and gradients in FP64: " +
+                sci(2 * param_bytes / 1e9) + " GB for this layer",
+            "on the CPU use --preset tiny"};
+  if (fwd_flops > kCpuForwardFlopLimit)
+    return {"the CPU reference of this shape needs " + sci(fwd_flops) + " FLOPs per forward",
+            "on the CPU use --tokens " +
+                std::to_string(int64_t(kCpuForwardFlopLimit / forward_flops(c, 1))) + " or fewer"};
+  return {};
 }
 
 }  // namespace
@@ -305,29 +209,27 @@ int run_command(const RunOptions& o) {
   if (!o.json.empty()) require_writable(o.json, "--json");  // before any work
   const Config c = o.layer.config();
   const int64_t T = c.max_tokens_per_rank;
+  const CpuLimit limit = cpu_limit(c, T);
+  const bool sampled = !limit.reason.empty();  // past the CPU reference: the GPU alone
+  if (sampled) {
+    const std::string unavailable = gpu_sampled_run_unavailable(c);
+    if (!unavailable.empty())
+      throw Error(ErrorCode::unsupported,
+                  limit.reason + "; " + limit.advice + " (GPU: " + unavailable + ")");
+  }
+  const int ep_checked = sampled ? 1 : o.ep;
   Config shown = c;  // the header names the simulated group's size
-  shown.ep_size = o.ep;
+  shown.ep_size = ep_checked;
   std::printf("mok run: %s %s, T=%lld tokens, %s%s, routing %s\n",
               o.layer.preset.empty() || o.layer.has_numbers() ? "layer" : "preset",
               o.layer.name().c_str(), (long long)T, shown.describe().c_str(),
-              o.ep > 1 ? " (a simulated group, checked against EP=1)" : "",
+              ep_checked > 1 ? " (a simulated group, checked against EP=1)" : "",
               o.layer.routing_name().c_str());
   const BuildInfo info = build_info();
   const std::string device = info.gpus.empty() ? info.gpu_status : info.gpus[0].name;
   std::printf("  device: %s\n", device.c_str());
+  if (sampled) return run_sampled_on_gpu(o, c, T, device, limit.reason);
   const double fwd_flops = forward_flops(c, T);
-  const double param_bytes =
-      8.0 * 3 * c.hidden * (double(c.num_experts) * c.intermediate + c.shared_width());
-  std::string too_large;  // why the CPU reference cannot run this layer here
-  if (2 * param_bytes > kCpuMemoryLimit)
-    too_large =
-        "the CPU reference keeps parameters and gradients in FP64: " + sci(2 * param_bytes / 1e9) +
-        " GB for this layer; on the CPU use --preset tiny";
-  else if (fwd_flops > kCpuForwardFlopLimit)
-    too_large = "the CPU reference of this shape needs " + sci(fwd_flops) +
-                " FLOPs per forward; on the CPU use --tokens " +
-                std::to_string(int64_t(kCpuForwardFlopLimit / forward_flops(c, 1))) + " or fewer";
-  if (!too_large.empty()) return run_sampled_on_gpu(o, c, T, device, too_large);
 
   const LayerParams p = random_params(c, o.seed);
   const Batch b = random_batch(c, T, o.seed + 1, o.layer.routing_choice());
@@ -355,19 +257,19 @@ int run_command(const RunOptions& o) {
     const double err = relative_l2_error(*got[i], *want[i]);
     const bool pass = err <= bound;
     ok &= pass;
-    line(std::string(kTensorNames[i]) + " vs FP64 (relative L2)", pass,
-         sci(err) + " (bound " + sci(bound) + ")", err, bound);
+    report_check(std::string(kTensorNames[i]) + " vs FP64 (relative L2)", pass,
+                 sci(err) + " (bound " + sci(bound) + ")", err, bound);
   }
   const bool same = bitwise_equal(first, second);
   ok &= same;
-  line("determinism: two runs", same, same ? "bitwise identical" : "bits differ");
+  report_check("determinism: two runs", same, same ? "bitwise identical" : "bits differ");
   if (o.ep > 1) {
     std::printf("  [4/5] EP=%d simulation (threads, injected delays)\n", o.ep);
     Run sim = run_simulated(c, p, b, d_out, ro, o.ep);
     const bool equal = bitwise_equal(sim, first, false);
     ok &= equal;
-    line(("EP=" + std::to_string(o.ep) + " vs EP=1 (out, d_x, d_w, routed dW)").c_str(), equal,
-         equal ? "bitwise identical" : "bits differ");
+    report_check(("EP=" + std::to_string(o.ep) + " vs EP=1 (out, d_x, d_w, routed dW)").c_str(),
+                 equal, equal ? "bitwise identical" : "bits differ");
   }
 
   // The GPU forward and backward (the megakernels, EP = 1) against the reference.
@@ -384,11 +286,11 @@ int run_command(const RunOptions& o) {
                                  : relative_error_bound(OperandQuant::bf16);
     const bool close = gpu.relative_error <= gpu_bound;
     ok &= close && gpu.bitwise_repeatable;
-    line("GPU forward vs reference (relative L2)", close,
-         sci(gpu.relative_error) + " (bound " + sci(gpu_bound) + ")", gpu.relative_error,
-         gpu_bound);
-    line("GPU forward: 21 runs", gpu.bitwise_repeatable,
-         gpu.bitwise_repeatable ? "bitwise identical" : "bits differ");
+    report_check("GPU forward vs reference (relative L2)", close,
+                 sci(gpu.relative_error) + " (bound " + sci(gpu_bound) + ")", gpu.relative_error,
+                 gpu_bound);
+    report_check("GPU forward: 21 runs", gpu.bitwise_repeatable,
+                 gpu.bitwise_repeatable ? "bitwise identical" : "bits differ");
   } else {
     std::printf("  GPU forward: not run (%s); the CPU reference stands in\n",
                 gpu.skipped_because.c_str());
@@ -399,31 +301,30 @@ int run_command(const RunOptions& o) {
       if (tensors(first)[i + 1]->empty()) continue;
       const double err = gpu.backward_errors[i];
       ok &= err <= gpu_bound;
-      line("GPU backward " + std::string(kTensorNames[i + 1]) + " vs reference", err <= gpu_bound,
-           sci(err) + " (bound " + sci(gpu_bound) + ")", err, gpu_bound);
+      report_check("GPU backward " + std::string(kTensorNames[i + 1]) + " vs reference",
+                   err <= gpu_bound, sci(err) + " (bound " + sci(gpu_bound) + ")", err, gpu_bound);
     }
     ok &= gpu.backward_repeatable;
-    line("GPU backward: 21 runs", gpu.backward_repeatable,
-         gpu.backward_repeatable ? "bitwise identical" : "bits differ");
+    report_check("GPU backward: 21 runs", gpu.backward_repeatable,
+                 gpu.backward_repeatable ? "bitwise identical" : "bits differ");
   } else if (gpu.ran) {
     std::printf("  GPU backward: not run (%s)\n", gpu.backward_skipped_because.c_str());
   }
 
   const double fwd_s = first.forward_s, bwd_s = first.backward_s;
   if (gpu.ran) {
-    g_measures.push_back({"GPU forward (megakernel), median of 50", gpu.median_ms, "ms"});
-    g_measures.push_back(
-        {"GPU forward TFLOP/s", fwd_flops / (gpu.median_ms * 1e-3) * 1e-12, "TFLOP/s"});
+    report_measure("GPU forward (megakernel), median of 50", gpu.median_ms, "ms");
+    report_measure("GPU forward TFLOP/s", fwd_flops / (gpu.median_ms * 1e-3) * 1e-12, "TFLOP/s");
   }
   if (gpu.backward_ran) {
-    g_measures.push_back(
-        {"GPU backward (megakernel, FP32 dW), median of 50", gpu.backward_median_ms, "ms"});
-    g_measures.push_back({"GPU backward TFLOP/s",
-                          2 * fwd_flops / (gpu.backward_median_ms * 1e-3) * 1e-12, "TFLOP/s"});
+    report_measure("GPU backward (megakernel, FP32 dW), median of 50", gpu.backward_median_ms,
+                   "ms");
+    report_measure("GPU backward TFLOP/s", 2 * fwd_flops / (gpu.backward_median_ms * 1e-3) * 1e-12,
+                   "TFLOP/s");
   }
-  g_measures.push_back({"CPU reference forward", fwd_s, "s"});
-  g_measures.push_back({"CPU reference backward", bwd_s, "s"});
-  g_measures.push_back({"forward FLOPs (design.md)", fwd_flops, "FLOP"});
+  report_measure("CPU reference forward", fwd_s, "s");
+  report_measure("CPU reference backward", bwd_s, "s");
+  report_measure("forward FLOPs (design.md)", fwd_flops, "FLOP");
   std::printf("\nthroughput\n");
   if (gpu.ran)
     std::printf("  GPU forward (mega)    %8.3f ms  %8.2f TFLOP/s  (median of 50)\n", gpu.median_ms,
@@ -437,12 +338,7 @@ int run_command(const RunOptions& o) {
         gpu.backward_median_ms, 2 * fwd_flops / (gpu.backward_median_ms * 1e-3) * 1e-12);
   std::printf("  CPU reference backward %8.3f s  %8.3f GFLOP/s  (%s FLOPs, one thread)\n", bwd_s,
               2 * fwd_flops / bwd_s * 1e-9, sci(2 * fwd_flops).c_str());
-  std::printf("\n%s\n", ok ? "mok run: all checks passed" : "mok run: CHECKS FAILED");
-  if (!o.json.empty()) {
-    write_json(o.json, o, c, T, device, ok);
-    std::printf("wrote %s\n", o.json.c_str());
-  }
-  return ok ? 0 : 1;
+  return report_finish(o, c, T, o.ep, device, ok);
 }
 
 }  // namespace mok::tools

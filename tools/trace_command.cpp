@@ -32,7 +32,6 @@ const char* const kTraceHelp =
     "overlaps the GEMMs\n"
     "\n"
     "%s"
-    "    (mok trace's layer defaults to --preset qwen3-30b)\n"
     "  --direction D              forward (default) or backward (after a training forward;\n"
     "                             BF16 weight gradients)\n"
     "  --out FILE                 the trace (default mok_trace.json)\n"
@@ -78,37 +77,45 @@ namespace {
 
 const std::string kPlotter = std::string(MOK_SOURCE_DIR) + "/bench/plot_trace.py";
 
+// Why the picture cannot be drawn here; empty if it can.
+std::string plotter_missing() {
+  struct stat st {};
+  if (stat(kPlotter.c_str(), &st) != 0) return kPlotter + " is not there";
+  if (std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") != 0)
+    return "python3 with matplotlib is not found";
+  return "";
+}
+
+}  // namespace
+
+TracePicture trace_picture(const TraceOptions& o) {
+  TracePicture pic;
+  pic.missing = plotter_missing();
+  if (!o.png.empty() && !pic.missing.empty())
+    throw Error(ErrorCode::unsupported, "--png " + o.png + ": cannot draw it: " + pic.missing);
+  if (!o.png.empty() || !pic.missing.empty()) {
+    pic.path = o.png;
+    return pic;
+  }
+  const bool json = o.out.size() > 5 && o.out.compare(o.out.size() - 5, 5, ".json") == 0;
+  pic.path = (json ? o.out.substr(0, o.out.size() - 5) : o.out) + ".png";
+  return pic;
+}
+
+#if defined(MOK_WITH_CUDA_KERNELS)
+namespace {
 std::string shell_quoted(const std::string& s) {
   std::string q = "'";
   for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
   return q + "'";
 }
-
-bool plotter_found() {
-  struct stat st {};
-  return stat(kPlotter.c_str(), &st) == 0 &&
-         std::system("python3 -c 'import matplotlib' >/dev/null 2>&1") == 0;
-}
-
 }  // namespace
-
-std::string trace_png_path(const TraceOptions& o) {
-  if (!o.png.empty()) {
-    if (!plotter_found())
-      throw Error(ErrorCode::unsupported, "--png " + o.png + ": drawing it needs python3 with " +
-                                              "matplotlib and " + kPlotter + "; not found");
-    return o.png;
-  }
-  if (!plotter_found()) return "";
-  const std::string stem = o.out.size() > 5 && o.out.compare(o.out.size() - 5, 5, ".json") == 0
-                               ? o.out.substr(0, o.out.size() - 5)
-                               : o.out;
-  return stem + ".png";
-}
+#endif
 
 int trace_command(const TraceOptions& o) {
 #if defined(MOK_WITH_CUDA_KERNELS)
-  const std::string png = trace_png_path(o);  // its errors before any GPU work
+  const TracePicture picture = trace_picture(o);  // its errors before any GPU work
+  const std::string& png = picture.path;
   int gpus = 0;
   if (cudaGetDeviceCount(&gpus) != cudaSuccess || gpus == 0)
     throw Error(ErrorCode::unsupported, "mok trace needs a GPU; none is visible on this machine");
@@ -135,9 +142,7 @@ int trace_command(const TraceOptions& o) {
     DeviceArray<__nv_bfloat16> d_out(size_t(T * H)), d_x(d_out.n), dsg(shared), dsu(shared),
         dsd(shared), dg(routed), du(routed), dd(routed);
     DeviceArray<float> d_w(size_t(T * c.top_k));
-    cuda_ok(
-        gpu::fill_uniform_bf16(d_out.ptr, T * H, BenchLayer::seed_base(o.seed) + 21, 1.0f, nullptr),
-        "fill");
+    BenchLayer::fill_d_out(d_out.ptr, T * H, o.seed);
     const gpu::DeviceGradients grads{d_x.ptr, d_w.ptr, dsg.ptr, dsu.ptr,
                                      dsd.ptr, dg.ptr,  du.ptr,  dd.ptr};
     gpu::detail::ForwardHooks hooks;
@@ -174,7 +179,7 @@ int trace_command(const TraceOptions& o) {
     std::printf("the timeline held %zu of %lld events: raise --events\n", events.size(),
                 static_cast<long long>(claimed));
   if (png.empty()) {
-    std::printf("no picture: python3 with matplotlib not found (%s draws one)\n", kPlotter.c_str());
+    std::printf("no picture: %s\n", picture.missing.c_str());
     return 0;
   }
   std::fflush(stdout);

@@ -20,10 +20,13 @@ struct TraceOptions {
   std::string png;                     // the picture; empty: beside out, when it can be drawn
 };
 
-// The PNG `mok trace` draws for `o`: --png, or the trace's name with .png, where python3 with
-// matplotlib and bench/plot_trace.py are found; empty when they are not and --png was not given
-// (an explicit --png without them is an error). Checked before any GPU work.
-std::string trace_png_path(const TraceOptions& o);
+// The picture `mok trace` draws: path is --png, or the trace's name with .png where
+// bench/plot_trace.py and python3 with matplotlib are found; empty with `missing` saying which is
+// not (an explicit --png without them is an error). Checked before any GPU work.
+struct TracePicture {
+  std::string path, missing;
+};
+TracePicture trace_picture(const TraceOptions& o);
 
 TraceOptions parse_trace_options(const std::vector<std::string>& args);  // UsageError if wrong
 extern const char* const kTraceHelp;

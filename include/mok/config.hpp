@@ -15,6 +15,9 @@ enum class Precision { bf16, fp8_block, mxfp8, nvfp4 };
 const char* precision_name(Precision p);
 Precision parse_precision(const std::string& name);  // throws with the allowed names
 
+// The most tokens per rank a layer may be configured for (Config::max_tokens_per_rank).
+constexpr int kMaxTokensPerRank = 1 << 20;
+
 struct Config {
   int hidden = 0;               // H
   int intermediate = 0;         // I, per routed expert

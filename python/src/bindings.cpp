@@ -7,10 +7,10 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
-#include <limits>
 #include <utility>
 
 #include "bindings.hpp"
+#include "numpy_args.hpp"
 #include "mok/build_info.hpp"
 #include "mok/error.hpp"
 #include "mok/formats.hpp"
@@ -20,124 +20,12 @@
 namespace nb = nanobind;
 using namespace nb::literals;
 
-namespace mok_py {
-
-// The dtype an array argument must have, as NumPy names it (in messages and in signatures).
-template <class T>
-struct DtypeName;
-template <>
-struct DtypeName<double> {
-  static constexpr auto descr = nb::detail::const_name("float64");
-};
-template <>
-struct DtypeName<float> {
-  static constexpr auto descr = nb::detail::const_name("float32");
-};
-template <>
-struct DtypeName<int32_t> {
-  static constexpr auto descr = nb::detail::const_name("int32");
-};
-template <>
-struct DtypeName<uint8_t> {
-  static constexpr auto descr = nb::detail::const_name("uint8");
-};
-
-// An array argument of dtype T as the caller passed it: its caster takes any object, and the
-// function's body checks it with take() (below), so that a refusal names the argument. nanobind's
-// own ndarray caster would cast other dtypes silently (int64 ids, float64 scales), or refuse
-// without saying which argument or why.
-template <class T>
-struct Arg {
-  nb::object obj;
-};
-
-}  // namespace mok_py
-
-namespace nanobind::detail {
-template <class T>
-struct type_caster<mok_py::Arg<T>> {
-  NB_TYPE_CASTER(mok_py::Arg<T>,
-                 const_name("numpy.ndarray[dtype=") + mok_py::DtypeName<T>::descr + const_name("]"))
-  bool from_python(handle src, uint32_t, cleanup_list*) noexcept {
-    value.obj = borrow(src);
-    return true;
-  }
-};
-}  // namespace nanobind::detail
-
 namespace {
 
 using mok_py::Arg;
-template <class T>
-using In = nb::ndarray<const T, nb::c_contig, nb::device::cpu>;
-template <class T>
-using Out = nb::ndarray<nb::numpy, T>;
-
-std::string dtype_text(nb::dlpack::dtype d) {
-  using Code = nb::dlpack::dtype_code;
-  std::string kind;
-  switch (Code(d.code)) {
-    case Code::Int:
-      kind = "int";
-      break;
-    case Code::UInt:
-      kind = "uint";
-      break;
-    case Code::Float:
-      kind = "float";
-      break;
-    case Code::Bfloat:
-      kind = "bfloat";
-      break;
-    case Code::Complex:
-      kind = "complex";
-      break;
-    case Code::Bool:
-      return "bool";
-    default:  // the float8 and float4 codes and others NumPy has no name for
-      return "DLPack dtype code " + std::to_string(int(d.code)) + " (" + std::to_string(d.bits) +
-             " bits)";
-  }
-  std::string text = kind + std::to_string(d.bits);
-  if (d.lanes != 1) text += " x " + std::to_string(d.lanes) + " lanes";
-  return text;
-}
-
-// The array `h` (argument `name`) as a C-contiguous CPU array of dtype T, or a TypeError naming
-// the argument, what it got and the dtype expected. Nothing is converted: another dtype (int64
-// ids, float64 scales, float32 weights) is an error, never a cast; only the layout may change (a
-// non-contiguous array of dtype T is copied). Lists and other non-arrays are refused too.
-template <class T>
-In<T> take(nb::handle h, const std::string& name) {
-  const std::string want = name + " must be a NumPy array of dtype " +
-                           std::string(mok_py::DtypeName<T>::descr.text) + "; got ";
-  nb::ndarray<nb::ro> any;
-  if (!nb::try_cast(h, any, /*convert=*/false)) {
-    PyErr_Clear();  // what the failed import left (e.g. NumPy's BufferError from __dlpack__)
-    std::string got = nb::type_name(h.type()).c_str();
-    if (nb::hasattr(h, "dtype"))
-      got += " of dtype " + std::string(nb::str(nb::handle(nb::object(h.attr("dtype")))).c_str());
-    throw nb::type_error((want + got).c_str());
-  }
-  if (any.device_type() != nb::device::cpu::value)
-    throw nb::type_error(
-        (want + (any.device_type() == nb::device::cuda::value
-                     ? std::string("a CUDA array (copy it to the CPU)")
-                     : "an array on DLPack device type " + std::to_string(any.device_type())))
-            .c_str());
-  if (any.dtype() != nb::dtype<T>())
-    throw nb::type_error((want + "dtype " + dtype_text(any.dtype())).c_str());
-  In<T> a;
-  if (!nb::try_cast(h, a, /*convert=*/true)) {  // only a copy to C order is left to do
-    PyErr_Clear();
-    throw nb::type_error((want + "an array nanobind could not copy to C order").c_str());
-  }
-  return a;
-}
-template <class T>
-In<T> take(const Arg<T>& a, const std::string& name) {
-  return take<T>(a.obj, name);
-}
+using mok_py::In;
+using mok_py::Out;
+using mok_py::take;
 
 // Hands a vector to NumPy without copying; the capsule frees it with the array.
 template <class T>
@@ -198,92 +86,6 @@ std::string mok_py::shape_text(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
-}
-
-namespace {
-
-// A short repr of a config value for messages (a long list is cut).
-std::string value_text(nb::handle v) {
-  std::string r = nb::repr(v).c_str();
-  return r.size() > 60 ? r.substr(0, 57) + "..." : r;
-}
-
-// A config field's integer: a Python int (or an integer type with __index__, e.g. numpy.int64),
-// never a bool, a float or a str (TypeError); one that does not fit the field's C++ type is
-// invalid_config (a mok.Error).
-template <class Int>
-Int config_int(const std::string& field, nb::handle v) {
-  if (PyBool_Check(v.ptr()) || !PyIndex_Check(v.ptr()))
-    throw nb::type_error(("config field '" + field + "' must be an int; got " +
-                          nb::type_name(v.type()).c_str() + " " + value_text(v))
-                             .c_str());
-  nb::object index = nb::steal(PyNumber_Index(v.ptr()));
-  if (!index.is_valid()) throw nb::python_error();
-  int overflow = 0;
-  const long long x = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
-  if (x == -1 && PyErr_Occurred()) throw nb::python_error();
-  constexpr long long lo = std::numeric_limits<Int>::min(), hi = std::numeric_limits<Int>::max();
-  if (overflow != 0 || x < lo || x > hi)
-    throw mok::Error(mok::ErrorCode::invalid_config,
-                     field + " = " + value_text(index) + " is not allowed: outside the field's " +
-                         (sizeof(Int) == 4 ? "int32" : "int64") + " range [" + std::to_string(lo) +
-                         ", " + std::to_string(hi) + "]");
-  return Int(x);
-}
-
-// The int fields of Config (routed_capacity_rows and ring_rows are int64_t).
-constexpr std::pair<const char*, int mok::Config::*> kIntFields[] = {
-    {"hidden", &mok::Config::hidden},
-    {"intermediate", &mok::Config::intermediate},
-    {"num_experts", &mok::Config::num_experts},
-    {"top_k", &mok::Config::top_k},
-    {"num_shared_experts", &mok::Config::num_shared_experts},
-    {"shared_intermediate", &mok::Config::shared_intermediate},
-    {"max_tokens_per_rank", &mok::Config::max_tokens_per_rank},
-    {"ep_size", &mok::Config::ep_size},
-    {"ep_rank", &mok::Config::ep_rank},
-    {"tile_rows", &mok::Config::tile_rows}};
-
-std::string precision_names() {
-  std::string out;
-  for (mok::Precision p : {mok::Precision::bf16, mok::Precision::fp8_block, mok::Precision::mxfp8,
-                           mok::Precision::nvfp4})
-    out += std::string(out.empty() ? "" : ", ") + mok::precision_name(p);
-  return out;
-}
-
-}  // namespace
-
-mok::Config mok_py::config_from(const nb::dict& d) {
-  mok::Config c;
-  for (auto [key, value] : d) {
-    if (!nb::isinstance<nb::str>(key))
-      throw nb::type_error(("config keys must be str (mok.preset's field names); got " +
-                            std::string(nb::type_name(key.type()).c_str()) + " " + value_text(key))
-                               .c_str());
-    const std::string k = nb::cast<std::string>(key);
-    bool known = false;
-    for (auto [name, field] : kIntFields)
-      if (k == name) {
-        c.*field = config_int<int>(k, value);
-        known = true;
-      }
-    if (known) continue;
-    if (k == "precision") {
-      if (!nb::isinstance<nb::str>(value))
-        throw nb::type_error(
-            ("config field 'precision' must be a str (allowed: " + precision_names() + "); got " +
-             nb::type_name(value.type()).c_str() + " " + value_text(value))
-                .c_str());
-      c.precision = mok::parse_precision(nb::cast<std::string>(value));
-    } else if (k == "routed_capacity_rows")
-      c.routed_capacity_rows = config_int<int64_t>(k, value);
-    else if (k == "ring_rows")
-      c.ring_rows = config_int<int64_t>(k, value);
-    else
-      throw mok::Error(mok::ErrorCode::invalid_config, "unknown config field '" + k + "'");
-  }
-  return c;
 }
 
 namespace {

@@ -63,7 +63,7 @@ class EmulatedGpuGroup {
     require_ranks("EmulatedGpuGroup.forward", "outs", outs);
     std::vector<__nv_bfloat16*> out(r.batches.size());
     for (size_t i = 0; i < out.size(); ++i) {
-      const Tensor t = nb::cast<Tensor>(outs[i]);
+      const Tensor t = tensor_arg(rank_name("EmulatedGpuGroup.forward", i), "out", outs[i]);
       operands_[i].require_rows(rank_name("EmulatedGpuGroup.forward", i), "out", t,
                                 r.batches[i].tokens);
       out[i] = ptr<__nv_bfloat16>(t);
@@ -96,12 +96,12 @@ class EmulatedGpuGroup {
     std::vector<mok::gpu::DeviceGradients> g(r.batches.size());
     for (size_t i = 0; i < g.size(); ++i) {
       const std::string name = rank_name(who, i);
-      const Tensor d = nb::cast<Tensor>(d_outs[i]);
+      const Tensor d = tensor_arg(name, "d_out", d_outs[i]);
       operands_[i].require_rows(name, "d_out", d, r.batches[i].tokens);
       d_out[i] = ptr<const __nv_bfloat16>(d);
-      g[i] = operands_[i].grads(name, r.batches[i].tokens, nb::cast<Tensor>(d_xs[i]),
-                                nb::cast<Tensor>(d_ws[i]), six(name, "grads", grads[i]),
-                                weight_grads_);
+      g[i] = operands_[i].grads(name, r.batches[i].tokens, tensor_arg(name, "d_x", d_xs[i]),
+                                tensor_arg(name, "d_topk_weights", d_ws[i]),
+                                six(name, "grads", grads[i]), weight_grads_);
     }
     std::vector<const mok::gpu::ForwardContext*> contexts;
     for (auto& c : contexts_) contexts.push_back(c.get());
@@ -151,8 +151,9 @@ class EmulatedGpuGroup {
     Ranks r;
     for (size_t i = 0; i < size_t(c_.ep_size); ++i) {
       const std::string name = rank_name(who, i);
-      r.batches.push_back(operands_[i].batch(name, nb::cast<Tensor>(xs[i]),
-                                             nb::cast<Tensor>(ids[i]), nb::cast<Tensor>(ws[i])));
+      r.batches.push_back(operands_[i].batch(name, tensor_arg(name, "x", xs[i]),
+                                             tensor_arg(name, "topk_ids", ids[i]),
+                                             tensor_arg(name, "topk_weights", ws[i])));
       r.weights.push_back(operands_[i].params(name, six(name, "params", params[i])));
     }
     return r;

@@ -126,19 +126,16 @@ void RankOperands::require_rows(const std::string& who, const char* name, const 
   require_tensor(who, name, t, Dtype::bf16, {T, c_.hidden}, "[T, H]", device_);
 }
 
-namespace {
-// Element `i` of a params or grads tuple as a tensor (an error naming it if it is not one).
-Tensor tuple_tensor(const std::string& who, const char* name, const nb::tuple& tuple, int i) {
+Tensor tensor_arg(const std::string& who, const std::string& name, nb::handle h) {
   Tensor t;
-  if (!nb::try_cast(tuple[size_t(i)], t, /*convert=*/false)) {
+  if (!nb::try_cast(h, t, /*convert=*/false)) {
     PyErr_Clear();
-    throw mok::Error(mok::ErrorCode::invalid_argument,
-                     who + ": " + name + " must be a CUDA tensor; got " +
-                         nb::type_name(tuple[size_t(i)].type()).c_str());
+    throw mok::Error(
+        mok::ErrorCode::invalid_argument,
+        who + ": " + name + " must be a CUDA tensor; got " + nb::type_name(h.type()).c_str());
   }
   return t;
 }
-}  // namespace
 
 mok::gpu::DeviceLayerWeights RankOperands::params(const std::string& who,
                                                   const nb::tuple& p) const {
@@ -149,7 +146,7 @@ mok::gpu::DeviceLayerWeights RankOperands::params(const std::string& who,
                          "gate, up, down)");
   const __nv_bfloat16* v[6];
   for (int i = 0; i < 6; ++i) {
-    const Tensor t = tuple_tensor(who, kParamNames[i], p, i);
+    const Tensor t = tensor_arg(who, kParamNames[i], p[size_t(i)]);
     require_tensor(who, kParamNames[i], t, Dtype::bf16, param_shape(i), kParamDims[i], device_);
     v[i] = ptr<const __nv_bfloat16>(t);
   }
@@ -169,7 +166,7 @@ mok::gpu::DeviceGradients RankOperands::grads(const std::string& who, int64_t T,
   const Dtype gd = mode == mok::gpu::WeightGrads::write_bf16 ? Dtype::bf16 : Dtype::fp32;
   void* v[6];
   for (int i = 0; i < 6; ++i) {
-    const Tensor t = tuple_tensor(who, kGradNames[i], g, i);
+    const Tensor t = tensor_arg(who, kGradNames[i], g[size_t(i)]);
     require_tensor(who, kGradNames[i], t, gd, param_shape(i), kParamDims[i], device_);
     v[i] = t.data();
   }

@@ -18,6 +18,10 @@
 namespace mok_py {
 
 using Tensor = nanobind::ndarray<>;
+
+// h as a tensor (any dtype and device: require_tensor checks them), or an error naming it.
+Tensor tensor_arg(const std::string& who, const std::string& name, nanobind::handle h);
+
 enum class Dtype { bf16, fp32, int32 };
 
 // Throws mok::Error naming the tensor unless it is a C-contiguous CUDA tensor on `device` of

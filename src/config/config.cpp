@@ -72,8 +72,8 @@ void Config::validate() const {
   if (num_shared_experts > 0 && (shared_intermediate <= 0 || shared_intermediate % 64 != 0))
     bad("shared_intermediate", str(shared_intermediate),
         "a positive multiple of 64 when num_shared_experts > 0");
-  if (max_tokens_per_rank < 0 || max_tokens_per_rank > (1 << 20))
-    bad("max_tokens_per_rank", str(max_tokens_per_rank), "in [0, 1048576]");
+  if (max_tokens_per_rank < 0 || max_tokens_per_rank > kMaxTokensPerRank)
+    bad("max_tokens_per_rank", str(max_tokens_per_rank), "in [0, " + str(kMaxTokensPerRank) + "]");
   if (ep_size != 1 && ep_size != 2 && ep_size != 4 && ep_size != 8)
     bad("ep_size", str(ep_size), "one of 1, 2, 4, 8");
   if (num_experts % ep_size != 0)

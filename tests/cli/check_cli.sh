@@ -128,7 +128,7 @@ expect 2 "^mok bench: --sweep N draws its own shapes" bench --preset all --sweep
 expect 2 "^mok bench: --sweep times the BF16 forward at EP = 1" bench --sweep 3 --ep 2
 # mok run past the CPU reference: the GPU megakernels on sampled tokens, or the reason neither runs.
 if "$mok" info | grep -q "GPUs    no GPU"; then
-  expect 1 "^mok run: unsupported: the CPU reference keeps parameters and gradients in FP64: .* \(GPU: no GPU\)$" \
+  expect 1 "^mok run: unsupported: the CPU reference keeps parameters and gradients in FP64: .* \(GPU: (no GPU|this build has no CUDA kernels \(configured without nvcc\))\)$" \
     run --preset qwen3-30b
 else
   out="$("$mok" run --preset qwen3-30b --tokens 512 2>&1)"
@@ -189,9 +189,17 @@ trace="$(mktemp -u).json"
 if "$mok" info | grep -q "GPUs    no GPU"; then
   expect 1 "needs a .*GPU" trace --preset tiny --out "$trace"
   expect 1 "needs a .*GPU" trace --preset tiny --direction backward --out "$trace"
-  # An explicit --png needs its plotter (python3 with matplotlib): said before the GPU is looked for.
-  expect 1 "^mok trace: unsupported: (--png .*: drawing it needs python3 with matplotlib|mok trace needs a GPU)" \
-    trace --preset tiny --png /tmp/mok_cli_check.png
+  # An explicit --png needs its plotter (python3 with matplotlib), said before the GPU is looked
+  # for; a build without the CUDA kernels says that first.
+  png=/tmp/mok_cli_check.png
+  if "$mok" trace --preset tiny --out "$trace" 2>&1 | grep -q "needs a build with CUDA"; then
+    expect 1 "^mok trace: unsupported: mok trace needs a build with CUDA" trace --png "$png"
+  elif python3 -c "import matplotlib" 2>/dev/null; then
+    expect 1 "^mok trace: unsupported: mok trace needs a GPU" trace --png "$png"
+  else
+    expect 1 "^mok trace: unsupported: --png $png: cannot draw it: python3 with matplotlib is not found$" \
+      trace --png "$png"
+  fi
 else
   for run in "forward bf16" "backward bf16" "backward fp8_block"; do
     read -r direction precision <<<"$run"

@@ -166,5 +166,7 @@ def test_an_emulated_group_equals_one_gpu_on_the_whole_batch(tokens):
         assert rel_l2(total_grad.cpu().numpy(), single[3 + i].double().cpu().numpy()) < 1e-5, name
     with pytest.raises(mok.Error, match=r"xs must hold one entry per rank \(%d\); got 1" % ep):
         group.forward(xs[:1], idss, ws, rank_params, outs, True, stream)
+    with pytest.raises(mok.Error, match=r"\(rank 1\): out must be a CUDA tensor; got NoneType"):
+        group.forward(xs, idss, ws, rank_params, [outs[0], None] + outs[2:], True, stream)
     with pytest.raises(mok.Error, match=r"\(rank 1\): gate must be .*\[E, I, H\] = \[%d, " % local):
         group.forward(xs, idss, ws, [rank_params[0], params] + rank_params[2:], outs, True, stream)

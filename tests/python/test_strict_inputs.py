@@ -1,5 +1,5 @@
-"""Issue 33: every array argument of the NumPy module has one dtype and nothing is cast (an int64
-id, a float scale or a float64 input was cast silently before: wrapped, truncated or rounded); a
+"""Every array argument of the NumPy module has one dtype and nothing is cast (a cast would wrap an
+int64 id into range, truncate a float id, round a float scale or read int64 codes mod 256); a
 config field of the wrong type is named; expert_bias's full shape is checked; mok.torch's CPU path
 refuses ids the GPU layer refuses. Layout is not a type: non-contiguous arrays of the right dtype
 give the contiguous array's result."""
@@ -37,10 +37,10 @@ def refused(arg, want, got):
 
 def test_reference_layer_refuses_ids_and_operands_of_another_dtype(rng):
     p, x, ids, w, d_out = layer_inputs(rng)
-    # The review's example: int64 ids 2^32 + id ran as if they were in range (wrapped to int32).
+    # Cast to int32, 2^32 + id would run as expert id.
     with refused("topk_ids", "int32", "dtype int64"):
         mok.reference_layer(CFG, p, x, ids.astype(np.int64) + 2**32, w)
-    with refused("topk_ids", "int32", "dtype float64"):  # was truncated: 3.9 ran as expert 3
+    with refused("topk_ids", "int32", "dtype float64"):  # cast, 3.9 would run as expert 3
         mok.reference_layer(CFG, p, x, ids + 0.9, w)
     with refused("topk_ids", "int32", "dtype int64"):
         mok.reference_layer(CFG, p, x, ids.astype(np.int64), w)
@@ -52,7 +52,7 @@ def test_reference_layer_refuses_ids_and_operands_of_another_dtype(rng):
         mok.reference_layer(CFG, p, x, ids, w, d_out.astype(np.float16))
     with refused("params['down']", "float64", "dtype float32"):
         mok.reference_layer(CFG, {**p, "down": p["down"].astype(np.float32)}, x, ids, w)
-    # A params entry that is no array was `RuntimeError: std::bad_cast`.
+    # An entry that is no array is named too.
     with refused("params['gate']", "float64", "list"):
         mok.reference_layer(CFG, {**p, "gate": p["gate"].tolist()}, x, ids, w)
     with refused("x", "float64", "list"):
@@ -61,10 +61,10 @@ def test_reference_layer_refuses_ids_and_operands_of_another_dtype(rng):
 
 def test_dequantizers_refuse_codes_and_scales_of_another_dtype():
     d = np.zeros((4, 32), np.uint8)
-    # The review's example: a float scale 300.0 was cast to the uint8 scale 44.
+    # Cast, the float scale 300.0 would become the uint8 scale 44.
     with refused("scales", "uint8", "dtype float32"):
         mok.dequantize_mxfp8(d, np.array([[300.0]] * 4, np.float32))
-    with refused("data", "uint8", "dtype int64"):  # codes were read mod 256
+    with refused("data", "uint8", "dtype int64"):  # cast, codes would be read mod 256
         mok.dequantize_mxfp8(d.astype(np.int64) + 256, np.zeros((4, 1), np.uint8))
     with refused("scales", "uint8", "dtype int32"):
         mok.dequantize_nvfp4(np.zeros((4, 16), np.uint8), np.zeros((4, 2), np.int32), 1.0)
