@@ -4,7 +4,7 @@
 # group of two (forward and backward), the fp8_block, nvfp4 and mxfp8 forwards and backwards, and
 # one standard shape (qwen3-30b: the forward at T = 2048, the backward at T = 4096). Prints one line per run
 # and a table of the error counts (docs/reliability.md records the last one). TOOLS="memcheck"
-# narrows it.
+# narrows the tools, ONLY="<regex>" the targets by name (e.g. ONLY="mxfp8").
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 MOK_WAIT_SECONDS=300  # the kernels run ~100x slower under the tools
 T=build-gpu/tests
@@ -22,6 +22,11 @@ targets=(
   "qwen3-30b backward|$T/test_backward_sampled_gpu|*Qwen3_30b*"
 )
 tools=(${TOOLS:-memcheck racecheck synccheck initcheck})
+if [ -n "${ONLY:-}" ]; then
+  kept=()
+  for t in "${targets[@]}"; do [[ "${t%%|*}" =~ $ONLY ]] && kept+=("$t"); done
+  targets=("${kept[@]}")
+fi
 status=0
 declare -A cell
 for tool in "${tools[@]}"; do
