@@ -104,6 +104,42 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   }
 }
 
+// Widths that are odd multiples of 64 from 1024 on take 256-wide tiles on request: the last gate/up
+// tile of I and of S holds 64 gate and 64 up columns and 128 of padding (TMA's zeros, not stored).
+// Its outputs equal the staged forward's bit for bit, whichever row path.
+TEST(MoeForwardGpu, WideTilesOverPaddedWidthsEqualTheStagedForward) {
+  MOK_REQUIRE_GPU();
+  for (int shared : {0, 1}) {
+    mok::Config c;
+    c.hidden = 320;
+    c.intermediate = 1088;
+    c.num_experts = 12;
+    c.top_k = 3;
+    c.num_shared_experts = shared;
+    c.shared_intermediate = 1088;
+    c.max_tokens_per_rank = 333;
+    const mok::LayerParams p = mok::tools::random_params(c, 51);
+    const GpuLayer layer(p);
+    mok::gpu::StagedForward staged(c);
+    for (RowPath path : {RowPath::dispatch_copy, RowPath::producer_gather}) {
+      ForwardOptions o;
+      o.block_n = 256;
+      o.row_path = path;
+      MoeForward mega(c, o);
+      ASSERT_EQ(mega.block_n(), 256);
+      for (int64_t T : {int64_t(333), int64_t(37), int64_t(1)}) {
+        SCOPED_TRACE("shared " + std::to_string(shared) + ", row path " +
+                     std::to_string(int(path)) + ", T " + std::to_string(T));
+        const mok::Batch b = mok::tools::random_batch(c, T, uint64_t(T) + 52);
+        const std::vector<double> want = gpu_forward(staged, c, layer, b);
+        const std::vector<double> got = gpu_forward(mega, c, layer, b);
+        expect_matches_reference(c, p, b, got);
+        EXPECT_TRUE(same_bits(want, got));
+      }
+    }
+  }
+}
+
 // Determinism under timing noise: each published row block waits a pseudo-random time (up to
 // 200 us, a new pattern each run), so GEMM tiles start in a different order every run.
 TEST(MoeForwardGpu, BitwiseIdenticalAcross20RunsWithInjectedDispatchDelays) {
@@ -335,6 +371,9 @@ TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {
   EXPECT_EQ(narrow_forward.block_n(), 128);
   EXPECT_EQ(narrow_forward.row_path(), RowPath::dispatch_copy);
   EXPECT_GT(narrow_forward.dispatch_ctas(), 0);
+  mok::Config long_tail = c;  // I and S odd multiples of 64: whole 128-wide tiles unless asked
+  long_tail.intermediate = long_tail.shared_intermediate = 1088;
+  EXPECT_EQ(MoeForward(long_tail).block_n(), 128);
 }
 
 TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {

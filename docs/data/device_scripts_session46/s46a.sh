@@ -9,7 +9,12 @@
 #       --json, mok trace in both directions);
 #   (3) the Python GPU tests (test_gpu_layer.py: a params or group-list entry that is not a tensor
 #       refused by name) and test_torch_moe.py (is_first_microbatch's reuse, not yet run);
-#   (4) memcheck on the mxfp8 backward (scripts/gpu_sanitize.sh's new target).
+#   (4) memcheck on the mxfp8 backward (scripts/gpu_sanitize.sh's new target);
+#   (5) 256-wide BF16 tiles over widths that are odd multiples of 64 (new: --block-n 256) against
+#       the automatic 128 on the sweep's shapes that need them (s2, s10, s35; s15's 50 GB of weights left out; benchmarks.md,
+#       "The forward on random shapes"), and the forward suites that test them. If 256 wins by
+#       >= 2% on them, the automatic choice in forward_plan.cu takes it (one line), else revert.
+# The forward suites first: the kernel's epilogue changed (a runtime column bound).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
@@ -20,6 +25,22 @@ source scripts/device_steps.sh
 nvidia-smi --query-gpu=name,power.limit,memory.total --format=csv,noheader
 bash scripts/gpu_build.sh > $OUT/build.log 2>&1 || { grep -E "error|FAILED" -A3 $OUT/build.log | head -30; exit 1; }
 echo "build $(el)s"
+T=build-gpu/tests
+run moe_forward 150 $T/test_moe_forward_gpu
+run forward 120 $T/test_forward_gpu
+for shape in "6528 1984 219 4 0 2428" "2048 7488 299 15 0 1674" "4480 2304 465 5 5312 7212"; do
+  read -r H I E K S tokens <<<"$shape"
+  args="--hidden $H --intermediate $I --experts $E --top-k $K --tokens $tokens"
+  [ "$S" -gt 0 ] && args="$args --shared-experts 1 --shared-width $S"
+  for round in 1 2; do
+    for bn in 128 256; do
+      [ $(el) -gt $(( limit - 60 )) ] && continue
+      printf '%s bn %s: ' "$round" "$bn"
+      timeout 60 build-gpu/mok bench $args --block-n $bn --iterations 10 2>&1 | grep -E "^\| [0-9]" |
+        cut -c1-150
+    done
+  done
+done
 for shape in "qwen3-30b 8192" "dsv3 4096"; do
   read -r preset tokens <<<"$shape"
   timeout $(( limit - 60 - $(el) )) build-gpu/mok run --preset $preset --tokens $tokens \

@@ -107,18 +107,19 @@ __device__ __forceinline__ void store_rows_vec16(const float (&d)[kBlockN / 2], 
 // SwiGLU epilogue: the tile's first kBlockN/2 columns are gate rows, the second half the up rows of
 // the same outputs, so one thread holds both (registers 4j+q and 4(j + kBlockN/16)+q); the
 // products form a kBlockN/2-wide fragment in the same layout, stored 16 bytes at a time.
-// out_lo / out_hi: this thread's two destination rows, already offset to the tile's first column.
-// kScaled: the gate half times gate_scale and the up half times up_scale first.
+// out_lo / out_hi: this thread's two destination rows, already offset to the tile's first column;
+// the first `valid` of the kBlockN/2 outputs are stored (a multiple of 32: the rest is a last
+// tile's padding). kScaled: the gate half times gate_scale and the up half times up_scale first.
 template <int kBlockN, bool kScaled = false>
 __device__ __forceinline__ void swiglu_tile(const float (&d)[kBlockN / 2], __nv_bfloat16* out_lo,
                                             __nv_bfloat16* out_hi, float gate_scale = 1.0f,
-                                            float up_scale = 1.0f) {
+                                            float up_scale = 1.0f, int valid = kBlockN / 2) {
   float h[kBlockN / 4];
 #pragma unroll
   for (int i = 0; i < kBlockN / 4; ++i)
     h[i] = kScaled ? silu(d[i] * gate_scale) * (d[i + kBlockN / 4] * up_scale)
                    : silu(d[i]) * d[i + kBlockN / 4];
-  store_rows_vec16<kBlockN / 2>(h, out_lo, out_hi, kBlockN / 2);
+  store_rows_vec16<kBlockN / 2>(h, out_lo, out_hi, valid);
 }
 
 }  // namespace mok::kern

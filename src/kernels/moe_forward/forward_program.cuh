@@ -58,18 +58,25 @@ __device__ __forceinline__ uint32_t* act_counter(const ForwardParams& p, const T
 
 // The pre-activations of this thread's two rows (Fragment rows lo and lo + 8), g at row lo's first
 // gate column of gate_up (or gate_up_shared): the tile's gate half there, its up half `width`
-// columns further; kScaled: the accumulators times `scale` (nvfp4's per-tensor factor).
+// columns further, `valid` columns of each (gate_up_valid); kScaled: the accumulators times
+// `scale` (nvfp4's per-tensor factor).
 template <int kBlockN, bool kScaled = false>
 __device__ __forceinline__ void store_pre_activations(const float (&d)[kBlockN / 2],
                                                       __nv_bfloat16* g, int64_t width,
-                                                      float scale = 1.0f) {
+                                                      float scale = 1.0f, int valid = kBlockN / 2) {
   using Half = const float(&)[kBlockN / 4];
   const int64_t down8 = 8 * 2 * width;
-  store_rows_vec16<kBlockN / 2, kScaled>(reinterpret_cast<Half>(d[0]), g, g + down8, kBlockN / 2,
-                                         scale);
+  store_rows_vec16<kBlockN / 2, kScaled>(reinterpret_cast<Half>(d[0]), g, g + down8, valid, scale);
   g += width;
   store_rows_vec16<kBlockN / 2, kScaled>(reinterpret_cast<Half>(d[kBlockN / 4]), g, g + down8,
-                                         kBlockN / 2, scale);
+                                         valid, scale);
+}
+
+// The gate (and up) columns of a gate/up tile that hold outputs: kBlockN / 2, or fewer on the last
+// tile of a width that is an odd multiple of 64 (forward_plan.cu's wide tiles).
+template <int kBlockN>
+__device__ __forceinline__ int gate_up_valid(int64_t width, int64_t col0) {
+  return int(min(int64_t(kBlockN / 2), width - col0));
 }
 
 // Gate/up epilogue of 64 rows from row0: SwiGLU into act (or act_shared); kKeepGateUp (a training
@@ -89,15 +96,17 @@ __device__ __forceinline__ void store_gate_up(const ForwardParams& p, const Tile
   constexpr bool kNvfp4 = kRouted == RoutedWeights::nvfp4;
   const float s =
       kNvfp4 && routed ? __ldg(p.gate_up_s_dec + w.expert) * fmt::kNvfp4WidenUnscale : 1.0f;
+  const int valid = gate_up_valid<kBlockN>(width, col0);  // only BF16 tiles have padding
   if (kNvfp4 && routed)
     swiglu_tile<kBlockN, true>(d, out + r * width, out + (r + 8) * width, s, s);
   else if (kRouted == RoutedWeights::mxfp8 && routed)
     swiglu_mx_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
   else
-    swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width);
+    swiglu_tile<kBlockN>(d, out + r * width, out + (r + 8) * width, 1.0f, 1.0f, valid);
   if constexpr (kKeepGateUp)
     store_pre_activations<kBlockN, kNvfp4>(
-        d, (routed ? p.gate_up : p.gate_up_shared) + (row0 + r) * 2 * width + col0, width, s);
+        d, (routed ? p.gate_up : p.gate_up_shared) + (row0 + r) * 2 * width + col0, width, s,
+        valid);
 }
 
 // Where this thread's two rows of a down tile go (Fragment rows row_lo and row_lo + 8 from row0):

@@ -98,8 +98,9 @@ struct ForwardTiles {
     const bool shared = p.shared_width > 0 && batch_ok(p);
     t.shared_blocks = shared ? (p.tokens + kBlockM - 1) / kBlockM : 0;
     const int64_t routed = routed_blocks(p);
-    t.gate_up_tiles = 2 * p.intermediate / kBlockN;
-    t.shared_gate_up_tiles = 2 * p.shared_width / kBlockN;
+    // kBlockN / 2 gate and as many up columns per tile; the last may be half padding.
+    t.gate_up_tiles = int((p.intermediate + kBlockN / 2 - 1) / (kBlockN / 2));
+    t.shared_gate_up_tiles = int((p.shared_width + kBlockN / 2 - 1) / (kBlockN / 2));
     t.down_tiles = (p.hidden + kBlockN - 1) / kBlockN;
     t.routed_gate_up_begin = t.shared_blocks * t.shared_gate_up_tiles;
     t.shared_down_begin = t.routed_gate_up_begin + routed * t.gate_up_tiles;
