@@ -193,7 +193,12 @@ void mlp_row_backward(const PreparedMlp& m, const double* x, const double* d_out
     out.dg[size_t(i)] = r.store(a * kept(out.fwd.u[size_t(i)]) * s * (1.0 + g * (1.0 - s)));
     out.du[size_t(i)] = r.store(a * g * s);
   }
+  // fp8_block quantizes dg | du as stored in BF16 (the weight gradients' operands), mxfp8 its
+  // FP32 values.
   std::vector<double> dgq = out.dg, duq = out.du;
+  if (r.quant == OperandQuant::fp8_block)
+    for (std::vector<double>* v : {&dgq, &duq})
+      for (double& e : *v) e = double(fmt::round_to_bf16(float(e)));
   r.quantize_row(dgq.data(), W);
   r.quantize_row(duq.data(), W);
 

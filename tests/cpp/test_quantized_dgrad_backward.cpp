@@ -99,6 +99,7 @@ struct Row {
   std::vector<double> g, u, aq, y;  // forward: projections, the quantized activation, y
   std::vector<double> dout, da_raw, dg, du;
   std::vector<double> dx;  // gate_bwd^T q(dg) + up_bwd^T q(du), dg and du in their row blocks
+                           // (fp8_block: their BF16 values)
   double weight = 0, d_weight = 0, d_weight_of_y = 0;
 };
 Row row(const Layer& l, const Expert& m, OperandQuant q, int64_t t, int64_t k) {
@@ -143,8 +144,13 @@ Row row(const Layer& l, const Expert& m, OperandQuant q, int64_t t, int64_t k) {
     r.du.push_back(f32(da * g * sg));
   }
   r.d_weight = f32(dw);
-  const std::vector<double> dgq = qdq(q, r.dg.data(), 1, I, act),
-                            duq = qdq(q, r.du.data(), 1, I, act);
+  // fp8_block quantizes dg | du as stored in BF16, mxfp8 the FP32 values.
+  std::vector<double> dg_in = r.dg, du_in = r.du;
+  if (q == OperandQuant::fp8_block)
+    for (int64_t i = 0; i < I; ++i)
+      dg_in[size_t(i)] = bf16(dg_in[size_t(i)]), du_in[size_t(i)] = bf16(du_in[size_t(i)]);
+  const std::vector<double> dgq = qdq(q, dg_in.data(), 1, I, act),
+                            duq = qdq(q, du_in.data(), 1, I, act);
   std::vector<double> dx(size_t(H), 0.0);  // per h over the gate rows, then the up rows
   for (int64_t i = 0; i < I; ++i)
     for (int64_t h = 0; h < H; ++h) dx[size_t(h)] += m.gate_bwd[size_t(i * H + h)] * dgq[size_t(i)];

@@ -35,6 +35,36 @@ __device__ __forceinline__ float sigmoid(float g) {
   return r;
 }
 
+// The SwiGLU backward of one element: dg = dA u silu'(g) and du = dA silu(g), where
+// silu'(g) = sigma (1 + g (1 - sigma)).
+struct SwigluGrads {
+  float dg, du;
+};
+__device__ __forceinline__ SwigluGrads swiglu_grads(float da, float g, float u) {
+  const float sigma = sigmoid(g);
+  return {da * u * (sigma * (1.0f + g * (1.0f - sigma))), da * (g * sigma)};
+}
+
+// Fragments [kCount * slice, kCount * (slice + 1)) of row h's accumulators (registers 4j + 2h
+// and 4j + 2h + 1) into x. Accumulators stay in registers only under compile-time indices; an
+// epilogue that loops over its column chunks without unrolling them (to shrink code that is bound
+// by its instruction count) picks its chunk through this chain of compile-time cases.
+template <int kBlockN, int kCount>
+__device__ __forceinline__ void fragment_slice(const float (&d)[kBlockN / 2], int slice, int h,
+                                               float (&x)[2 * kCount]) {
+  static_assert(kBlockN / 8 % kCount == 0, "whole slices");
+#pragma unroll
+  for (int s = 0; s < kBlockN / 8 / kCount; ++s) {
+    if (s != slice) continue;
+#pragma unroll
+    for (int jj = 0; jj < kCount; ++jj) {
+      const int j = s * kCount + jj;
+      x[2 * jj] = h ? d[4 * j + 2] : d[4 * j];
+      x[2 * jj + 1] = h ? d[4 * j + 3] : d[4 * j + 1];
+    }
+  }
+}
+
 // Store epilogue: rows [row0, row0 + 64) of a BF16 [*, ld] matrix, columns [col_base, col_base +
 // valid) of this tile (valid < kBlockN when the last tile is half wide: TMA zero-filled the rest).
 // row_ptr(r) gives the destination row (nullptr: the row is padding and is not stored).

@@ -65,33 +65,46 @@ __device__ __forceinline__ BackwardTileScales backward_tile_scales(const Backwar
   return s;
 }
 
-// The SwiGLU backward of one element pair. Explicitly rounded operations (no contraction): the
-// epilogue forms dg and du twice, for the block's amax and for its codes, and both must agree.
-struct SwigluGrads {
-  float dg, du;
-};
-__device__ __forceinline__ SwigluGrads swiglu_grads(float da, float g, float u) {
-  const float sigma = sigmoid(g);
-  const float dsilu = __fmul_rn(sigma, __fadd_rn(1.0f, __fmul_rn(g, __fsub_rn(1.0f, sigma))));
-  return {__fmul_rn(__fmul_rn(da, u), dsilu), __fmul_rn(da, __fmul_rn(g, sigma))};
-}
-
 __device__ __forceinline__ float2 e4m3x2_to_float2(uint16_t codes) {
   return __half22float2(
       __half2(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes), __NV_E4M3)));
 }
 
+// BlockAmax of a lane's BF16 pairs from `magnitudes`, the max.u16x2 of their bits without the
+// sign: non-negative BF16 values order as their bits, and Inf and NaN above every finite one, so
+// a finite top half is the amax. A block holding Inf or NaN takes the exact path over the pairs.
+template <int kPairs>
+__device__ __forceinline__ fmt::BlockAmax bf16_pairs_amax(uint32_t magnitudes,
+                                                          const uint32_t (&pairs)[kPairs]) {
+  const uint32_t top = max(magnitudes & 0xFFFFu, magnitudes >> 16);
+  if (top < 0x7F80u) return {__uint_as_float(top << 16), false};
+  fmt::BlockAmax a;
+#pragma unroll 1
+  for (int j = 0; j < kPairs; ++j) {
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&pairs[j]));
+    a.add(v.x), a.add(v.y);
+  }
+  return a;
+}
+
+__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
+  uint32_t d;
+  asm("max.u16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+
 // The routed dgrad-down epilogue of this thread's two rows (Fragment rows lo and lo + 8 from
 // row0), per 128-column block: act_q = its E4M3 codes times its scale; the router-weight partial
 // <dA', act_q> in the bf16 epilogue's fixed order; dA = w dA'; dg | du into dgu (BF16) and, once
-// the quad has the block's amax, into dgu_e4m3 and dgu_scales (block_scale.hpp's rule, from the
-// FP32 values); w act_q into act_scaled. Padding rows: zeros and the empty block's scale.
+// the quad has the block's amax, those BF16 values into dgu_e4m3 and dgu_scales (block_scale.hpp's
+// rule); w act_q into act_scaled. Padding rows: zeros and the empty block's scale.
 template <int kBlockN>
 __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
                                                         const BackwardWork& w,
                                                         const float (&d)[kBlockN / 2], int row0) {
-  // Per block 16 fragments of 8 columns, loaded 4 at a time (8 at a time, as the bf16 epilogue,
-  // spilled 404 bytes in the 256-wide kernel, 4 spill 260: ptxas -v).
+  // Per block 16 fragments of 8 columns, 4 per chunk; the chunks loop without unrolling, as in
+  // the bf16 epilogue (bound by its instructions: a smaller body issues faster), their pointers
+  // advanced per chunk (recomputing them from the chunk index doubles the body).
   constexpr int kBlocks = kBlockN / 128, kFragments = 16, kChunk = 4;
   static_assert(kBlockN % 128 == 0 && kFragments % kChunk == 0);
   const Fragment f = Fragment::mine();
@@ -122,39 +135,66 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
 #pragma unroll
     for (int b = 0; b < kBlocks; ++b) {
       const float sa = valid ? __ldg(act_scale + b) : 0.0f;
-      fmt::BlockAmax amax_g, amax_u;
-      // dA for fragment j of this block (columns 8 j + col0, + 1).
-      auto da = [&](int j, int e) { return __fmul_rn(s, d[4 * j + 2 * h + e]); };
-#pragma unroll
-      for (int chunk = 0; chunk < kFragments / kChunk; ++chunk) {
-        uint32_t a_raw[kChunk], g_raw[kChunk], u_raw[kChunk];
-#pragma unroll
-        for (int jj = 0; jj < kChunk; ++jj) {  // every load first (as the bf16 epilogue)
-          const int c = 128 * b + 8 * (chunk * kChunk + jj);
-          a_raw[jj] = valid ? __ldg(reinterpret_cast<const unsigned short*>(act + c)) : 0u;
-          g_raw[jj] = valid ? pair(g_in + c) : 0u;
-          u_raw[jj] = valid ? pair(g_in + I + c) : 0u;
-        }
+      uint32_t magnitudes_g = 0, magnitudes_u = 0;  // max.u16x2 of the |BF16| bits
+      // The block's BF16 dg | du pairs, kept for its codes: indexed by the rolled chunk loop, so
+      // in local memory (L1), which is cheaper than forming them again.
+      uint32_t kept_g[kFragments], kept_u[kFragments];
+      const uint8_t* a_at = act + 128 * b;
+      const __nv_bfloat16 *g_at = g_in + 128 * b, *u_at = g_at + I;
+      __nv_bfloat16 *dg_at = dg_out + 128 * b, *du_at = dg_at + I, *w_at = act_out + 128 * b;
+      struct Loaded {
+        uint32_t a[kChunk], g[kChunk], u[kChunk];
+      };
+      auto load_chunk = [&](bool live, int ahead) {  // every load first, a chunk ahead
+        Loaded l;
 #pragma unroll
         for (int jj = 0; jj < kChunk; ++jj) {
-          const int j = 16 * b + chunk * kChunk + jj, c = 8 * j;
-          const float2 q = e4m3x2_to_float2(uint16_t(a_raw[jj]));
+          const int c = ahead + 8 * jj;
+          l.a[jj] = live ? __ldg(reinterpret_cast<const unsigned short*>(a_at + c)) : 0u;
+          l.g[jj] = live ? pair(g_at + c) : 0u;
+          l.u[jj] = live ? pair(u_at + c) : 0u;
+        }
+        return l;
+      };
+      Loaded now = load_chunk(valid, 0);
+#pragma unroll 1
+      for (int chunk = 0; chunk < kFragments / kChunk; ++chunk) {
+        float x[2 * kChunk] = {};  // the chunk's accumulators of this row
+        fragment_slice<kBlockN, kChunk>(d, kFragments / kChunk * b + chunk, h, x);
+        const Loaded next = load_chunk(valid && chunk + 1 < kFragments / kChunk, 8 * kChunk);
+#pragma unroll
+        for (int jj = 0; jj < kChunk; ++jj) {
+          const int c = 8 * jj;
+          const float2 q = e4m3x2_to_float2(uint16_t(now.a[jj]));
           const float2 a = make_float2(__fmul_rn(q.x, sa), __fmul_rn(q.y, sa));
-          const float2 g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
-          dot = __fmaf_rn(d[4 * j + 2 * h], a.x, dot);
-          dot = __fmaf_rn(d[4 * j + 2 * h + 1], a.y, dot);
-          const SwigluGrads r0 = valid ? swiglu_grads(da(j, 0), g.x, u.x) : SwigluGrads{0, 0};
-          const SwigluGrads r1 = valid ? swiglu_grads(da(j, 1), g.y, u.y) : SwigluGrads{0, 0};
-          amax_g.add(r0.dg), amax_g.add(r1.dg), amax_u.add(r0.du), amax_u.add(r1.du);
-          *reinterpret_cast<__nv_bfloat162*>(dg_out + c) = __floats2bfloat162_rn(r0.dg, r1.dg);
-          *reinterpret_cast<__nv_bfloat162*>(dg_out + I + c) = __floats2bfloat162_rn(r0.du, r1.du);
-          *reinterpret_cast<__nv_bfloat162*>(act_out + c) =
+          const float2 g = unpack(now.g[jj]), u = unpack(now.u[jj]);
+          dot = __fmaf_rn(x[2 * jj], a.x, dot);
+          dot = __fmaf_rn(x[2 * jj + 1], a.y, dot);
+          const float da0 = __fmul_rn(s, x[2 * jj]), da1 = __fmul_rn(s, x[2 * jj + 1]);
+          const SwigluGrads r0 = valid ? swiglu_grads(da0, g.x, u.x) : SwigluGrads{};
+          const SwigluGrads r1 = valid ? swiglu_grads(da1, g.y, u.y) : SwigluGrads{};
+          const __nv_bfloat162 dg = __floats2bfloat162_rn(r0.dg, r1.dg);
+          const __nv_bfloat162 du = __floats2bfloat162_rn(r0.du, r1.du);
+          const uint32_t dg_bits = *reinterpret_cast<const uint32_t*>(&dg);
+          const uint32_t du_bits = *reinterpret_cast<const uint32_t*>(&du);
+          magnitudes_g = max_u16x2(magnitudes_g, dg_bits & 0x7FFF7FFFu);
+          magnitudes_u = max_u16x2(magnitudes_u, du_bits & 0x7FFF7FFFu);
+          *reinterpret_cast<__nv_bfloat162*>(dg_at + c) = dg;
+          *reinterpret_cast<__nv_bfloat162*>(du_at + c) = du;
+          kept_g[chunk * kChunk + jj] = dg_bits;
+          kept_u[chunk * kChunk + jj] = du_bits;
+          *reinterpret_cast<__nv_bfloat162*>(w_at + c) =
               __floats2bfloat162_rn(__fmul_rn(s, a.x), __fmul_rn(s, a.y));
         }
+        a_at += 8 * kChunk, g_at += 8 * kChunk, u_at += 8 * kChunk;
+        dg_at += 8 * kChunk, du_at += 8 * kChunk, w_at += 8 * kChunk;
+        now = next;
       }
       // The block's 128 columns of the row live in one quad.
-      amax_g = fmt::reduce_block_amax(amax_g, 3);
-      amax_u = fmt::reduce_block_amax(amax_u, 3);
+      const fmt::BlockAmax amax_g =
+          fmt::reduce_block_amax(bf16_pairs_amax(magnitudes_g, kept_g), 3);
+      const fmt::BlockAmax amax_u =
+          fmt::reduce_block_amax(bf16_pairs_amax(magnitudes_u, kept_u), 3);
       const bool ue8m0 = p.fp8_ue8m0 != 0;
       const fmt::Fp8BlockScale sg = fmt::fp8_block_scale(amax_g.amax, ue8m0);
       const fmt::Fp8BlockScale su = fmt::fp8_block_scale(amax_u.amax, ue8m0);
@@ -162,27 +202,13 @@ __device__ __forceinline__ void dgrad_down_epilogue_fp8(const BackwardParams& p,
         scales_out[b] = fmt::fp8_block_stored_scale(amax_g, sg);
         scales_out[i_blocks + b] = fmt::fp8_block_stored_scale(amax_u, su);
       }
-      // The codes: dg | du formed again from g and u (L1-resident), bit for bit the values above.
-#pragma unroll
-      for (int chunk = 0; chunk < kFragments / kChunk; ++chunk) {
-        uint32_t g_raw[kChunk], u_raw[kChunk];
-#pragma unroll
-        for (int jj = 0; jj < kChunk; ++jj) {
-          const int c = 128 * b + 8 * (chunk * kChunk + jj);
-          g_raw[jj] = valid ? pair(g_in + c) : 0u;
-          u_raw[jj] = valid ? pair(g_in + I + c) : 0u;
-        }
-#pragma unroll
-        for (int jj = 0; jj < kChunk; ++jj) {
-          const int j = 16 * b + chunk * kChunk + jj, c = 8 * j;
-          const float2 g = unpack(g_raw[jj]), u = unpack(u_raw[jj]);
-          const SwigluGrads r0 = valid ? swiglu_grads(da(j, 0), g.x, u.x) : SwigluGrads{0, 0};
-          const SwigluGrads r1 = valid ? swiglu_grads(da(j, 1), g.y, u.y) : SwigluGrads{0, 0};
-          *reinterpret_cast<uint16_t*>(codes_out + c) =
-              fmt::fp8_block_pair(r0.dg, r1.dg, sg.encode);
-          *reinterpret_cast<uint16_t*>(codes_out + I + c) =
-              fmt::fp8_block_pair(r0.du, r1.du, su.encode);
-        }
+      // The codes, from the BF16 values (as the reference quantizes them).
+      uint8_t* codes_at = codes_out + 128 * b;
+#pragma unroll 1
+      for (int jj = 0; jj < kFragments; ++jj, codes_at += 8) {
+        const float2 dg = unpack(kept_g[jj]), du = unpack(kept_u[jj]);
+        *reinterpret_cast<uint16_t*>(codes_at) = fmt::fp8_block_pair(dg.x, dg.y, sg.encode);
+        *reinterpret_cast<uint16_t*>(codes_at + I) = fmt::fp8_block_pair(du.x, du.y, su.encode);
       }
     }
     // As the bf16 epilogue: a fixed butterfly over the quad, then its first lane.
