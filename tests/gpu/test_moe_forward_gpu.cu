@@ -104,7 +104,7 @@ TEST(MoeForwardGpu, EqualsTheStagedForwardBitForBitUnderEveryOption) {
   }
 }
 
-// Widths that are odd multiples of 64 from 1024 on take 256-wide tiles on request: the last gate/up
+// Widths that are odd multiples of 64 from 1024 on take 256-wide tiles: the last gate/up
 // tile of I and of S holds 64 gate and 64 up columns and 128 of padding (TMA's zeros, not stored).
 // Its outputs equal the staged forward's bit for bit, whichever row path.
 TEST(MoeForwardGpu, WideTilesOverPaddedWidthsEqualTheStagedForward) {
@@ -371,9 +371,9 @@ TEST(MoeForwardGpu, AutomaticRowPathFollowsDispatchOptionsAndRowsPerExpert) {
   EXPECT_EQ(narrow_forward.block_n(), 128);
   EXPECT_EQ(narrow_forward.row_path(), RowPath::dispatch_copy);
   EXPECT_GT(narrow_forward.dispatch_ctas(), 0);
-  mok::Config long_tail = c;  // I and S odd multiples of 64: whole 128-wide tiles unless asked
+  mok::Config long_tail = c;  // I and S odd multiples of 64 from 1024 on: 256-wide, padded
   long_tail.intermediate = long_tail.shared_intermediate = 1088;
-  EXPECT_EQ(MoeForward(long_tail).block_n(), 128);
+  EXPECT_EQ(MoeForward(long_tail).block_n(), 256);
 }
 
 TEST(MoeForwardGpu, RejectsShapesAndOptionsItDoesNotTake) {

@@ -39,8 +39,9 @@ struct ForwardOptions {
   // sooner; larger ones read the weights less often. A multiple of 128; capped by the token ring
   // (a group must fit in it). 0: 1024 (8 row blocks).
   int64_t overlap_rows = 0;
-  // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128. BF16 also takes 256
-  // where I or S is an odd multiple of 64 of at least 1024 (its last gate/up tile half padding).
+  // GEMM tile width 128 or 256; 0: 256 when I and S are multiples of 128, or (BF16) each of them
+  // a multiple of 128 or at least 1024 (the last gate/up tile of an odd multiple of 64 half
+  // padding); else 128.
   int block_n = 0;
   int max_ctas = 0;  // persistent grid; 0: one CTA per SM
   // Bound of every wait on another CTA or on the TMA; expiry is an error, not a hang. 0: the
