@@ -17,6 +17,7 @@
 #include "layer/forward_hooks.hpp"
 #include "mok/config.hpp"
 #include "mok/gpu/device_layer.hpp"
+#include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/moe_forward.hpp"
 #include "mok/gpu/random_fill.hpp"
 #include "sweep_shapes.hpp"
@@ -101,6 +102,31 @@ struct BenchLayer {
   gpu::DeviceBatch batch() const { return {tokens, x.ptr, ids.ptr, w.ptr}; }
   gpu::DeviceLayerWeights weights() const {
     return {sg.ptr, su.ptr, sd.ptr, g.ptr, u.ptr, d.ptr, {}, {}, {}};
+  }
+};
+
+// What a benchmark's backward reads and writes beside its layer: d_out [T, H] (fill_d_out's),
+// d_x, d_topk_weights and the six weight gradients in BF16 (WeightGrads::write_bf16).
+struct BenchGradients {
+  size_t routed, shared;  // elements of each routed and shared weight gradient
+  DeviceArray<__nv_bfloat16> d_out, d_x, dsg, dsu, dsd, dg, du, dd;
+  DeviceArray<float> d_w;
+  BenchGradients(const Config& c, int64_t t, uint64_t inputs_seed)
+      : routed(size_t(c.num_experts) * size_t(c.intermediate) * size_t(c.hidden)),
+        shared(size_t(c.shared_width()) * size_t(c.hidden)),
+        d_out(size_t(t) * size_t(c.hidden)),
+        d_x(d_out.n),
+        dsg(shared),
+        dsu(shared),
+        dsd(shared),
+        dg(routed),
+        du(routed),
+        dd(routed),
+        d_w(size_t(t) * size_t(c.top_k)) {
+    BenchLayer::fill_d_out(d_out.ptr, int64_t(d_out.n), inputs_seed);
+  }
+  gpu::DeviceGradients grads() const {
+    return {d_x.ptr, d_w.ptr, dsg.ptr, dsu.ptr, dsd.ptr, dg.ptr, du.ptr, dd.ptr};
   }
 };
 

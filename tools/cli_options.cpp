@@ -122,13 +122,8 @@ Config LayerOptions::config() const {
     std::string missing;
     for (const auto& [value, option] : numbers)
       if (value < 0) missing.append(missing.empty() ? "" : ", ").append(option);
-    if (!missing.empty())
-      throw UsageError(
-          has_numbers()
-              ? join({"a layer by its numbers needs ", missing, " too (or --preset NAME)"})
-              : join({"a layer is --preset NAME, or --hidden, --intermediate, "
-                      "--experts and --top-k (with --shared-experts, --shared-width, "
-                      "--tokens); got neither"}));
+    if (!missing.empty())  // every command gives a preset when no number is given
+      throw UsageError(join({"a layer by its numbers needs ", missing, " too (or --preset NAME)"}));
     c.num_shared_experts = 0;
     c.shared_intermediate = 0;
     c.max_tokens_per_rank = 4096;

@@ -53,8 +53,8 @@ struct LayerOptions {
   std::string routing_name() const;
   // The lines of these options for a command's --help: `precisions` those the command takes,
   // `default_preset` the layer it runs without one ("": none).
-  static std::string help(const char* precisions = "bf16 (default), fp8_block, mxfp8, nvfp4",
-                          const char* default_preset = "");
+  static constexpr const char* kAllPrecisions = "bf16 (default), fp8_block, mxfp8, nvfp4";
+  static std::string help(const char* precisions = kAllPrecisions, const char* default_preset = "");
 };
 
 // The value of option args[i]: args[i + 1] (UsageError when missing); advances i.

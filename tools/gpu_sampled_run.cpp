@@ -44,27 +44,9 @@ struct BackwardState {
   gpu::MoeBackward backward;
   gpu::Schedule schedule;
   gpu::ForwardContext context;
-  size_t routed, shared;
-  DeviceArray<__nv_bfloat16> d_out, d_x, dsg, dsu, dsd, dg, du, dd;
-  DeviceArray<float> d_w;
-  BackwardState(const Config& c, const gpu::BackwardOptions& bo, int64_t T)
-      : backward(c, bo),
-        schedule(c),
-        context(c),
-        routed(size_t(c.num_experts) * size_t(c.intermediate) * size_t(c.hidden)),
-        shared(size_t(c.shared_width()) * size_t(c.hidden)),
-        d_out(size_t(T) * size_t(c.hidden)),
-        d_x(d_out.n),
-        dsg(shared),
-        dsu(shared),
-        dsd(shared),
-        dg(routed),
-        du(routed),
-        dd(routed),
-        d_w(size_t(T) * size_t(c.top_k)) {}
-  gpu::DeviceGradients grads() const {
-    return {d_x.ptr, d_w.ptr, dsg.ptr, dsu.ptr, dsd.ptr, dg.ptr, du.ptr, dd.ptr};
-  }
+  BenchGradients g;
+  BackwardState(const Config& c, const gpu::BackwardOptions& bo, int64_t T, uint64_t seed)
+      : backward(c, bo), schedule(c), context(c), g(c, T, seed) {}
 };
 
 // The backward after a training forward, into r's backward fields. Only building its state may
@@ -75,43 +57,42 @@ void sampled_backward(const Config& c, uint64_t seed, const BenchLayer& data, gp
   bo.weight_grads = gpu::WeightGrads::write_bf16;  // FP32 ones may not fit beside the weights
   std::unique_ptr<BackwardState> st;
   try {
-    st = std::make_unique<BackwardState>(c, bo, data.tokens);
+    st = std::make_unique<BackwardState>(c, bo, data.tokens, seed);
   } catch (const Error& e) {
     if (e.code() != ErrorCode::unsupported) throw;
     r.backward_skipped_because = e.what();
     return;
   }
-  BenchLayer::fill_d_out(st->d_out.ptr, int64_t(st->d_out.n), seed);
   f.schedule(data.batch(), st->schedule, nullptr);
   f.forward(st->schedule, data.batch(), data.weights(), data.out.ptr, &st->context, nullptr);
   f.check(nullptr);
-  const gpu::DeviceGradients grads = st->grads();
+  BenchGradients& g = st->g;
+  const gpu::DeviceGradients grads = g.grads();
   auto run = [&] {
-    st->backward.backward(st->schedule, st->context, data.batch(), data.weights(), st->d_out.ptr,
+    st->backward.backward(st->schedule, st->context, data.batch(), data.weights(), g.d_out.ptr,
                           grads, nullptr);
   };
-  const size_t expert = size_t(c.intermediate) * size_t(c.hidden), last = st->routed - expert;
+  const size_t expert = size_t(c.intermediate) * size_t(c.hidden), last = g.routed - expert;
   auto fetch = [&] {
     std::vector<uint8_t> bits;
-    append_bytes(bits, st->d_x.ptr, st->d_x.n * 2);
-    append_bytes(bits, st->d_w.ptr, st->d_w.n * 4);
-    for (const auto* g : {&st->dsg, &st->dsu, &st->dsd}) append_bytes(bits, g->ptr, st->shared * 2);
-    for (const auto* g : {&st->dg, &st->du, &st->dd}) {
-      append_bytes(bits, g->ptr, expert * 2);
-      append_bytes(bits, g->ptr + last, expert * 2);
+    append_bytes(bits, g.d_x.ptr, g.d_x.n * 2);
+    append_bytes(bits, g.d_w.ptr, g.d_w.n * 4);
+    for (const auto* w : {&g.dsg, &g.dsu, &g.dsd}) append_bytes(bits, w->ptr, g.shared * 2);
+    for (const auto* w : {&g.dg, &g.du, &g.dd}) {
+      append_bytes(bits, w->ptr, expert * 2);
+      append_bytes(bits, w->ptr + last, expert * 2);
     }
     return bits;
   };
   auto poisoned_run = [&] {
-    poison(st->d_x.ptr, st->d_x.n * 2);
-    poison(st->d_w.ptr, st->d_w.n * 4);
-    for (const auto* g : {&st->dsg, &st->dsu, &st->dsd}) poison(g->ptr, st->shared * 2);
-    for (const auto* g : {&st->dg, &st->du, &st->dd}) poison(g->ptr, st->routed * 2);
+    poison(g.d_x.ptr, g.d_x.n * 2);
+    poison(g.d_w.ptr, g.d_w.n * 4);
+    for (const auto* w : {&g.dsg, &g.dsu, &g.dsd, &g.dg, &g.du, &g.dd}) poison(w->ptr, w->n * 2);
     run();
     st->backward.check(nullptr);
   };
   poisoned_run();
-  const SampledErrors e = sampled_backward_errors(c, data, st->d_x.ptr, st->d_out.ptr, st->d_w.ptr);
+  const SampledErrors e = sampled_backward_errors(c, data, g.d_x.ptr, g.d_out.ptr, g.d_w.ptr);
   r.d_x_error = e.rows;
   r.d_topk_weights_error = e.d_topk_weights;
   const std::vector<uint8_t> first = fetch();

@@ -75,9 +75,9 @@ int main(int argc, char** argv) {
     }
     if (command == "run") {
       if (asks_for_help(args)) {
-        std::printf(mok::tools::kRunHelp, mok::tools::LayerOptions::help(
-                                              "bf16 (default), fp8_block, mxfp8, nvfp4", "tiny")
-                                              .c_str());
+        std::printf(mok::tools::kRunHelp,
+                    mok::tools::LayerOptions::help(mok::tools::LayerOptions::kAllPrecisions, "tiny")
+                        .c_str());
         return 0;
       }
       return mok::tools::run_command(mok::tools::parse_run_options(args));

@@ -136,15 +136,8 @@ int trace_command(const TraceOptions& o) {
     f.check(nullptr);  // the third forward's timeline: warm caches and clocks
     events = f.runner().trace(nullptr, &claimed);
   } else {
-    const int64_t T = c.max_tokens_per_rank, H = c.hidden;
-    const size_t routed = size_t(c.num_experts) * size_t(c.intermediate) * size_t(H),
-                 shared = size_t(c.shared_width()) * size_t(H);
-    DeviceArray<__nv_bfloat16> d_out(size_t(T * H)), d_x(d_out.n), dsg(shared), dsu(shared),
-        dsd(shared), dg(routed), du(routed), dd(routed);
-    DeviceArray<float> d_w(size_t(T * c.top_k));
-    BenchLayer::fill_d_out(d_out.ptr, T * H, o.seed);
-    const gpu::DeviceGradients grads{d_x.ptr, d_w.ptr, dsg.ptr, dsu.ptr,
-                                     dsd.ptr, dg.ptr,  du.ptr,  dd.ptr};
+    const BenchGradients g(c, c.max_tokens_per_rank, o.seed);
+    const gpu::DeviceGradients grads = g.grads();
     gpu::detail::ForwardHooks hooks;
     hooks.trace_events = o.events;
     const bool fp8 = c.precision == Precision::fp8_block;
@@ -163,7 +156,7 @@ int trace_command(const TraceOptions& o) {
     for (int i = 0; i < 3; ++i) {
       f.schedule(data.batch(), s, nullptr);
       f.forward(s, data.batch(), weights, data.out.ptr, &ctx, nullptr);
-      b.backward(s, ctx, data.batch(), weights, d_out.ptr, grads, nullptr);
+      b.backward(s, ctx, data.batch(), weights, g.d_out.ptr, grads, nullptr);
     }
     f.check(nullptr);
     b.check(nullptr);  // the third backward's timeline

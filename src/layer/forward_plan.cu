@@ -114,9 +114,9 @@ ForwardPlan plan_forward(const Config& c, const ForwardOptions& o, const Forward
   // 64 its last tile's second half is padding (zeros from TMA, not stored). BF16 takes that where
   // it is at most 1/16 of the width's work (2-8% faster than 128-wide tiles on the sweep's s2,
   // s10 and s35: benchmarks.md); the low precisions' blocks need multiples of 128.
-  const bool whole = I % 128 == 0 && S % 128 == 0;
-  const auto padded_fits = [&](int64_t width) { return width % 128 == 0 || width >= 1024; };
-  const bool wide_ok = whole || (!fp8 && !nvfp4 && !mxfp8 && padded_fits(I) && padded_fits(S));
+  const bool bf16 = !fp8 && !nvfp4 && !mxfp8;
+  const auto wide_fits = [&](int64_t width) { return width % 128 == 0 || (bf16 && width >= 1024); };
+  const bool wide_ok = wide_fits(I) && wide_fits(S);
   plan.kernel.block_n = o.block_n == 0 ? (wide_ok && !mxfp8 ? 256 : 128) : o.block_n;
   require(plan.kernel.block_n == 128 || (plan.kernel.block_n == 256 && wide_ok),
           ErrorCode::invalid_argument,

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# Ran in session 46 (an H100, at dd11a7a: the levers restored; benchmarks.md, session 46).
 # Session 45's epilogue levers, written but not run (no device machine could be started). They
 # were reverted unrun (8bc537f); to run this, restore them first (`git revert 8bc537f`), then, at
 # the restored tree, with carry [".device"]:
