@@ -73,6 +73,8 @@ const char* const kBenchHelp =
     "                             multiples of 64 in [256, 8192], E in [8, 512], K up to 16, T\n"
     "                             in [1, 16384], shared experts on and off), each checked on\n"
     "                             sampled rows against the CPU reference\n"
+    "  --shapes A-B               with --sweep: only its shapes A to B (numbered from 0), the\n"
+    "                             same shapes and inputs as in the whole sweep\n"
     "  --seed S                   with --sweep: its shapes (default 1); otherwise the inputs'\n"
     "                             seed (weights, x, routing, d_out; default 0)\n"
     "  --json FILE                also write every printed table (columns, rows, numbers as\n"
@@ -81,7 +83,7 @@ const char* const kBenchHelp =
 
 BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   BenchOptions o;
-  bool seed_given = false, preset_all = false;
+  bool seed_given = false, preset_all = false, shapes_given = false;
   for (size_t i = 1; i < args.size(); ++i) {
     const std::string& a = args[i];
     if (a == "--preset" && i + 1 < args.size() && args[i + 1] == "all") {
@@ -120,9 +122,22 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
     else if (a == "--json") {
       o.json = option_value(args, i);
       if (o.json.empty()) throw UsageError("--json needs a file name, got ''");
-    } else if (a == "--sweep")
+    } else if (a == "--sweep") {
       o.sweep = int(count(1, 1000));
-    else if (a == "--seed")
+    } else if (a == "--shapes") {
+      const std::string v = option_value(args, i);
+      const std::string want = "--shapes " + v + ": expected A-B, the first and last sweep " +
+                               "shape, 0 <= A <= B <= 999";
+      const size_t dash = v.find('-');
+      if (dash == std::string::npos || dash == 0) throw UsageError(want);
+      try {
+        o.sweep_first = int(parse_int(a, v.substr(0, dash), 0, 999));
+        o.sweep_last = int(parse_int(a, v.substr(dash + 1), o.sweep_first, 999));
+      } catch (const UsageError&) {
+        throw UsageError(want);
+      }
+      shapes_given = true;
+    } else if (a == "--seed")
       o.seed = parse_seed(a, option_value(args, i)), seed_given = true;
     else
       throw UsageError("unknown option '" + a + "' for bench (mok bench --help lists them)");
@@ -134,6 +149,11 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
   if (o.sweep > 0 && (preset_all || !o.all_shapes || o.layer.tokens > 0))
     throw UsageError(
         "--sweep N draws its own shapes: drop --preset, the layer's numbers and --tokens");
+  if (shapes_given && o.sweep == 0) throw UsageError("--shapes A-B selects from --sweep N: add it");
+  if (shapes_given && o.sweep_last >= o.sweep)
+    throw UsageError("--shapes " + std::to_string(o.sweep_first) + "-" +
+                     std::to_string(o.sweep_last) + ": the sweep has shapes 0 to " +
+                     std::to_string(o.sweep - 1));
   if (o.sweep > 0 && (o.ep > 1 || o.direction != "forward" || o.layer.precision != "bf16"))
     throw UsageError(
         "--sweep times the BF16 forward at EP = 1: drop --ep, --direction, --precision");
@@ -475,12 +495,17 @@ int report_sampled_rows_and_sweep(const std::vector<Row>& rows, const BenchOptio
                  kBound, over.c_str());
   }
   if (o.sweep == 0) return failures;
+  const std::string slice = o.sweep_last < 0 ? std::string()
+                                             : ", shapes " + std::to_string(o.sweep_first) + "-" +
+                                                   std::to_string(o.sweep_last) + " of them";
   std::printf(
-      "\nSweep of %d shapes (seed %llu): sampled rows within %.0e of the reference on %d (largest "
+      "\nSweep of %d shapes (seed %llu%s): sampled rows within %.0e of the reference on %d "
+      "(largest "
       "error %.1e); the megakernel slower than its staged launches on: %s; slower than cuBLAS on: "
       "%s; compute-bound with >= 256 rows per expert, lowest: %s; weight-bound, lowest: %s\n",
-      o.sweep, static_cast<unsigned long long>(o.seed), kBound, int(rows.size()) - failures,
-      worst_error, slower_staged.empty() ? "none" : slower_staged.c_str(),
+      o.sweep, static_cast<unsigned long long>(o.seed), slice.c_str(), kBound,
+      int(rows.size()) - failures, worst_error,
+      slower_staged.empty() ? "none" : slower_staged.c_str(),
       slower_cublas.empty() ? "none" : slower_cublas.c_str(), at_compute.c_str(),
       at_weights.c_str());
   return failures;

@@ -29,6 +29,7 @@ struct BenchOptions {
                                // GEMM also run back to back this long (EP = 1; for nvidia-smi)
   int sweep = 0;      // > 0: that many random shapes (sweep_shapes.hpp) instead of the presets
   uint64_t seed = 1;  // --sweep's shapes
+  int sweep_first = 0, sweep_last = -1;  // --shapes A-B: only shapes A..B of the sweep (-1: all)
   // --seed without --sweep: the inputs' (weights, x, routing); 0 draws them as always.
   uint64_t inputs_seed = 0;
   std::string json;          // --json FILE: every printed table as JSON too, with the machine

@@ -133,7 +133,11 @@ struct BenchGradients {
 // --sweep's random shapes, every standard shape of design.md, or the layer given (a preset or
 // the numbers) at --tokens.
 inline std::vector<BenchShape> bench_shapes(const BenchOptions& o) {
-  if (o.sweep > 0) return sweep_shapes(o.sweep, o.seed);
+  if (o.sweep > 0) {
+    std::vector<BenchShape> all = sweep_shapes(o.sweep, o.seed);
+    if (o.sweep_last < 0) return all;
+    return {all.begin() + o.sweep_first, all.begin() + o.sweep_last + 1};
+  }
   if (o.all_shapes) {
     std::vector<BenchShape> all;
     for (const auto& [name, tokens] :

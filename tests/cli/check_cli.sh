@@ -126,6 +126,10 @@ expect 2 "^mok bench: --sweep 0: expected an integer in \[1, 1000\]$" bench --sw
 expect 2 "^mok bench: --sweep N draws its own shapes" bench --sweep 3 --preset fine
 expect 2 "^mok bench: --sweep N draws its own shapes" bench --preset all --sweep 3
 expect 2 "^mok bench: --sweep times the BF16 forward at EP = 1" bench --sweep 3 --ep 2
+expect 2 "^mok bench: --shapes A-B selects from --sweep N" bench --shapes 1-2
+expect 2 "^mok bench: --shapes 2-3: the sweep has shapes 0 to 2$" bench --sweep 3 --shapes 2-3
+expect 2 "^mok bench: --shapes 3: expected A-B" bench --sweep 4 --shapes 3
+expect 2 "^mok bench: --shapes 2-1: expected A-B, .* 0 <= A <= B <= 999$" bench --sweep 4 --shapes 2-1
 # mok run past the CPU reference: the GPU megakernels on sampled tokens, or the reason neither runs.
 if "$mok" info | grep -q "GPUs    no GPU"; then
   expect 1 "^mok run: unsupported: the CPU reference keeps parameters and gradients in FP64: .* \(GPU: (no GPU|this build has no CUDA kernels \(configured without nvcc\))\)$" \
