@@ -11,6 +11,7 @@
 #include <memory>
 #include <utility>
 
+#include "clock_sampler.hpp"
 #include "mok/config.hpp"
 #include "json_report.hpp"
 #include "mok/error.hpp"
@@ -194,6 +195,7 @@ BenchOptions parse_bench_options(const std::vector<std::string>& args) {
 int bench_command_with_json(const BenchOptions& o) {
   if (o.json.empty()) return bench_command(o);
   require_writable(o.json, "--json");  // before any GPU work
+  start_clock_sampling();
   StdoutTee tee;
   const int rc = bench_command(o);
   const std::string text = tee.finish();

@@ -104,6 +104,7 @@ double median_graph_ms(F&& forward_rank, int iterations, int n) {
   launch_all();  // warm-up
   sync_all(n);
   std::vector<double> t;
+  const TimedWork timed;
   for (int it = 0; it < iterations; ++it) {
     launch_all();
     sync_all(n);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "clock_sampler.hpp"
 #include "mok/error.hpp"
 
 namespace mok::tools {
@@ -60,6 +61,7 @@ double median_ms(F&& f, int iterations) {
   cuda_ok(cudaEventCreate(&a), "cudaEventCreate");
   cuda_ok(cudaEventCreate(&b), "cudaEventCreate");
   std::vector<float> t;
+  const TimedWork timed;  // the clock sampler reads the GPU's clocks meanwhile
   for (int i = 0; i < iterations; ++i) {
     cudaEventRecord(a);
     f();
@@ -85,6 +87,7 @@ double sustain(const std::string& what, double seconds, F&& f) {
     return std::chrono::duration<double>(t.time_since_epoch()).count();
   };
   cuda_ok(cudaDeviceSynchronize(), "before a sustained run");
+  const TimedWork timed;
   const clock::time_point start = clock::now();
   int runs = 0;
   while (std::chrono::duration<double>(clock::now() - start).count() < seconds) {

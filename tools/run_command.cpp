@@ -9,6 +9,7 @@
 #include <ctime>
 #include <utility>
 
+#include "clock_sampler.hpp"
 #include "gpu_forward_check.hpp"
 #include "gpu_sampled_run.hpp"
 #include "run_report.hpp"
@@ -36,7 +37,8 @@ std::string json_machine_fields(const std::string& device) {
                                          : info.gpus.empty() ? info.gpu_status
                                                              : info.gpus[0].name);
   const int sm_khz = info.gpus.empty() ? 0 : gpu_sm_clock_khz();
-  return j + ",\n  \"sm_clock_peak_mhz\": " + json_number(sm_khz > 0 ? sm_khz / 1000.0 : NAN);
+  j += ",\n  \"sm_clock_peak_mhz\": " + json_number(sm_khz > 0 ? sm_khz / 1000.0 : NAN);
+  return j + ",\n  \"clocks\": " + clock_samples_json();
 }
 
 const char* const kRunHelp =
@@ -206,7 +208,10 @@ CpuLimit cpu_limit(const Config& c, int64_t T) {
 }  // namespace
 
 int run_command(const RunOptions& o) {
-  if (!o.json.empty()) require_writable(o.json, "--json");  // before any work
+  if (!o.json.empty()) {
+    require_writable(o.json, "--json");  // before any work
+    start_clock_sampling();
+  }
   const Config c = o.layer.config();
   const int64_t T = c.max_tokens_per_rank;
   const CpuLimit limit = cpu_limit(c, T);

@@ -19,9 +19,9 @@ RunOptions parse_run_options(const std::vector<std::string>& args);  // UsageErr
 extern const char* const kRunHelp;
 int run_command(const RunOptions& o);
 
-// The machine fields of a --json report (",\n  \"date\": ..." through the SM clock): the date,
-// mok's version, the commit at configure time, CUDA, the device (device, or the first GPU), and
-// its peak SM clock.
+// The machine fields of a --json report (",\n  \"date\": ..." through the clocks): the date,
+// mok's version, the commit at build time, CUDA, the device (device, or the first GPU), its peak
+// SM clock, and the clocks it ran at while timed (clock_sampler.hpp).
 std::string json_machine_fields(const std::string& device = "");
 
 }  // namespace mok::tools

@@ -116,6 +116,9 @@ assert "out vs FP64 (relative L2)" in names and "EP=2 vs EP=1 (out, d_x, d_w, ro
 out = r["checks"][names.index("out vs FP64 (relative L2)")]
 assert 0 < out["value"] < out["bound"], out
 assert any(m["name"] == "CPU reference forward" and m["value"] > 0 for m in r["throughput"])
+clocks = r["clocks"]  # measured while timed GPU work ran: none on the CPU reference alone
+assert clocks["samples"] > 0 or clocks["unavailable"], clocks
+assert clocks["samples"] == 0 or 100 < clocks["sm_mhz"]["median"] <= clocks["sm_mhz"]["max"], clocks
 PY
   echo "FAIL: mok run --json"
   failures=$((failures + 1))
@@ -172,6 +175,9 @@ main = r["tables"][0]
 assert main["columns"][:4] == ["shape", "T", "rows/expert", "forward ms"], main["columns"]
 row = main["rows"][0]
 assert row[0] == "tiny" and row[1] == 512 and row[3] > 0, row
+clocks = r["clocks"]  # NVML's, while the bench timed: the SM clock in a plausible range
+assert clocks["samples"] > 0 and 100 < clocks["sm_mhz"]["min"] <= clocks["sm_mhz"]["max"] < 4000, clocks
+assert clocks["memory_mhz"]["median"] > 100, clocks
 PY
   echo "FAIL: mok bench --json on the GPU"
   failures=$((failures + 1))
