@@ -106,13 +106,15 @@ struct BenchLayer {
 };
 
 // What a benchmark's backward reads and writes beside its layer: d_out [T, H] (fill_d_out's),
-// d_x, d_topk_weights and the six weight gradients in BF16 (WeightGrads::write_bf16).
+// d_x, d_topk_weights and the six weight gradients in BF16 (WeightGrads::write_bf16) of the
+// shared experts and `experts` routed ones (-1: all of c's).
 struct BenchGradients {
   size_t routed, shared;  // elements of each routed and shared weight gradient
   DeviceArray<__nv_bfloat16> d_out, d_x, dsg, dsu, dsd, dg, du, dd;
   DeviceArray<float> d_w;
-  BenchGradients(const Config& c, int64_t t, uint64_t inputs_seed)
-      : routed(size_t(c.num_experts) * size_t(c.intermediate) * size_t(c.hidden)),
+  BenchGradients(const Config& c, int64_t t, uint64_t inputs_seed, int experts = -1)
+      : routed(size_t(experts < 0 ? c.num_experts : experts) * size_t(c.intermediate) *
+               size_t(c.hidden)),
         shared(size_t(c.shared_width()) * size_t(c.hidden)),
         d_out(size_t(t) * size_t(c.hidden)),
         d_x(d_out.n),

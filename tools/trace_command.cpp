@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <optional>
 #include <sys/stat.h>
 
@@ -15,6 +16,8 @@
 #include "kernels/moe_forward/forward_probes.hpp"
 #include "layer/backward_runner.hpp"
 #include "layer/layer_runner.hpp"
+#include "mok/gpu/emulated_ep_backward.hpp"
+#include "mok/gpu/emulated_ep_forward.hpp"
 #include "mok/gpu/low_precision_experts.hpp"
 #include "mok/gpu/moe_backward.hpp"
 #include "mok/gpu/random_fill.hpp"
@@ -24,7 +27,7 @@ namespace mok::tools {
 
 const char* const kTraceHelp =
     "usage: mok trace [options]\n"
-    "the forward or backward megakernel's timeline (EP = 1; BF16, and the fp8_block backward):\n"
+    "the forward or backward megakernel's timeline (BF16, and the fp8_block backward at EP = 1):\n"
     "every GEMM tile's producer and consumer warpgroups, each dispatch CTA and combine warp (and\n"
     "the backward's store warp), from the GPU's global timer, written as a Chrome / Perfetto\n"
     "trace (one process per rank, one track per SM and role); prints each role's busy share and\n"
@@ -38,6 +41,9 @@ const char* const kTraceHelp =
     "  --png FILE                 its picture, one row per SM and role (default: the trace's\n"
     "                             name with .png; drawn by bench/plot_trace.py, which needs\n"
     "                             python3 with matplotlib: without them, and no --png, none)\n"
+    "  --ep N                     1 (default), or 2, 4, 8 ranks emulated on GPU 0 (one launch,\n"
+    "                             the grid split between them; BF16): a process per rank in\n"
+    "                             the trace, each rank with --tokens of its own\n"
     "  --events N                 the timeline's capacity (default 4194304)\n"
     "  --seed S                   the inputs' seed (weights, x, routing, d_out; default 0)\n";
 
@@ -54,6 +60,8 @@ TraceOptions parse_trace_options(const std::vector<std::string>& args) {
       if (o.png.empty()) throw UsageError("--png needs a file name, got ''");
     } else if (a == "--direction") {
       o.direction = parse_choice(a, option_value(args, i), {"forward", "backward"});
+    } else if (a == "--ep") {
+      o.ep = std::stoi(parse_choice(a, option_value(args, i), {"1", "2", "4", "8"}));
     } else if (a == "--events") {
       o.events = parse_int(a, option_value(args, i), 1, int64_t(1) << 28);
     } else if (a == "--seed") {
@@ -63,8 +71,14 @@ TraceOptions parse_trace_options(const std::vector<std::string>& args) {
     }
   }
   if (o.layer.preset.empty() && !o.layer.has_numbers()) o.layer.preset = "qwen3-30b";
-  o.layer.config();  // its errors now, before any GPU work
+  const Config c = o.layer.config();  // its errors now, before any GPU work
   o.layer.routing_choice();
+  if (c.num_experts % o.ep != 0)
+    throw UsageError("--ep " + std::to_string(o.ep) + ": expected a divisor of the " +
+                     std::to_string(c.num_experts) + " experts");
+  if (o.ep > 1 && o.layer.precision != "bf16")
+    throw UsageError("--ep " + std::to_string(o.ep) + " with --precision " + o.layer.precision +
+                     ": the emulated group's timeline runs BF16");
   if (o.layer.precision != "bf16" &&
       (o.layer.precision != "fp8_block" || o.direction != "backward"))
     throw UsageError("--precision " + o.layer.precision + " with --direction " + o.direction +
@@ -109,6 +123,111 @@ std::string shell_quoted(const std::string& s) {
   for (char ch : s) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
   return q + "'";
 }
+
+// Every rank's layer share and batch (rank r's local experts; one rank: all of them), drawn as
+// `mok bench --ep` draws them.
+std::vector<std::unique_ptr<BenchLayer>> rank_layers(const Config& c, const TraceOptions& o) {
+  std::vector<std::unique_ptr<BenchLayer>> ranks;
+  for (int r = 0; r < c.ep_size; ++r)
+    ranks.push_back(std::make_unique<BenchLayer>(
+        c, c.num_experts / c.ep_size, c.max_tokens_per_rank,
+        c.ep_size > 1 ? 100 * uint64_t(r + 1) : 0, o.layer.routing_choice(), o.seed));
+  return ranks;
+}
+
+// The third of three forwards (warm caches and clocks), every rank's events in one buffer.
+std::vector<kern::TraceEvent> forward_events(const Config& c, const TraceOptions& o,
+                                             int64_t* claimed) {
+  gpu::detail::ForwardHooks hooks;
+  hooks.trace_events = o.events;
+  hooks.kernels = &kern::probe_forward_kernels();  // the timeline's own instantiations
+  const auto ranks = rank_layers(c, o);
+  if (c.ep_size == 1) {
+    gpu::MoeForward f(c, {}, hooks);
+    for (int i = 0; i < 3; ++i)
+      f.forward(ranks[0]->batch(), ranks[0]->weights(), ranks[0]->out.ptr, nullptr);
+    f.check(nullptr);
+    return f.runner().trace(nullptr, claimed);
+  }
+  std::vector<gpu::DeviceBatch> batches;
+  std::vector<gpu::DeviceLayerWeights> weights;
+  std::vector<__nv_bfloat16*> outs;
+  for (const auto& r : ranks) {
+    batches.push_back(r->batch());
+    weights.push_back(r->weights());
+    outs.push_back(r->out.ptr);
+  }
+  gpu::EmulatedEpForward f(c, {}, hooks);
+  for (int i = 0; i < 3; ++i) f.forward(batches, weights, outs, nullptr);
+  f.check(nullptr);
+  return f.runner().trace(nullptr, claimed);
+}
+
+// The third of three training forwards and backwards (BF16 weight gradients).
+std::vector<kern::TraceEvent> backward_events(const Config& c, const TraceOptions& o,
+                                              int64_t* claimed) {
+  gpu::detail::ForwardHooks hooks;
+  hooks.trace_events = o.events;
+  const bool fp8 = c.precision == Precision::fp8_block;
+  hooks.backward_kernels = fp8 ? &kern::trace_fp8_block_backward_kernels()
+                               : &kern::trace_backward_kernels();  // the timeline's own
+  gpu::BackwardOptions bo;
+  bo.weight_grads = gpu::WeightGrads::write_bf16;
+  const auto ranks = rank_layers(c, o);
+  const int El = c.num_experts / c.ep_size;
+  std::vector<std::unique_ptr<BenchGradients>> g;
+  std::vector<std::unique_ptr<gpu::Schedule>> s;
+  std::vector<std::unique_ptr<gpu::ForwardContext>> ctx;
+  for (int r = 0; r < c.ep_size; ++r) {
+    g.push_back(std::make_unique<BenchGradients>(c, c.max_tokens_per_rank, o.seed, El));
+    s.push_back(std::make_unique<gpu::Schedule>(c));
+    ctx.push_back(std::make_unique<gpu::ForwardContext>(c));
+  }
+  if (c.ep_size == 1) {
+    gpu::MoeForward f(c);
+    gpu::MoeBackward b(c, bo, hooks);
+    // fp8_block: the routed experts quantized from the BF16 weights (both orientations).
+    const BenchLayer& data = *ranks[0];
+    std::optional<gpu::LowPrecisionExperts> experts;
+    if (fp8) experts.emplace(c, /*backward=*/true).quantize(data.weights(), nullptr);
+    const gpu::DeviceLayerWeights weights = fp8 ? experts->with(data.weights()) : data.weights();
+    for (int i = 0; i < 3; ++i) {
+      f.schedule(data.batch(), *s[0], nullptr);
+      f.forward(*s[0], data.batch(), weights, data.out.ptr, ctx[0].get(), nullptr);
+      b.backward(*s[0], *ctx[0], data.batch(), weights, g[0]->d_out.ptr, g[0]->grads(), nullptr);
+    }
+    f.check(nullptr);
+    b.check(nullptr);
+    return b.runner().trace(nullptr, claimed);
+  }
+  std::vector<gpu::DeviceBatch> batches;
+  std::vector<gpu::DeviceLayerWeights> weights;
+  std::vector<__nv_bfloat16*> outs;
+  std::vector<const __nv_bfloat16*> d_outs;
+  std::vector<gpu::DeviceGradients> grads;
+  std::vector<gpu::Schedule*> schedules;
+  std::vector<const gpu::ForwardContext*> contexts;
+  for (int r = 0; r < c.ep_size; ++r) {
+    batches.push_back(ranks[size_t(r)]->batch());
+    weights.push_back(ranks[size_t(r)]->weights());
+    outs.push_back(ranks[size_t(r)]->out.ptr);
+    d_outs.push_back(g[size_t(r)]->d_out.ptr);
+    grads.push_back(g[size_t(r)]->grads());
+    schedules.push_back(s[size_t(r)].get());
+    contexts.push_back(ctx[size_t(r)].get());
+  }
+  gpu::EmulatedEpForward f(c);
+  gpu::EmulatedEpBackward b(c, bo, hooks);
+  for (int i = 0; i < 3; ++i) {
+    f.schedule(batches, schedules, nullptr);
+    f.forward(schedules, batches, weights, outs, contexts, nullptr);
+    b.backward(schedules, contexts, batches, weights, d_outs, grads, nullptr);
+  }
+  f.check(nullptr);
+  b.check(nullptr);
+  return b.runner().trace(nullptr, claimed);
+}
+
 }  // namespace
 #endif
 
@@ -121,52 +240,20 @@ int trace_command(const TraceOptions& o) {
     throw Error(ErrorCode::unsupported, "mok trace needs a GPU; none is visible on this machine");
   require_writable(o.out, "--out");
   if (!png.empty()) require_writable(png, "--png");
-  const Config c = o.layer.config();
-  const BenchLayer data(c, c.num_experts, c.max_tokens_per_rank, 0, o.layer.routing_choice(),
-                        o.seed);
+  Config c = o.layer.config();
+  c.ep_size = o.ep;
+  c.validate();
   const bool backward = o.direction == "backward";
   int64_t claimed = 0;
-  std::vector<kern::TraceEvent> events;
-  if (!backward) {
-    gpu::detail::ForwardHooks hooks;
-    hooks.trace_events = o.events;
-    hooks.kernels = &kern::probe_forward_kernels();  // the timeline's own instantiations
-    gpu::MoeForward f(c, {}, hooks);
-    for (int i = 0; i < 3; ++i) f.forward(data.batch(), data.weights(), data.out.ptr, nullptr);
-    f.check(nullptr);  // the third forward's timeline: warm caches and clocks
-    events = f.runner().trace(nullptr, &claimed);
-  } else {
-    const BenchGradients g(c, c.max_tokens_per_rank, o.seed);
-    const gpu::DeviceGradients grads = g.grads();
-    gpu::detail::ForwardHooks hooks;
-    hooks.trace_events = o.events;
-    const bool fp8 = c.precision == Precision::fp8_block;
-    hooks.backward_kernels = fp8 ? &kern::trace_fp8_block_backward_kernels()
-                                 : &kern::trace_backward_kernels();  // the timeline's own
-    gpu::BackwardOptions bo;
-    bo.weight_grads = gpu::WeightGrads::write_bf16;
-    gpu::MoeForward f(c);
-    gpu::MoeBackward b(c, bo, hooks);
-    gpu::Schedule s(c);
-    gpu::ForwardContext ctx(c);
-    // fp8_block: the routed experts quantized from the BF16 weights (both orientations).
-    std::optional<gpu::LowPrecisionExperts> experts;
-    if (fp8) experts.emplace(c, /*backward=*/true).quantize(data.weights(), nullptr);
-    const gpu::DeviceLayerWeights weights = fp8 ? experts->with(data.weights()) : data.weights();
-    for (int i = 0; i < 3; ++i) {
-      f.schedule(data.batch(), s, nullptr);
-      f.forward(s, data.batch(), weights, data.out.ptr, &ctx, nullptr);
-      b.backward(s, ctx, data.batch(), weights, g.d_out.ptr, grads, nullptr);
-    }
-    f.check(nullptr);
-    b.check(nullptr);  // the third backward's timeline
-    events = b.runner().trace(nullptr, &claimed);
-  }
+  const std::vector<kern::TraceEvent> events =
+      backward ? backward_events(c, o, &claimed) : forward_events(c, o, &claimed);
   const std::vector<std::string>& kinds = backward ? kBackwardTileKinds : kForwardTileKinds;
   write_text_file(o.out, chrome_trace_json(events, kinds), "--out");
-  std::printf("mok trace: %s, T = %d, %s, the third of three %ss; %zu events (%s)\n\n",
-              o.layer.name().c_str(), c.max_tokens_per_rank, o.layer.precision.c_str(),
-              o.direction.c_str(), events.size(), o.out.c_str());
+  std::printf(
+      "mok trace: %s, T = %d%s, %s, the third of three %ss; %zu events (%s)\n\n",
+      o.layer.name().c_str(), c.max_tokens_per_rank,
+      o.ep > 1 ? (" per rank, EP = " + std::to_string(o.ep) + " emulated on GPU 0").c_str() : "",
+      o.layer.precision.c_str(), o.direction.c_str(), events.size(), o.out.c_str());
   std::fputs(timeline_summary_text(summarize_timeline(events, kinds)).c_str(), stdout);
   if (claimed > int64_t(events.size()))
     std::printf("the timeline held %zu of %lld events: raise --events\n", events.size(),

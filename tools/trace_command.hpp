@@ -1,7 +1,8 @@
-// `mok trace`: the in-kernel timeline of one forward or backward (EP = 1, BF16) as a Chrome /
-// Perfetto trace, with each role's busy share, its longest idle gap, the consumers' time by tile
-// kind and the overlap of row movement with the GEMMs; and its picture as a PNG (drawn by the
-// source tree's bench/plot_trace.py, which needs python3 with matplotlib).
+// `mok trace`: the in-kernel timeline of one forward or backward (EP = 1 or a group emulated on
+// one GPU; BF16, and the fp8_block backward at EP = 1) as a Chrome / Perfetto trace, with each
+// role's busy share, its longest idle gap, the consumers' time by tile kind and the overlap of
+// row movement with the GEMMs; and its picture as a PNG (drawn by the source tree's
+// bench/plot_trace.py, which needs python3 with matplotlib).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -17,6 +18,7 @@ struct TraceOptions {
   std::string out = "mok_trace.json";  // the Chrome trace
   int64_t events = int64_t(1) << 22;   // the timeline's capacity
   uint64_t seed = 0;                   // the inputs' (BenchLayer's inputs_seed)
+  int ep = 1;                          // > 1: that many ranks emulated on GPU 0
   std::string png;                     // the picture; empty: beside out, when it can be drawn
 };
 

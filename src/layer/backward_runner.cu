@@ -94,12 +94,15 @@ BackwardRunner::BackwardRunner(const Config& c, const BackwardOptions& o, const 
               ": the backward kernels given (ForwardHooks::backward_kernels) are built for "
               "another precision than the layer's, " +
               name);
-  require(h.trace_events == 0 || (h.backward_kernels && ranks == 1 && !h.staged_backward),
+  require(ranks == 1 || kernels->groups, ErrorCode::invalid_argument,
+          who + ": the backward kernels given (ForwardHooks::backward_kernels) run one rank, not " +
+              "an emulated group of " + std::to_string(ranks));
+  require(h.trace_events == 0 || (h.backward_kernels && !h.staged_backward),
           ErrorCode::invalid_argument,
           who +
-              ": the timeline (trace_events) runs one rank's fused backward on its own "
-              "instantiations (ForwardHooks::backward_kernels = &kern::trace_backward_kernels() "
-              "or, for fp8_block, &kern::trace_fp8_block_backward_kernels())");
+              ": the timeline (trace_events) runs the fused backward on its own instantiations "
+              "(ForwardHooks::backward_kernels = &kern::trace_backward_kernels() or, for one "
+              "rank in fp8_block, &kern::trace_fp8_block_backward_kernels())");
   trace_ = TraceBuffer(h.trace_events, who);
 
   const auto [sms, clock_khz] = current_device_sms_and_clock();

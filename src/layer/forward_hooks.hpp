@@ -51,8 +51,8 @@ struct ForwardHooks {
   // The instantiations to run; nullptr: kern::production_forward_kernels().
   const kern::ForwardKernels* kernels = nullptr;
   // The backward's (BackwardRunner; built for the layer's precision; with trace_events:
-  // kern::trace_backward_kernels() or trace_fp8_block_backward_kernels(), one rank); nullptr: the
-  // library's set of the layer's precision.
+  // kern::trace_backward_kernels(), or for one rank trace_fp8_block_backward_kernels()); nullptr:
+  // the library's set of the layer's precision.
   const kern::BackwardKernels* backward_kernels = nullptr;
 
   // Hooks that only the dispatch role takes (the EP = 1 forward then keeps the dispatch copy).

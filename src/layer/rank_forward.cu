@@ -296,6 +296,21 @@ void require_operand(const void* p, const std::string& name, size_t alignment) {
   require(reinterpret_cast<uintptr_t>(p) % alignment == 0, ErrorCode::invalid_argument,
           name + " is not " + std::to_string(alignment) +
               "-byte aligned (TMA and vector loads need it)");
+  // A host pointer would fault in the kernels (or make no tensor map). The query is not a stream
+  // operation; relaxed, it leaves a capture in progress valid.
+  cudaStreamCaptureMode mode = cudaStreamCaptureModeRelaxed;
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  cudaPointerAttributes a{};
+  const cudaError_t e = cudaPointerGetAttributes(&a, p);
+  cudaThreadExchangeStreamCaptureMode(&mode);
+  if (e != cudaSuccess) cudaGetLastError();  // not sticky: the layer stays usable
+  require(e == cudaSuccess, ErrorCode::invalid_argument,
+          name + ": not a pointer the CUDA runtime knows (" + cudaGetErrorString(e) + ")");
+  require(a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged,
+          ErrorCode::invalid_argument,
+          name + " is host memory (" +
+              (a.type == cudaMemoryTypeHost ? "pinned" : "pageable, not known to CUDA") +
+              "); the kernels read and write device memory");
 }
 
 void require_batch_operands(const Config& c, const DeviceBatch& b, const std::string& prefix) {
@@ -303,8 +318,8 @@ void require_batch_operands(const Config& c, const DeviceBatch& b, const std::st
     require_token_count(b.tokens, c);
     if (b.tokens == 0) return;
     require_operand(b.x, "x");
-    require(b.topk_ids && b.topk_weights, ErrorCode::invalid_argument,
-            "topk_ids and topk_weights must not be null");
+    require_operand(b.topk_ids, "topk_ids", 4);
+    require_operand(b.topk_weights, "topk_weights", 4);
   } catch (const Error& e) {
     if (prefix.empty()) throw;
     throw Error(e.code(), prefix + e.what());

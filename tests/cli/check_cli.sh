@@ -190,7 +190,11 @@ expect 2 "^mok trace: --precision fp8_block with --direction forward: mok trace 
   trace --precision fp8_block
 expect 2 "^mok trace: --precision mxfp8 with --direction backward: mok trace records" \
   trace --precision mxfp8 --direction backward
-expect 2 "^mok trace: unknown option '--ep' for trace" trace --ep 2
+expect 2 "^mok trace: --ep 3: expected one of 1, 2, 4, 8$" trace --ep 3
+expect 2 "^mok trace: --ep 8: expected a divisor of the 20 experts$" \
+  trace --hidden 256 --intermediate 128 --experts 20 --top-k 2 --ep 8
+expect 2 "^mok trace: --ep 2 with --precision fp8_block: the emulated group's timeline runs BF16$" \
+  trace --ep 2 --direction backward --precision fp8_block
 expect 2 "^mok trace: --out needs a file name, got ''$" trace --out ""
 expect 2 "^mok trace: --png needs a file name, got ''$" trace --png ""
 expect 2 "^mok trace: --direction sideways: expected one of forward, backward$" \
@@ -211,13 +215,15 @@ if "$mok" info | grep -q "GPUs    no GPU"; then
       trace --png "$png"
   fi
 else
-  for run in "forward bf16" "backward bf16" "backward fp8_block"; do
-    read -r direction precision <<<"$run"
-    if ! "$mok" trace --preset tiny --direction $direction --precision $precision \
+  for run in "forward bf16 1" "backward bf16 1" "backward fp8_block 1" "forward bf16 4" \
+    "backward bf16 2"; do
+    read -r direction precision ep <<<"$run"
+    if ! "$mok" trace --preset tiny --direction $direction --precision $precision --ep $ep \
       --out "$trace" >/dev/null 2>&1 ||
-      ! python3 - "$trace" $direction <<'PY'; then
+      ! python3 - "$trace" $direction $ep <<'PY'; then
 import json, sys
 events = [e for e in json.load(open(sys.argv[1]))["traceEvents"] if e["ph"] == "X"]
+assert {e["pid"] for e in events} == set(range(int(sys.argv[3]))), "a process per rank"
 names = ("producer", "consumer 0", "consumer 1", "dispatch", "combine", "store")
 roles = {r for e in events for r in names if e["name"].startswith(r + " ")}
 want = {"producer", "consumer 0", "consumer 1", "combine"}
@@ -229,7 +235,7 @@ else:
     assert {"routed gate/up", "routed down"} <= kinds, kinds
 assert want <= roles, roles
 PY
-      echo "FAIL: mok trace --direction $direction --precision $precision on the GPU"
+      echo "FAIL: mok trace --direction $direction --precision $precision --ep $ep on the GPU"
       failures=$((failures + 1))
     fi
   done

@@ -4,7 +4,8 @@
 // side by side, form the single GPU's tensors), for random, uneven (an empty rank), all-to-one-
 // rank and all-to-one-expert routings and with injected dispatch delays (also recomputing g | u);
 // the shared experts' gradients equal the single-GPU backward of each rank's own tokens (per-rank
-// partials). A rank whose dispatch stops ends in an error naming it; bad calls are refused.
+// partials). A rank whose dispatch stops ends in an error naming it; bad calls are refused. The
+// timeline (`mok trace --ep --direction backward`) records every rank and changes no bit.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -15,6 +16,8 @@
 #include <vector>
 
 #include "backward_test_util.hpp"
+#include "kernels/moe_backward/backward_trace.hpp"
+#include "layer/backward_runner.hpp"
 #include "mok/gpu/emulated_ep_backward.hpp"
 #include "mok/gpu/emulated_ep_forward.hpp"
 #include "mok/gpu/moe_backward.hpp"
@@ -69,9 +72,39 @@ struct Group {
   }
 };
 
-// One case: the group's outputs against the single GPU's, bit for bit.
+// The group's timeline: each rank's GEMM roles, dispatch and combine under its own rank, its
+// combine warps' tokens adding up to its batch.
+void expect_timeline_of_every_rank(const mok::gpu::EmulatedEpBackward& bw, const EpCase& k) {
+  const int ranks = int(k.tokens.size());
+  int64_t claimed = 0;
+  const auto events = bw.runner().trace(nullptr, &claimed);
+  ASSERT_EQ(int64_t(events.size()), claimed);
+  const size_t n = static_cast<size_t>(ranks);
+  std::vector<std::vector<int64_t>> per_role(n, std::vector<int64_t>(mok::kern::kTraceRoles));
+  std::vector<int64_t> tokens(n);
+  for (const auto& e : events) {
+    ASSERT_GE(e.rank, 0);
+    ASSERT_LT(e.rank, ranks);
+    ASSERT_GE(e.role, 0);
+    ASSERT_LT(e.role, int(mok::kern::kTraceRoles));
+    ASSERT_LE(e.start_ns, e.end_ns);
+    ++per_role[size_t(e.rank)][size_t(e.role)];
+    if (e.role == mok::kern::kTraceCombine) tokens[size_t(e.rank)] += e.what;
+  }
+  for (int r = 0; r < ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    for (int role : {int(mok::kern::kTraceProducer), int(mok::kern::kTraceConsumer0),
+                     int(mok::kern::kTraceDispatch), int(mok::kern::kTraceStore)})
+      EXPECT_GT(per_role[size_t(r)][size_t(role)], 0) << "role " << role;
+    EXPECT_EQ(tokens[size_t(r)], k.tokens[size_t(r)]);
+  }
+}
+
+// One case: the group's outputs against the single GPU's, bit for bit. trace: the backward on the
+// timeline's kernels, whose events are then checked per rank.
 void expect_group_equals_ep1(int ranks, const EpCase& k, WeightGrads mode = WeightGrads::write_fp32,
-                             mok::gpu::GateUpMode gate_up = mok::gpu::GateUpMode::keep) {
+                             mok::gpu::GateUpMode gate_up = mok::gpu::GateUpMode::keep,
+                             bool trace = false) {
   const GlobalBatch g = make_global_batch(ranks, k);
   const mok::Batch& b = g.batch;
   const int64_t total = g.total, H = g.global.hidden;
@@ -87,7 +120,12 @@ void expect_group_equals_ep1(int ranks, const EpCase& k, WeightGrads mode = Weig
   mok::gpu::BackwardOptions o;
   o.weight_grads = mode;
   o.gate_up = gate_up;
-  mok::gpu::EmulatedEpBackward bw(c, o, case_hooks(k));
+  mok::gpu::detail::ForwardHooks hooks = case_hooks(k);
+  if (trace) {
+    hooks.trace_events = 1 << 16;
+    hooks.backward_kernels = &mok::kern::trace_backward_kernels();
+  }
+  mok::gpu::EmulatedEpBackward bw(c, o, hooks);
   EXPECT_EQ(bw.ranks(), ranks);
   // Routed gradients and d_x / d_w: slices of global buffers; shared ones: each rank its own.
   Grads global(c, total, c.num_experts);
@@ -118,6 +156,7 @@ void expect_group_equals_ep1(int ranks, const EpCase& k, WeightGrads mode = Weig
     EXPECT_EQ(std::memcmp(got[i].data(), want[size_t(i)].data(), got[i].size()), 0)
         << kNames[i] << ": bits differ from the single-GPU backward";
   }
+  if (trace) expect_timeline_of_every_rank(bw, k);
   // The shared experts' gradients: rank r's partial = the single GPU's on rank r's tokens.
   if (c.shared_width() == 0) return;
   for (int r = 0; r < ranks; ++r) {
@@ -149,6 +188,15 @@ void expect_every_case(int ranks) {
 }  // namespace
 
 // One test per group size (the sanitizers run the two-rank one).
+TEST(EmulatedEpBackwardGpu, TimelineRecordsEveryRankAndChangesNoBit) {
+  MOK_REQUIRE_GPU();
+  for (int ranks : {2, 4}) {
+    SCOPED_TRACE("ranks " + std::to_string(ranks));
+    expect_group_equals_ep1(ranks, standard_cases(ranks)[0], WeightGrads::write_bf16,
+                            mok::gpu::GateUpMode::keep, true);
+  }
+}
+
 TEST(EmulatedEpBackwardGpu, TwoRanksEqualTheSingleGpuBackwardBitForBit) {
   MOK_REQUIRE_GPU();
   expect_every_case(2);

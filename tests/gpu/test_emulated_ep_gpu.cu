@@ -3,10 +3,12 @@
 // for bit, for random, skewed and empty routings, rings smaller than the batch and random dispatch
 // delays; capacity overflow on one owner fails every rank; a rank that stops in dispatch or
 // before the combine ends in an error naming it, not a hang, and a group rebuilt after it
-// computes the healthy bits.
+// computes the healthy bits; the timeline (`mok trace --ep`) records every rank and changes no bit.
 #include <algorithm>
 
 #include "ep_test_util.hpp"
+#include "kernels/moe_forward/forward_probes.hpp"
+#include "layer/layer_runner.hpp"
 #include "mok/gpu/emulated_ep_forward.hpp"
 #include "mok/gpu/moe_forward.hpp"
 
@@ -16,8 +18,9 @@ namespace {
 
 // Runs the global batch at EP = 1 and split over the ranks; expects every rank's rows bitwise
 // equal (the EP = 1 output itself is checked against the CPU reference). training: through
-// caller-owned schedules, with a ForwardContext per rank.
-void expect_ep_equals_ep1(int ranks, const EpCase& k, bool training = false) {
+// caller-owned schedules, with a ForwardContext per rank. trace: on the timeline's kernels, whose
+// events are then checked per rank (each rank's roles under its own rank, its tokens combined).
+void expect_ep_equals_ep1(int ranks, const EpCase& k, bool training = false, bool trace = false) {
   const GlobalBatch g = make_global_batch(ranks, k);
   const std::vector<double> want = ep1_output(g);
   const mok::Config c = rank_config(g, ranks, k);
@@ -26,7 +29,12 @@ void expect_ep_equals_ep1(int ranks, const EpCase& k, bool training = false) {
   const int El = c.num_experts / ranks;
   const GpuLayer layer(g.params);
   const mok::gpu::ForwardOptions o = case_options(k);
-  mok::gpu::EmulatedEpForward ep(c, o, case_hooks(k));
+  mok::gpu::detail::ForwardHooks hooks = case_hooks(k);
+  if (trace) {
+    hooks.trace_events = 1 << 16;
+    hooks.kernels = &mok::kern::probe_forward_kernels();
+  }
+  mok::gpu::EmulatedEpForward ep(c, o, hooks);
   const int64_t H = c.hidden, I = c.intermediate;
   const mok::gpu::DeviceLayerWeights all = layer.weights();
   DeviceBuffer<uint16_t> x(to_bf16(b.x));
@@ -73,9 +81,43 @@ void expect_ep_equals_ep1(int ranks, const EpCase& k, bool training = false) {
   got.resize(size_t(total * H));
   ASSERT_EQ(got.size(), want.size());
   EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(double)), 0);
+  if (!trace) return;
+  int64_t claimed = 0;
+  const auto events = ep.runner().trace(nullptr, &claimed);
+  ASSERT_EQ(int64_t(events.size()), claimed);
+  const size_t n = static_cast<size_t>(ranks);
+  std::vector<int64_t> producers(n), consumers(n), tokens(n);
+  for (const auto& e : events) {
+    ASSERT_GE(e.rank, 0);
+    ASSERT_LT(e.rank, ranks);
+    ASSERT_LE(e.start_ns, e.end_ns);
+    if (e.role == mok::kern::kTraceProducer) ++producers[size_t(e.rank)];
+    if (e.role == mok::kern::kTraceConsumer0 || e.role == mok::kern::kTraceConsumer1)
+      ++consumers[size_t(e.rank)];
+    if (e.role == mok::kern::kTraceCombine) tokens[size_t(e.rank)] += e.what;
+  }
+  for (int r = 0; r < ranks; ++r) {
+    SCOPED_TRACE("rank " + std::to_string(r));
+    EXPECT_GT(producers[size_t(r)], 0);  // every rank owns experts: its shared tiles at least
+    EXPECT_GT(consumers[size_t(r)], 0);
+    EXPECT_EQ(tokens[size_t(r)], k.tokens[size_t(r)]);
+  }
 }
 
 }  // namespace
+
+// The timeline of an emulated group (`mok trace --ep N`), on both row paths and with an empty
+// rank: the same bits as the single GPU's forward, every rank's events under its own rank.
+TEST(EmulatedEpGpu, TimelineRecordsEveryRankAndChangesNoBit) {
+  MOK_REQUIRE_GPU();
+  for (int ranks : {2, 4}) {
+    const std::vector<EpCase> all = standard_cases(ranks);
+    for (size_t i : {size_t(0), size_t(1), size_t(7)}) {
+      SCOPED_TRACE("ranks " + std::to_string(ranks) + ", case " + std::to_string(i));
+      expect_ep_equals_ep1(ranks, all[i], false, true);
+    }
+  }
+}
 
 TEST(EmulatedEpGpu, EveryRankEqualsTheSingleGpuForwardBitForBit) {
   MOK_REQUIRE_GPU();

@@ -213,3 +213,40 @@ TYPED_TEST(ForwardGpu, StandardShapeAgreesWithTheCublasPipeline) {
   for (double v : a) ASSERT_FALSE(std::isnan(v));
   EXPECT_LT(mok::relative_l2_error(a, b), 1e-2);
 }
+
+// An operand outside device memory is refused by name before any work (a host pointer would fault
+// in the kernels or make no tensor map), pageable or pinned, and the layer then computes as before.
+TEST(MoeForwardOperands, HostPointersAreRefusedByName) {
+  MOK_REQUIRE_GPU();
+  const mok::Config c = mok::preset("tiny");
+  const mok::LayerParams p = mok::tools::random_params(c, 9);
+  const GpuLayer layer(p);
+  const mok::Batch b = mok::tools::random_batch(c, 64, 3);
+  mok::gpu::MoeForward f(c);
+  const std::vector<double> before = gpu_forward(f, c, layer, b);
+  DeviceBuffer<uint16_t> x(to_bf16(b.x)), out(size_t(b.tokens * c.hidden), 0xFF);
+  DeviceBuffer<int32_t> ids(b.topk_ids);
+  DeviceBuffer<float> w(std::vector<float>(b.topk_weights.begin(), b.topk_weights.end()));
+  const std::vector<uint16_t> pageable_x = to_bf16(b.x);
+  std::vector<uint16_t> pageable_out(out.n);
+  int32_t* pinned_ids = nullptr;
+  ASSERT_EQ(cudaMallocHost(&pinned_ids, b.topk_ids.size() * sizeof(int32_t)), cudaSuccess);
+  auto bf = [](const uint16_t* q) { return reinterpret_cast<const __nv_bfloat16*>(q); };
+  auto expect_refused = [&](const mok::gpu::DeviceBatch& batch, uint16_t* to,
+                            const std::string& text) {
+    try {
+      f.forward(batch, layer.weights(), reinterpret_cast<__nv_bfloat16*>(to), nullptr);
+      ADD_FAILURE() << "no error for: " << text;
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.code(), mok::ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  };
+  expect_refused({b.tokens, bf(pageable_x.data()), ids.ptr, w.ptr}, out.ptr,
+                 "x is host memory (pageable");
+  expect_refused({b.tokens, bf(x.ptr), pinned_ids, w.ptr}, out.ptr,
+                 "topk_ids is host memory (pinned)");
+  expect_refused({b.tokens, bf(x.ptr), ids.ptr, w.ptr}, pageable_out.data(), "out is host memory");
+  cudaFreeHost(pinned_ids);
+  EXPECT_TRUE(same_bits(gpu_forward(f, c, layer, b), before));
+}

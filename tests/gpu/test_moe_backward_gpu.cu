@@ -394,6 +394,9 @@ TEST(MoeBackwardGpu, RefusesWhatItCannotUseAndEndsAStoppedDispatchInAnError) {
   expect_error([&] { bw.backward(s, ctx, step.batch(), w, nullptr, g, nullptr); }, "d_out is null");
   expect_error([&] { bw.backward(s, ctx, step.batch(), w, bf(step.d_out) + 1, g, nullptr); },
                "d_out is not 16-byte aligned");
+  const std::vector<__nv_bfloat16> pageable_d_out(size_t(100 * c.hidden));
+  expect_error([&] { bw.backward(s, ctx, step.batch(), w, pageable_d_out.data(), g, nullptr); },
+               "d_out is host memory (pageable");
   mok::gpu::DeviceGradients no_down = g;
   no_down.down = nullptr;
   expect_error([&] { bw.backward(s, ctx, step.batch(), w, bf(step.d_out), no_down, nullptr); },

@@ -47,7 +47,8 @@ class EmulatedEpBackward {
   int ranks() const;
   int ctas_per_rank() const;
   int block_n() const;
-  size_t workspace_bytes() const;  // every rank's
+  size_t workspace_bytes() const;                                    // every rank's
+  const detail::BackwardRunner& runner() const { return *runner_; }  // tests and tools
 
  private:
   std::unique_ptr<detail::BackwardRunner> runner_;

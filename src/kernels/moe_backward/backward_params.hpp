@@ -173,6 +173,7 @@ struct BackwardKernels {
   cudaError_t (*launch)(const BackwardShare* shares, int ranks, BackwardShare* group, int grid,
                         cudaStream_t stream);
   RoutedWeights routed;
+  bool groups;  // has the emulated groups' instantiations (ranks > 1)
 };
 // The library's set (moe_backward_bf16.cu): both widths, with and without recompute, one rank and
 // emulated groups.

@@ -6,7 +6,7 @@
 
 namespace mok::kern {
 
-// One rank (no emulated groups): the BF16 backward's, and fp8_block's.
+// The BF16 backward's (one rank and emulated groups), and fp8_block's (one rank).
 const BackwardKernels& trace_backward_kernels();
 const BackwardKernels& trace_fp8_block_backward_kernels();
 

@@ -31,7 +31,8 @@ __global__ void backward_steps_kernel(const __grid_constant__ BackwardParams p) 
 
 const BackwardKernels& production_backward_kernels() {
   static const BackwardKernels set{prepare_backward_set<false, true>,
-                                   launch_backward_set<false, true>, RoutedWeights::bf16};
+                                   launch_backward_set<false, true>, RoutedWeights::bf16,
+                                   /*groups=*/true};
   return set;
 }
 

@@ -8,7 +8,8 @@ namespace mok::kern {
 const BackwardKernels& fp8_block_backward_kernels() {
   static const BackwardKernels set{prepare_backward_set<false, true, RoutedWeights::fp8_block>,
                                    launch_backward_set<false, true, RoutedWeights::fp8_block>,
-                                   RoutedWeights::fp8_block};
+                                   RoutedWeights::fp8_block,
+                                   /*groups=*/true};
   return set;
 }
 

@@ -8,7 +8,8 @@ namespace mok::kern {
 const BackwardKernels& mxfp8_backward_kernels() {
   static const BackwardKernels set{prepare_backward_set<false, true, RoutedWeights::mxfp8>,
                                    launch_backward_set<false, true, RoutedWeights::mxfp8>,
-                                   RoutedWeights::mxfp8};
+                                   RoutedWeights::mxfp8,
+                                   /*groups=*/true};
   return set;
 }
 

@@ -8,7 +8,8 @@ namespace mok::kern {
 const BackwardKernels& nvfp4_backward_kernels() {
   static const BackwardKernels set{prepare_backward_set<false, true, RoutedWeights::nvfp4>,
                                    launch_backward_set<false, true, RoutedWeights::nvfp4>,
-                                   RoutedWeights::nvfp4};
+                                   RoutedWeights::nvfp4,
+                                   /*groups=*/true};
   return set;
 }
 

@@ -6,7 +6,11 @@
 
 namespace mok::kern {
 
-// ForwardKernel::probe in {kProbeNoGemmLoads, kProbeNoMma, both}, block_n 256 only.
+// ForwardKernel::probe in {kProbeNoGemmLoads, kProbeNoMma, both}, block_n 256 only; kProbeTrace,
+// block_n 128 and 256, inference, one rank or an emulated group.
 const ForwardKernels& probe_forward_kernels();
+// The emulated group's timeline kernels (moe_forward_group_trace.cu), which probe_forward_kernels
+// dispatches to.
+const ForwardKernels& group_trace_forward_kernels();
 
 }  // namespace mok::kern

@@ -1,8 +1,8 @@
 // The benchmarks' stage probes (kProbe*): the megakernel without its GEMM loads, without its MMAs,
 // or without both, for 256-wide tiles with either mainloop; and the timeline's kernels
-// (kProbeTrace: the production code recording kern::trace_event, 128- and 256-wide tiles). Linked
-// only into the tools that use them (the CLI's bench and trace, the probe test), never into the
-// library.
+// (kProbeTrace: the production code recording kern::trace_event, 128- and 256-wide tiles; an
+// emulated group's in moe_forward_group_trace.cu). Linked only into the tools that use them (the
+// CLI's bench and trace, the probe test), never into the library.
 #include "kernels/moe_forward/forward_kernel.cuh"
 #include "kernels/moe_forward/forward_probes.hpp"
 
@@ -44,8 +44,19 @@ struct Probes {
   }
 };
 
+cudaError_t prepare_any(const ForwardKernel& k, int* ctas_per_sm) {
+  return (k.group ? group_trace_forward_kernels() : ForwardKernelSet<Probes>::kernels)
+      .prepare(k, ctas_per_sm);
+}
+cudaError_t launch_any(const ForwardLaunch& l, const ForwardKernel& k, int grid,
+                       cudaStream_t stream) {
+  return (k.group ? group_trace_forward_kernels() : ForwardKernelSet<Probes>::kernels)
+      .launch(l, k, grid, stream);
+}
+constexpr ForwardKernels kProbes{&prepare_any, &launch_any};
+
 }  // namespace
 
-const ForwardKernels& probe_forward_kernels() { return ForwardKernelSet<Probes>::kernels; }
+const ForwardKernels& probe_forward_kernels() { return kProbes; }
 
 }  // namespace mok::kern

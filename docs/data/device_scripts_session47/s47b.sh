@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# Session 47, call B: this session's code on the GPU. One GPU, carry [".device"], LIMIT=560.
+#   (1) the tests of what changed: the emulated groups' timelines (forward and backward, new
+#       group instantiations of the trace kernels), host pointers refused by name
+#       (cudaPointerGetAttributes in require_operand, relaxed around captures: the backward suite's
+#       graph-replay test and the PyTorch layer's CUDA-graph tests run through it);
+#   (2) the CLI contract's GPU branch: mok trace --ep 4 / --ep 2 --direction backward, the clocks
+#       in bench and run --json (NVML);
+#   (3) s9 (704x1728x14/2, T = 4), the one sweep shape slower than the staged launches (0.90x in
+#       s47a): tile width and row path, two rounds;
+#   (4) where the fp8_block backward loses at qwen3-30b 8k now (0.66x BF16 after session 45's
+#       epilogue levers, which cut its dgrad-down epilogue 44% but the backward 1-3%): the wait
+#       profile (--breakdown 1) and both precisions' timelines by tile kind.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0
+cd "$(dirname "$0")/../../.."
+t0=$(date +%s)
+limit=${LIMIT:-560}
+log=$OUT/s47b.log
+source scripts/device_steps.sh
+nvidia-smi --query-gpu=name,power.limit,memory.total --format=csv,noheader
+bash scripts/gpu_build.sh > $OUT/build.log 2>&1 || { grep -E "error|FAILED" -A3 $OUT/build.log | head -30; exit 1; }
+echo "build $(el)s"
+T=build-gpu/tests
+run emulated_timeline 120 $T/test_emulated_ep_gpu --gtest_filter='*Timeline*'
+run emulated_bwd_timeline 120 $T/test_emulated_ep_backward_gpu --gtest_filter='*Timeline*'
+run forward 120 $T/test_forward_gpu
+run moe_backward 200 $T/test_moe_backward_gpu
+run cli_contract 150 bash tests/cli/check_cli.sh build-gpu/mok
+tail -2 /tmp/run.txt
+build-gpu/mok bench --preset qwen3-30b --iterations 10 --json $OUT/bench_qwen3.json > /dev/null 2>&1
+python3 -c "import json; print('clocks', json.load(open('$OUT/bench_qwen3.json'))['clocks'])"
+s9="--hidden 704 --intermediate 1728 --experts 14 --top-k 2 --tokens 4"
+for round in 1 2; do
+  for bn in 128 256; do
+    for path in copy gather; do
+      [ $(el) -gt $(( limit - 150 )) ] && continue
+      printf '%s bn %s %-6s: ' $round $bn $path
+      timeout 60 build-gpu/mok bench $s9 --block-n $bn --row-path $path --iterations 20 2>&1 |
+        grep -E "^\| [0-9]" | cut -d'|' -f2-13
+    done
+  done
+done
+timeout 60 build-gpu/mok bench $s9 --iterations 20 --breakdown 1 > $OUT/s9_breakdown.txt 2>&1
+timeout 120 build-gpu/mok bench --precision fp8_block --direction backward --preset qwen3-30b \
+  --tokens 8192 --iterations 10 --breakdown 1 > $OUT/bwd_breakdown.txt 2>&1
+echo "breakdown rc=$? $(el)s"; grep -E "^\| qwen3" $OUT/bwd_breakdown.txt | cut -c1-200
+for p in bf16 fp8_block; do
+  [ $(el) -gt $(( limit - 120 )) ] && continue
+  timeout 90 build-gpu/mok trace --preset qwen3-30b --tokens 8192 --direction backward \
+    --precision $p --out /tmp/t_$p.json > $OUT/trace_$p.txt 2>&1
+  python3 bench/trace_kinds.py /tmp/t_$p.json >> $OUT/trace_$p.txt 2>&1
+  echo "trace $p $(el)s"
+done
+r=$PWD
+if [ $(el) -lt $(( limit - 140 )) ]; then
+  bash scripts/gpu_build_python.sh > $OUT/py_build.log 2>&1 || { head -30 $OUT/py_build.log; exit 1; }
+  (cd /tmp && PYTHONPATH=$r/build-py/python:$r/.device/pylib timeout $(( limit - 30 - $(el) )) \
+    python3 -m pytest -q -W ignore::RuntimeWarning -p no:cacheprovider --tb=short \
+    $r/tests/python/test_torch_moe.py $r/tests/python/test_gpu_layer.py 2>&1 | tail -6)
+fi
+echo "end $(el)s"
