@@ -30,15 +30,25 @@ run cli_contract 150 bash tests/cli/check_cli.sh build-gpu/mok
 tail -2 /tmp/run.txt
 build-gpu/mok bench --preset qwen3-30b --iterations 10 --json $OUT/bench_qwen3.json > /dev/null 2>&1
 python3 -c "import json; print('clocks', json.load(open('$OUT/bench_qwen3.json'))['clocks'])"
+# The sweep's small batches (T = 1-6) at 128- and 256-wide tiles (automatic: 256), each path as
+# the rule picks it; s9 also with the other row path.
 s9="--hidden 704 --intermediate 1728 --experts 14 --top-k 2 --tokens 4"
 for round in 1 2; do
-  for bn in 128 256; do
-    for path in copy gather; do
-      [ $(el) -gt $(( limit - 150 )) ] && continue
-      printf '%s bn %s %-6s: ' $round $bn $path
-      timeout 60 build-gpu/mok bench $s9 --block-n $bn --row-path $path --iterations 20 2>&1 |
-        grep -E "^\| [0-9]" | cut -d'|' -f2-13
+  for shape in "$s9" "--hidden 4160 --intermediate 4608 --experts 329 --top-k 1 --tokens 6" \
+    "--hidden 5888 --intermediate 384 --experts 453 --top-k 11 --shared-experts 1 --shared-width 3200 --tokens 2" \
+    "--hidden 960 --intermediate 2816 --experts 73 --top-k 6 --shared-experts 1 --shared-width 4480 --tokens 1" \
+    "--hidden 6272 --intermediate 1088 --experts 364 --top-k 2 --tokens 6"; do
+    for bn in 128 256; do
+      [ $(el) -gt $(( limit - 200 )) ] && continue
+      printf '%s bn %s: ' $round $bn
+      timeout 60 build-gpu/mok bench $shape --block-n $bn --iterations 20 2>&1 |
+        grep -E "^\| [0-9]" | cut -d'|' -f2-13,17
     done
+  done
+  for path in copy gather; do
+    printf '%s s9 %s: ' $round $path
+    timeout 60 build-gpu/mok bench $s9 --row-path $path --iterations 20 2>&1 |
+      grep -E "^\| [0-9]" | cut -d'|' -f2-13,17
   done
 done
 timeout 60 build-gpu/mok bench $s9 --iterations 20 --breakdown 1 > $OUT/s9_breakdown.txt 2>&1
