@@ -10,7 +10,7 @@
 #       s47a): tile width and row path, two rounds;
 #   (4) where the fp8_block backward loses at qwen3-30b 8k now (0.66x BF16 after session 45's
 #       epilogue levers, which cut its dgrad-down epilogue 44% but the backward 1-3%): the wait
-#       profile (--breakdown 1) and both precisions' timelines by tile kind.
+#       profile (--breakdown 1) at 16, 32 and 48 dispatch CTAs, both precisions' timelines.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
@@ -30,6 +30,26 @@ run cli_contract 150 bash tests/cli/check_cli.sh build-gpu/mok
 tail -2 /tmp/run.txt
 build-gpu/mok bench --preset qwen3-30b --iterations 10 --json $OUT/bench_qwen3.json > /dev/null 2>&1
 python3 -c "import json; print('clocks', json.load(open('$OUT/bench_qwen3.json'))['clocks'])"
+# fp8_block backward at qwen3-30b: s45a's wait profile had its producers waiting 1.13 ms for the
+# dispatch (BF16 0.14), whose CTAs copied for 4.6 ms (BF16 1.9): d_out twice, once quantized.
+# Its dispatch CTAs at the automatic 16, 32 and 48, with the wait profile, two rounds.
+for round in 1 2; do
+  for n in 0 32 48; do
+    [ $(el) -gt $(( limit - 150 )) ] && continue
+    timeout 100 build-gpu/mok bench --precision fp8_block --direction backward --preset qwen3-30b \
+      --tokens 8192 --iterations 10 --breakdown 1 --dispatch-ctas $n > /tmp/f.txt 2>&1
+    echo "--- round $round dispatch $n" >> $OUT/bwd_dispatch.txt; cat /tmp/f.txt >> $OUT/bwd_dispatch.txt
+    printf '%s dispatch %-2s: ' $round $n; grep -E "^\| qwen3-30b \| 8192" /tmp/f.txt | cut -d'|' -f2-8
+    grep -E "^\| qwen3-30b T = 8192 \| fp8" /tmp/f.txt | cut -d'|' -f4,10
+  done
+done
+r=$PWD
+if [ $(el) -lt $(( limit - 300 )) ]; then
+  bash scripts/gpu_build_python.sh > $OUT/py_build.log 2>&1 || { head -30 $OUT/py_build.log; exit 1; }
+  (cd /tmp && PYTHONPATH=$r/build-py/python:$r/.device/pylib timeout $(( limit - 30 - $(el) )) \
+    python3 -m pytest -q -W ignore::RuntimeWarning -p no:cacheprovider --tb=short \
+    $r/tests/python/test_torch_moe.py $r/tests/python/test_gpu_layer.py 2>&1 | tail -6)
+fi
 # The sweep's small batches (T = 1-6) at 128- and 256-wide tiles (automatic: 256), each path as
 # the rule picks it; s9 also with the other row path.
 s9="--hidden 704 --intermediate 1728 --experts 14 --top-k 2 --tokens 4"
@@ -46,27 +66,19 @@ for round in 1 2; do
     done
   done
   for path in copy gather; do
+    [ $(el) -gt $(( limit - 120 )) ] && continue
     printf '%s s9 %s: ' $round $path
     timeout 60 build-gpu/mok bench $s9 --row-path $path --iterations 20 2>&1 |
       grep -E "^\| [0-9]" | cut -d'|' -f2-13,17
   done
 done
-timeout 60 build-gpu/mok bench $s9 --iterations 20 --breakdown 1 > $OUT/s9_breakdown.txt 2>&1
-timeout 120 build-gpu/mok bench --precision fp8_block --direction backward --preset qwen3-30b \
-  --tokens 8192 --iterations 10 --breakdown 1 > $OUT/bwd_breakdown.txt 2>&1
-echo "breakdown rc=$? $(el)s"; grep -E "^\| qwen3" $OUT/bwd_breakdown.txt | cut -c1-200
+[ $(el) -lt $(( limit - 100 )) ] &&
+  timeout 60 build-gpu/mok bench $s9 --iterations 20 --breakdown 1 > $OUT/s9_breakdown.txt 2>&1
 for p in bf16 fp8_block; do
-  [ $(el) -gt $(( limit - 120 )) ] && continue
+  [ $(el) -gt $(( limit - 60 )) ] && continue
   timeout 90 build-gpu/mok trace --preset qwen3-30b --tokens 8192 --direction backward \
     --precision $p --out /tmp/t_$p.json > $OUT/trace_$p.txt 2>&1
   python3 bench/trace_kinds.py /tmp/t_$p.json >> $OUT/trace_$p.txt 2>&1
   echo "trace $p $(el)s"
 done
-r=$PWD
-if [ $(el) -lt $(( limit - 140 )) ]; then
-  bash scripts/gpu_build_python.sh > $OUT/py_build.log 2>&1 || { head -30 $OUT/py_build.log; exit 1; }
-  (cd /tmp && PYTHONPATH=$r/build-py/python:$r/.device/pylib timeout $(( limit - 30 - $(el) )) \
-    python3 -m pytest -q -W ignore::RuntimeWarning -p no:cacheprovider --tb=short \
-    $r/tests/python/test_torch_moe.py $r/tests/python/test_gpu_layer.py 2>&1 | tail -6)
-fi
 echo "end $(el)s"
