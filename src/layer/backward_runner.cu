@@ -184,6 +184,8 @@ void BackwardRunner::allocate(RankBackward& r) {
   if (transport != Transport::nccl) {  // a group's are in the window its peers write into
     r.dx_slots = alloc<__nv_bfloat16>(size_t(max_t * K * H));
     r.dw_partial = alloc<float>(size_t(kern::dw_partial_floats(max_t, K, I)));
+    if (source_quantized(config.precision))
+      r.dy_rows = alloc<uint8_t>(size_t(max_t * source_row_bytes(config)));
   }
   if (options.gate_up == GateUpMode::recompute) {
     r.act = alloc<__nv_bfloat16>(size_t(capacity * I));
@@ -247,7 +249,8 @@ void BackwardRunner::release() {
                     (void*)r.dgu_e4m3,
                     (void*)r.dgu_scales,
                     (void*)r.dy_mx,
-                    (void*)r.dgu_mx})
+                    (void*)r.dgu_mx,
+                    (void*)r.dy_rows})
       cudaFree(p);
     r = RankBackward{};
   }
@@ -443,6 +446,7 @@ kern::BackwardShare BackwardRunner::make_share(const std::vector<RankCall>& call
     const RankCall& oc = calls[size_t(q)];
     p.peer_x[q] = oc.batch.x;
     p.peer_d_out[q] = oc.d_out;
+    p.peer_dy_rows[q] = other.dy_rows;
     p.peer_topk_weights[q] = oc.batch.topk_weights;
     p.peer_y_slots[q] = other.dx_slots;
     p.peer_dw_partial[q] = other.dw_partial;
@@ -567,6 +571,10 @@ void BackwardRunner::backward(const std::vector<RankCall>& calls, cudaStream_t s
   for (int r = 0; r < ranks; ++r) shares.push_back(make_share(calls, r));
   for (const RankBackward& w : ranks_)
     check_cuda(cudaMemsetAsync(w.counters, 0, w.zeroed_bytes, stream), "cudaMemsetAsync");
+  for (int r = 0; r < ranks; ++r)  // fp8_block, mxfp8: d_out quantized once on its rank
+    if (uint8_t* rows = ranks_[size_t(r)].dy_rows)
+      quantize_source_rows(c, calls[size_t(r)].d_out, calls[size_t(r)].batch.tokens, rows, stream,
+                           "quantizing d_out on its source rank");
   if (transport_step) transport_step(shares[0].params, stream);
   trace_.reset(stream);
   if (!hooks.staged_backward) {

@@ -33,6 +33,9 @@ struct RankBackward {
   float *dy_scales = nullptr, *dgu_scales = nullptr;
   // mxfp8: the routed dgrad GEMMs' A rows rounded to MX values (BF16).
   __nv_bfloat16 *dy_mx = nullptr, *dgu_mx = nullptr;
+  // fp8_block and mxfp8: this rank's d_out quantized before the launch (one row per token,
+  // kern::source_row_layout), which the dispatch copies; a group over NCCL keeps it in its window.
+  uint8_t* dy_rows = nullptr;
   float* dw_partial = nullptr;
   int64_t* step_begin = nullptr;
   uint32_t* counters = nullptr;  // x_ready | act_ready | act_shared_ready | token_done |

@@ -79,8 +79,10 @@ EpBackward::EpBackward(const Config& c, const BackwardOptions& options,
     ws_->runner = std::make_unique<detail::BackwardRunner>(config, options, hooks,
                                                            detail::Transport::nccl, "EpBackward");
     ws_->layout = detail::ep_backward_window_layout(
-        config, size_t(kern::dw_partial_floats(config.max_tokens_per_rank, config.top_k,
-                                               config.intermediate)));
+        config,
+        size_t(
+            kern::dw_partial_floats(config.max_tokens_per_rank, config.top_k, config.intermediate)),
+        detail::source_quantized(config.precision) ? size_t(detail::source_row_bytes(config)) : 0);
     ws_->epoch = detail::device_alloc<uint32_t>(1, "cudaMalloc (EpBackward)");
     ws_->missing = detail::device_alloc<int>(1, "cudaMalloc (EpBackward)");
     ws_->barrier = detail::device_alloc<int>(1, "cudaMalloc (EpBackward)");
@@ -160,6 +162,10 @@ void EpBackward::backward(const Schedule& s, const ForwardContext& context, cons
   auto transport_step = [&](kern::BackwardParams& p, cudaStream_t st) {
     to_window(L.x, b.x, T * H * 2, st);
     to_window(L.d_out, d_out, T * H * 2, st);
+    if (detail::source_quantized(c.precision))  // fp8_block, mxfp8: quantized once, here
+      detail::quantize_source_rows(c, d_out, int64_t(T),
+                                   reinterpret_cast<uint8_t*>(win + L.dy_rows), st,
+                                   "quantizing d_out on its source rank");
     to_window(L.topk_weights, b.topk_weights, T * K * 4, st);
     // Peers add to the counters only after the barrier below, which waits for this rank's flag.
     check_cuda(cudaMemsetAsync(win + L.token_done, 0, size_t(c.max_tokens_per_rank) * 4, st),
@@ -170,6 +176,7 @@ void EpBackward::backward(const Schedule& s, const ForwardContext& context, cons
       a.peer_flags[q] = reinterpret_cast<uint32_t*>(base + L.flags);
       p.peer_x[q] = reinterpret_cast<const __nv_bfloat16*>(base + L.x);
       p.peer_d_out[q] = reinterpret_cast<const __nv_bfloat16*>(base + L.d_out);
+      p.peer_dy_rows[q] = reinterpret_cast<const uint8_t*>(base + L.dy_rows);
       p.peer_topk_weights[q] = reinterpret_cast<const float*>(base + L.topk_weights);
       p.peer_y_slots[q] = reinterpret_cast<__nv_bfloat16*>(base + L.dx_slots);
       p.peer_dw_partial[q] = reinterpret_cast<float*>(base + L.dw_partial);

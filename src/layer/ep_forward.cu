@@ -199,7 +199,8 @@ void EpForward::schedule_rank(const DeviceBatch& b, detail::RankSchedule& s, cud
     check_cuda(cudaEventRecord(w.fork, stream), "cudaEventRecord");
     check_cuda(cudaStreamWaitEvent(w.side, w.fork), "cudaStreamWaitEvent");
     if (detail::source_quantized(c.precision))  // the rows quantized once, here
-      detail::quantize_x_rows(c, b.x, T, reinterpret_cast<uint8_t*>(win + L.x), w.side);
+      detail::quantize_source_rows(c, b.x, T, reinterpret_cast<uint8_t*>(win + L.x), w.side,
+                                   "quantizing x on its source rank");
     else
       check_cuda(
           cudaMemcpyAsync(win + L.x, b.x, size_t(T * H) * 2, cudaMemcpyDeviceToDevice, w.side),

@@ -46,22 +46,25 @@ inline EpWindowLayout ep_window_layout(const Config& c, size_t status_bytes, siz
   return L;
 }
 
-// EpBackward's window: what owners pull (x, d_out and the router weights of this rank's tokens)
-// and what they write back (the dx slots, the router-weight partials per dgrad-down n-tile of 128
-// or more columns, the token counters), then the barrier's flags.
+// EpBackward's window: what owners pull (x, d_out, d_out quantized on this rank where the recipe
+// reads it so, and the router weights of this rank's tokens) and what they write back (the dx
+// slots, the router-weight partials per dgrad-down n-tile of 128 or more columns, the token
+// counters), then the barrier's flags.
 struct EpBackwardWindowLayout {
-  size_t x, d_out, topk_weights, dx_slots, dw_partial, token_done, flags, bytes;
+  size_t x, d_out, dy_rows, topk_weights, dx_slots, dw_partial, token_done, flags, bytes;
 };
 
 // dw_partial_floats: the router-weight partials' size (kern::dw_partial_floats, a device-side
-// layout).
-inline EpBackwardWindowLayout ep_backward_window_layout(const Config& c, size_t dw_partial_floats) {
+// layout). dy_row_bytes: one token's quantized d_out row (kern::source_row_layout), 0 for none.
+inline EpBackwardWindowLayout ep_backward_window_layout(const Config& c, size_t dw_partial_floats,
+                                                        size_t dy_row_bytes) {
   const size_t T = size_t(c.max_tokens_per_rank), H = size_t(c.hidden), K = size_t(c.top_k),
                n = size_t(c.ep_size);
   WindowRegions w;
   EpBackwardWindowLayout L;
   L.x = w.take(T * H * 2);                       // [T, H] BF16
   L.d_out = w.take(T * H * 2);                   // [T, H] BF16
+  L.dy_rows = w.take(T * dy_row_bytes);          // [T, dy_row_bytes]
   L.topk_weights = w.take(T * K * 4);            // [T, K] FP32
   L.dx_slots = w.take(T * K * H * 2);            // [T * K, H] BF16
   L.dw_partial = w.take(dw_partial_floats * 4);  // [T * K, I / 128] FP32

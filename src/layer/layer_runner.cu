@@ -119,7 +119,8 @@ void LayerRunner::launch(const Launch& l, cudaStream_t stream, const char* what)
   for (size_t r = 0; r < l.ranks.size(); ++r)  // fp8_block, mxfp8: x quantized on its rank
     if (uint8_t* rows = ranks_[r].x_rows) {
       const kern::ForwardParams& p = l.ranks[r].params;
-      quantize_x_rows(config_, p.peer_x[p.ep_rank], p.tokens, rows, stream);
+      quantize_source_rows(config_, p.peer_x[p.ep_rank], p.tokens, rows, stream,
+                           "quantizing x on its source rank");
     }
   trace_.reset(stream);
   check_cuda(kern::launch_row_destinations(params, plan_.grid, stream),

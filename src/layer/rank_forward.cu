@@ -106,11 +106,11 @@ int64_t source_row_bytes(const Config& c) {
   return kern::source_row_layout(c.precision == Precision::mxfp8, c.hidden).bytes();
 }
 
-void quantize_x_rows(const Config& c, const __nv_bfloat16* x, int64_t tokens, uint8_t* rows,
-                     cudaStream_t stream) {
-  check_cuda(kern::quantize_source_rows(x, tokens, c.hidden, c.precision == Precision::mxfp8,
+void quantize_source_rows(const Config& c, const __nv_bfloat16* from, int64_t tokens, uint8_t* rows,
+                          cudaStream_t stream, const char* what) {
+  check_cuda(kern::quantize_source_rows(from, tokens, c.hidden, c.precision == Precision::mxfp8,
                                         c.fp8_ue8m0, rows, stream),
-             "quantizing x on its source rank");
+             what);
 }
 
 void RankSchedule::allocate(const Config& c) {

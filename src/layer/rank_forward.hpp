@@ -84,13 +84,13 @@ struct RankBuffers {
   void reset(cudaStream_t stream) const;
 };
 
-// fp8_block and mxfp8 quantize x on its source rank (kern/moe_forward/source_rows.hpp): the bytes
-// of one token's row, and the quantizer for c's recipe (x [tokens, H] into rows; throws mok::Error
-// on a launch failure).
+// fp8_block and mxfp8 quantize x (and the backward d_out) on its source rank
+// (kern/moe_forward/source_rows.hpp): the bytes of one token's row, and the quantizer for c's
+// recipe (from [tokens, H] into rows; throws mok::Error naming `what` on a launch failure).
 bool source_quantized(Precision p);
 int64_t source_row_bytes(const Config& c);
-void quantize_x_rows(const Config& c, const __nv_bfloat16* x, int64_t tokens, uint8_t* rows,
-                     cudaStream_t stream);
+void quantize_source_rows(const Config& c, const __nv_bfloat16* from, int64_t tokens, uint8_t* rows,
+                          cudaStream_t stream, const char* what);
 
 // Tensor maps of rank `w` for this batch, its activations and its local experts' weights.
 kern::ForwardMaps rank_maps(const RankBuffers& w, const Config& c, const DeviceBatch& b,

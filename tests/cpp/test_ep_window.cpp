@@ -73,15 +73,19 @@ TEST(EpWindow, BackwardRegionsAreOrderedDisjointAlignedAndLargeEnough) {
       const size_t T = size_t(c.max_tokens_per_rank), H = size_t(c.hidden), K = size_t(c.top_k),
                    I = size_t(c.intermediate), n = size_t(ep);
       const size_t partials = T * K * (I / 128);  // per (token, k): one float per 128 columns
-      const auto L = mok::gpu::detail::ep_backward_window_layout(c, partials);
-      expect_ordered_disjoint_aligned({{"x", L.x, T * H * 2},
-                                       {"d_out", L.d_out, T * H * 2},
-                                       {"topk_weights", L.topk_weights, T * K * 4},
-                                       {"dx_slots", L.dx_slots, T * K * H * 2},
-                                       {"dw_partial", L.dw_partial, partials * 4},
-                                       {"token_done", L.token_done, T * 4},
-                                       {"flags", L.flags, 2 * n * 4}},
-                                      L.bytes);
-      EXPECT_EQ(L.x, 0u);
+      // BF16 (no quantized d_out rows) and fp8_block's rows (H codes, H / 128 FP32 scales).
+      for (const size_t dy_row : {size_t(0), H + H / 128 * 4}) {
+        const auto L = mok::gpu::detail::ep_backward_window_layout(c, partials, dy_row);
+        expect_ordered_disjoint_aligned({{"x", L.x, T * H * 2},
+                                         {"d_out", L.d_out, T * H * 2},
+                                         {"dy_rows", L.dy_rows, T * dy_row},
+                                         {"topk_weights", L.topk_weights, T * K * 4},
+                                         {"dx_slots", L.dx_slots, T * K * H * 2},
+                                         {"dw_partial", L.dw_partial, partials * 4},
+                                         {"token_done", L.token_done, T * 4},
+                                         {"flags", L.flags, 2 * n * 4}},
+                                        L.bytes);
+        EXPECT_EQ(L.x, 0u);
+      }
     }
 }

@@ -98,6 +98,10 @@ enum BackwardOutput : int {
 
 struct BackwardParams : ForwardParams {
   const __nv_bfloat16* peer_d_out[kMaxRanks];  // [T_r, H]: the output gradients
+  // fp8_block and mxfp8: the output gradients quantized once on their source rank (one row per
+  // token, kern::source_row_layout), which dispatch copies into dy_e4m3 and dy_scales or decodes
+  // into dy_mx for the routed dgrad-down tiles.
+  const uint8_t* peer_dy_rows[kMaxRanks];
   // Each source rank's router weights [T_r, K] and router-weight partials (dw_partial below): a
   // routed row's belong to its source rank.
   const float* peer_topk_weights[kMaxRanks];
@@ -123,7 +127,7 @@ struct BackwardParams : ForwardParams {
   // the routed dgrad GEMMs' E4M3 operands with an FP32 scale per 128 columns of a row, and the
   // transposed weights' block scales.
   int fp8_block;
-  uint8_t* dy_e4m3;            // [capacity, H]: each routed row's d_out, quantized by dispatch
+  uint8_t* dy_e4m3;            // [capacity, H]: each routed row's d_out, quantized
   float* dy_scales;            // [capacity, H / 128]
   uint8_t* dgu_e4m3;           // [capacity, 2I]: dg | du, quantized in the dgrad-down epilogue
   float* dgu_scales;           // [capacity, 2I / 128]

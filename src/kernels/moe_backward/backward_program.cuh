@@ -16,7 +16,8 @@
 // forward's NVFP4 weights widened by producer warps 2-3 into the same MN-major BF16 tiles
 // (Nvfp4MnStage), and the epilogues scale the accumulators by the per-tensor factor. Under mxfp8
 // they are the transposed MXFP8 copies widened into K-major tiles (Mxfp8Stage, as the forward's),
-// A is d_out and dg | du rounded to MX values (dy_mx by the dispatch, dgu_mx by the dgrad-down
+// A is d_out and dg | du rounded to MX values (dy_mx decoded by the dispatch from d_out quantized
+// on its source rank, dgu_mx by the dgrad-down
 // epilogue), and the weight gradients read the unrounded BF16 rows.
 // The row movers are the forward's: dispatch copies each routed row's d_out and x rows into their
 // rings (padding rows zero) and publishes the block once; the combine sums each token's dx slots
@@ -44,7 +45,6 @@ __device__ __forceinline__ const BackwardParams& backward(const ForwardParams& p
 // x rows (ForwardDispatchRows) through x_ready.
 template <int kBlockN>
 struct DyDispatchRows {
-  static constexpr bool kQuantized = false;
   __device__ static const uint4* source(const ForwardParams& p, int rank, int64_t slot) {
     return reinterpret_cast<const uint4*>(backward(p).peer_d_out[rank] +
                                           sched::slot_token(slot, p.top_k) * p.hidden);
@@ -57,24 +57,23 @@ struct DyDispatchRows {
   __device__ static uint32_t readers(const ForwardTiles<kBlockN>&) { return 0; }
 };
 
-// fp8_block: the same d_out rows again, quantized 1x128 along H into dy_e4m3 and dy_scales (the
-// forward's x quantizer, quantize_block) for the routed dgrad-down tiles; the BF16 copy above stays
-// for dW_down.
-template <int kBlockN>
-struct DyDispatchRowsFp8Block : DyDispatchRows<kBlockN> {
-  static constexpr bool kQuantized = true;
-  __device__ static uint8_t* ring_codes(const ForwardParams& p) { return backward(p).dy_e4m3; }
-  __device__ static float* ring_scales(const ForwardParams& p) { return backward(p).dy_scales; }
-};
-
-// mxfp8: the same d_out rows again, rounded to their MX values along H (mx_round_block, as the
-// forward's x) into dy_mx for the routed dgrad-down tiles; the BF16 copy stays for dW_down.
-template <int kBlockN>
-struct DyDispatchRowsMx : DyDispatchRows<kBlockN> {
-  static constexpr bool kMxRounded = true;
-  __device__ static uint4* ring(const ForwardParams& p) {
+// fp8_block and mxfp8: the same d_out rows again, as their source rank quantized them
+// (peer_dy_rows; source_rows.hpp): fp8_block's codes and 1x128 scales into dy_e4m3 and dy_scales,
+// mxfp8's decoded to their MX values along H into dy_mx, for the routed dgrad-down tiles
+// (copy_source_block). The BF16 copy above stays for dW_down.
+template <int kBlockN, bool kMx_>
+struct DySourceRows : DyDispatchRows<kBlockN> {
+  static constexpr bool kSourceQuantized = true, kMx = kMx_;
+  __device__ static const uint4* source(const ForwardParams& p, int rank, int64_t slot) {
+    return reinterpret_cast<const uint4*>(backward(p).peer_dy_rows[rank] +
+                                          sched::slot_token(slot, p.top_k) *
+                                              source_row_layout(kMx, p.hidden).bytes());
+  }
+  __device__ static uint4* ring(const ForwardParams& p) {  // mxfp8's decoded values
     return reinterpret_cast<uint4*>(backward(p).dy_mx);
   }
+  __device__ static uint8_t* ring_codes(const ForwardParams& p) { return backward(p).dy_e4m3; }
+  __device__ static float* ring_scales(const ForwardParams& p) { return backward(p).dy_scales; }
 };
 
 // The dispatch-backward: d_x = shared dx + sum over k of the dx slots (weights 1), then each
@@ -493,10 +492,9 @@ struct BackwardProgram {
 
   __device__ static bool dispatch(const Params& p, int cta, int ctas) {
     if constexpr (kFp8Block || kMxfp8) {  // d_out rows twice: BF16 (dW_down), quantized (dgrad)
-      using Quantized =
-          std::conditional_t<kFp8Block, DyDispatchRowsFp8Block<kBlockN>, DyDispatchRowsMx<kBlockN>>;
-      return !batch_ok(p) || dispatch_role<kBlockN, DyDispatchRows<kBlockN>, Quantized,
-                                           ForwardDispatchRows<kBlockN>>(p, cta, ctas);
+      return !batch_ok(p) ||
+             dispatch_role<kBlockN, DyDispatchRows<kBlockN>, DySourceRows<kBlockN, kMxfp8>,
+                           ForwardDispatchRows<kBlockN>>(p, cta, ctas);
     } else
       return !batch_ok(p) ||
              dispatch_role<kBlockN, DyDispatchRows<kBlockN>, ForwardDispatchRows<kBlockN>>(p, cta,

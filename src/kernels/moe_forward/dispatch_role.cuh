@@ -42,7 +42,6 @@ constexpr int kDispatchUnroll = 16;
 // output gradients is another Rows over the same role.
 template <int kBlockN>
 struct ForwardDispatchRows {
-  static constexpr bool kQuantized = false;
   __device__ static const uint4* source(const ForwardParams& p, int rank, int64_t slot) {
     return reinterpret_cast<const uint4*>(p.peer_x[rank] +
                                           sched::slot_token(slot, p.top_k) * p.hidden);
@@ -144,120 +143,12 @@ __device__ __forceinline__ void copy_block(const ForwardParams& p, int64_t b,
   __syncthreads();  // every thread's stores precede the release (it is cumulative)
 }
 
-// Rows quantized on the receiving side (the backward's d_out under fp8_block): BF16 rows into an
-// E4M3 ring, quantized on the way (block_scale.hpp's 1x128 rule; the codes and scales of
-// quantize_fp8_block bit for bit). Half a warp takes a row, 16 bytes of
-// BF16 per lane of each 128-column block, kQuantizeUnroll blocks in flight (a warp's two halves
-// take neighbouring rows, so both run the same trip counts and the shuffles stay converged).
-constexpr int kQuantizeUnroll = 16;
-
-template <class Rows>
-__device__ __forceinline__ void quantize_block(const ForwardParams& p, int64_t b,
-                                               const uint4** row_source, bool* row_copied) {
-  if (p.profile_flags & kProfileNoDispatchCopy) return;    // a later staged launch: done already
-  resolve_block_rows<Rows>(p, b, row_source, row_copied);  // every row: fp8_block never gathers
-  static_assert(kBlockM % 2 == 0 && kThreads % 32 == 0,
-                "a warp's two halves take rows 2i and 2i + 1: both below kBlockM or neither");
-  const int blocks = p.hidden / 128;  // per row
-  const int half = int(threadIdx.x / 16), halves = int(blockDim.x / 16);
-  const int lane = int(threadIdx.x % 16);
-  const uint32_t half_lanes = 0xFFFFu << (threadIdx.x & 16u);
-  const int64_t ring_row0 = sched::ring_tile(b, token_ring(p)) * kBlockM;
-  for (int row = half; row < kBlockM; row += halves) {  // a warp's halves: rows 2i, 2i + 1
-    const uint4* src = row_source[row];
-    uint8_t* const codes = Rows::ring_codes(p) + (ring_row0 + row) * p.hidden;
-    float* const scales = Rows::ring_scales(p) + (ring_row0 + row) * blocks;
-    for (int first = 0; first < blocks; first += kQuantizeUnroll) {
-      uint4 v[kQuantizeUnroll];
-#pragma unroll
-      for (int u = 0; u < kQuantizeUnroll; ++u)
-        v[u] = src && first + u < blocks ? __ldg(src + (first + u) * 16 + lane)
-                                         : make_uint4(0, 0, 0, 0);
-#pragma unroll
-      for (int u = 0; u < kQuantizeUnroll; ++u) {
-        if (first + u >= blocks) break;  // the same for both halves of the warp
-        float x[8];
-        const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-        fmt::BlockAmax a;
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          x[e] = bits_float(e % 2 ? w[e / 2] & 0xFFFF0000u : w[e / 2] << 16);
-          a.add(x[e]);
-        }
-        uint32_t bits = float_bits(a.amax);
-#pragma unroll
-        for (int m = 8; m >= 1; m /= 2) bits = max(bits, __shfl_xor_sync(0xFFFFFFFFu, bits, m));
-        a = {bits_float(bits), (__ballot_sync(0xFFFFFFFFu, a.nonfinite) & half_lanes) != 0};
-        const fmt::Fp8BlockScale s = fmt::fp8_block_scale(a.amax, p.fp8_ue8m0 != 0);
-        uint32_t out[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          out[e] = uint32_t(fmt::fp8_block_pair(x[4 * e], x[4 * e + 1], s.encode)) |
-                   uint32_t(fmt::fp8_block_pair(x[4 * e + 2], x[4 * e + 3], s.encode)) << 16;
-        const int block = first + u;
-        *reinterpret_cast<uint2*>(codes + block * 128 + lane * 8) = make_uint2(out[0], out[1]);
-        if (lane == 0) scales[block] = fmt::fp8_block_stored_scale(a, s);
-      }
-    }
-  }
-  __syncthreads();  // every thread's stores precede the release (it is cumulative)
-}
-
-// Rows MX-rounded on the receiving side (the backward's d_out under mxfp8): BF16 rows into a BF16
-// ring as MX values (block_scale.hpp's 1x32 RCEIL rule; the values of
-// dequantize(quantize_mxfp8(row)) bit for bit). As quantize_block: half a warp per row,
-// 16 bytes of BF16 per lane of each 128-column chunk; a quad of lanes holds one 32-column block.
-template <class Rows>
-__device__ __forceinline__ void mx_round_block(const ForwardParams& p, int64_t b,
-                                               const uint4** row_source, bool* row_copied) {
-  if (p.profile_flags & kProfileNoDispatchCopy) return;
-  resolve_block_rows<Rows>(p, b, row_source, row_copied);  // every row: mxfp8 never gathers
-  static_assert(kBlockM % 2 == 0 && kThreads % 32 == 0,
-                "a warp's two halves take rows 2i and 2i + 1: both below kBlockM or neither");
-  const int chunks = (p.hidden + 127) / 128;  // per row; H % 128 == 64 ends in a half chunk
-  const int half = int(threadIdx.x / 16), halves = int(blockDim.x / 16);
-  const int lane = int(threadIdx.x % 16);
-  const int64_t row_vecs = p.hidden / 8;
-  uint4* const ring = Rows::ring(p) + sched::ring_tile(b, token_ring(p)) * kBlockM * row_vecs;
-  for (int row = half; row < kBlockM; row += halves) {  // a warp's halves: rows 2i, 2i + 1
-    const uint4* src = row_source[row];
-    uint4* const dst = ring + row * row_vecs;
-    for (int first = 0; first < chunks; first += kQuantizeUnroll) {
-      uint4 v[kQuantizeUnroll];
-#pragma unroll
-      for (int u = 0; u < kQuantizeUnroll; ++u) {
-        const int64_t vec = int64_t(first + u) * 16 + lane;
-        v[u] = src && vec < row_vecs ? __ldg(src + vec) : make_uint4(0, 0, 0, 0);
-      }
-#pragma unroll
-      for (int u = 0; u < kQuantizeUnroll; ++u) {
-        if (first + u >= chunks) break;  // the same for both halves of the warp
-        float x[8];
-        const uint32_t w[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
-#pragma unroll
-        for (int e = 0; e < 8; ++e)
-          x[e] = bits_float(e % 2 ? w[e / 2] & 0xFFFF0000u : w[e / 2] << 16);
-        fmt::mx_round_quad_block(x);
-        uint32_t out[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const __nv_bfloat162 pair = __floats2bfloat162_rn(x[2 * e], x[2 * e + 1]);
-          out[e] = *reinterpret_cast<const uint32_t*>(&pair);
-        }
-        const int64_t vec = int64_t(first + u) * 16 + lane;
-        if (vec < row_vecs) dst[vec] = make_uint4(out[0], out[1], out[2], out[3]);
-      }
-    }
-  }
-  __syncthreads();  // every thread's stores precede the release (it is cumulative)
-}
-
 // Rows quantized on their source rank (Rows::kSourceQuantized) into the ring, as copy_block moves
 // BF16 rows: each row one flat run of 16-byte vectors, kDispatchUnroll in flight per thread.
 // fp8_block: the code vectors into the E4M3 ring, the scale vectors' floats into its scales.
-// mxfp8: each vector of 16 codes with its block's scale byte decoded to 16 BF16 MX values (the
-// values mx_round_block writes: E4M3 * 2^(scale - 127) in FP32, exact, then to BF16; NaN where
-// the block held a non-finite value). Padding rows: zero codes with a zero block's scale.
+// mxfp8: each vector of 16 codes with its block's scale byte decoded to 16 BF16 MX values
+// (E4M3 * 2^(scale - 127) in FP32, exact, then to BF16; NaN where the block held a non-finite
+// value). Padding rows: zero codes with a zero block's scale.
 template <class Rows>
 __device__ __forceinline__ void copy_source_block(const ForwardParams& p, int64_t b,
                                                   const uint4** row_source, bool* row_copied) {
@@ -326,17 +217,13 @@ __device__ __forceinline__ void copy_source_block(const ForwardParams& p, int64_
   __syncthreads();  // every thread's stores precede the release (it is cumulative)
 }
 
-// One block of a Rows policy into its ring: copied, quantized (Rows::kQuantized), MX-rounded
-// (Rows::kMxRounded) or copied from its source rank's quantized rows (Rows::kSourceQuantized).
+// One block of a Rows policy into its ring: copied, or copied from its source rank's quantized
+// rows (Rows::kSourceQuantized).
 template <class Rows>
 __device__ __forceinline__ void move_block(const ForwardParams& p, int64_t b,
                                            const uint4** row_source, bool* row_copied) {
   if constexpr (requires { requires Rows::kSourceQuantized; })
     copy_source_block<Rows>(p, b, row_source, row_copied);
-  else if constexpr (requires { requires Rows::kMxRounded; })
-    mx_round_block<Rows>(p, b, row_source, row_copied);
-  else if constexpr (Rows::kQuantized)
-    quantize_block<Rows>(p, b, row_source, row_copied);
   else
     copy_block<Rows>(p, b, row_source, row_copied);
 }
