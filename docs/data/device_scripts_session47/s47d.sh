@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Session 47, call D (calls B and C in one, after starts refused cost 420 s): this session's code
+# Session 47, the second call (after five refused starts): this session's code
 # on the GPU, tests first, then the d_out lever's A/B. Here first: bash scripts/device_ab_base.sh
 # make 989fe48 base (the commit before the lever); one GPU, carry [".device"], LIMIT=500.
 #   (1) the emulated groups' timelines (new group instantiations of the trace kernels); host
