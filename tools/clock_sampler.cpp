@@ -25,7 +25,6 @@ constexpr int kNvmlClockSm = 1, kNvmlClockMem = 2;
 struct Nvml {
   NvmlReturn (*init)() = nullptr;
   NvmlReturn (*by_pci)(const char*, NvmlDevice*) = nullptr;
-  NvmlReturn (*by_index)(unsigned, NvmlDevice*) = nullptr;
   NvmlReturn (*clock)(NvmlDevice, int, unsigned*) = nullptr;
   NvmlReturn (*power)(NvmlDevice, unsigned*) = nullptr;  // milliwatts
 };
@@ -58,29 +57,29 @@ bool load(void* lib, const char* name, F*& f) {
   return f != nullptr;
 }
 
-// Opens NVML and finds GPU 0's handle; an empty string, or why not.
+// Opens NVML and finds the handle of CUDA's device 0; an empty string, or why not.
 std::string open_nvml(Nvml& n, NvmlDevice& device) {
+#if !defined(MOK_WITH_CUDA_KERNELS)
+  (void)n, (void)device;
+  return "this build has no GPU code (built without CUDA)";
+#else
   void* lib = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!lib) return "libnvidia-ml.so.1 (the driver's NVML) is not found";
   if (!load(lib, "nvmlInit_v2", n.init) ||
       !load(lib, "nvmlDeviceGetHandleByPciBusId_v2", n.by_pci) ||
-      !load(lib, "nvmlDeviceGetHandleByIndex_v2", n.by_index) ||
       !load(lib, "nvmlDeviceGetClockInfo", n.clock) ||
       !load(lib, "nvmlDeviceGetPowerUsage", n.power))
     return "libnvidia-ml.so.1 lacks an entry point used (nvmlInit_v2, ...GetClockInfo, ...)";
   if (n.init() != 0) return "nvmlInit_v2 failed (no GPU driver running?)";
-#if defined(MOK_WITH_CUDA_KERNELS)
-  // CUDA's device 0 by its PCI address: NVML counts every GPU, CUDA only the visible ones.
+  // By its PCI address: NVML counts every GPU, CUDA only the visible ones.
   char bus[32] = {};
   if (cudaDeviceGetPCIBusId(bus, sizeof bus, 0) != cudaSuccess) {
     cudaGetLastError();
     return "no CUDA device is visible";
   }
   if (n.by_pci(bus, &device) != 0) return std::string("NVML does not know the GPU at ") + bus;
-#else
-  if (n.by_index(0, &device) != 0) return "NVML finds no GPU";
-#endif
   return "";
+#endif
 }
 
 void sample_loop(Sampler& s, Nvml n, NvmlDevice device) {

@@ -187,9 +187,10 @@ int run_sampled_on_gpu(const RunOptions& o, const Config& c, int64_t T, const st
   }
   if (o.ep > 1) std::printf("  EP=%d simulation: not run (on the CPU, past its limit)\n", o.ep);
   report_measure("GPU forward (megakernel), median of 50", r.forward_ms, "ms");
-  report_measure("GPU forward TFLOP/s", fwd_flops / (r.forward_ms * 1e-3) * 1e-12, "TFLOP/s");
+  const double fwd_tflops = fwd_flops / (r.forward_ms * 1e-3) * 1e-12;
+  report_measure("GPU forward TFLOP/s", fwd_tflops, "TFLOP/s");
   std::printf("\nthroughput\n  GPU forward (mega)    %8.3f ms  %8.2f TFLOP/s  (median of 50)\n",
-              r.forward_ms, fwd_flops / (r.forward_ms * 1e-3) * 1e-12);
+              r.forward_ms, fwd_tflops);
   if (r.backward_ran) {
     const double tflops = 2 * fwd_flops / (r.backward_ms * 1e-3) * 1e-12;
     report_measure("GPU backward (megakernel, BF16 dW), median of 50", r.backward_ms, "ms");

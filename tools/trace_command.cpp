@@ -125,15 +125,23 @@ std::string shell_quoted(const std::string& s) {
 }
 
 // Every rank's layer share and batch (rank r's local experts; one rank: all of them), drawn as
-// `mok bench --ep` draws them.
-std::vector<std::unique_ptr<BenchLayer>> rank_layers(const Config& c, const TraceOptions& o) {
-  std::vector<std::unique_ptr<BenchLayer>> ranks;
-  for (int r = 0; r < c.ep_size; ++r)
-    ranks.push_back(std::make_unique<BenchLayer>(
-        c, c.num_experts / c.ep_size, c.max_tokens_per_rank,
-        c.ep_size > 1 ? 100 * uint64_t(r + 1) : 0, o.layer.routing_choice(), o.seed));
-  return ranks;
-}
+// `mok bench --ep` draws them, and the per-rank vectors an emulated group takes.
+struct RankLayers {
+  std::vector<std::unique_ptr<BenchLayer>> layers;
+  std::vector<gpu::DeviceBatch> batches;
+  std::vector<gpu::DeviceLayerWeights> weights;
+  std::vector<__nv_bfloat16*> outs;
+  RankLayers(const Config& c, const TraceOptions& o) {
+    for (int r = 0; r < c.ep_size; ++r) {
+      layers.push_back(std::make_unique<BenchLayer>(
+          c, c.num_experts / c.ep_size, c.max_tokens_per_rank,
+          c.ep_size > 1 ? 100 * uint64_t(r + 1) : 0, o.layer.routing_choice(), o.seed));
+      batches.push_back(layers.back()->batch());
+      weights.push_back(layers.back()->weights());
+      outs.push_back(layers.back()->out.ptr);
+    }
+  }
+};
 
 // The third of three forwards (warm caches and clocks), every rank's events in one buffer.
 std::vector<kern::TraceEvent> forward_events(const Config& c, const TraceOptions& o,
@@ -141,24 +149,16 @@ std::vector<kern::TraceEvent> forward_events(const Config& c, const TraceOptions
   gpu::detail::ForwardHooks hooks;
   hooks.trace_events = o.events;
   hooks.kernels = &kern::probe_forward_kernels();  // the timeline's own instantiations
-  const auto ranks = rank_layers(c, o);
+  const RankLayers ranks(c, o);
   if (c.ep_size == 1) {
     gpu::MoeForward f(c, {}, hooks);
     for (int i = 0; i < 3; ++i)
-      f.forward(ranks[0]->batch(), ranks[0]->weights(), ranks[0]->out.ptr, nullptr);
+      f.forward(ranks.batches[0], ranks.weights[0], ranks.outs[0], nullptr);
     f.check(nullptr);
     return f.runner().trace(nullptr, claimed);
   }
-  std::vector<gpu::DeviceBatch> batches;
-  std::vector<gpu::DeviceLayerWeights> weights;
-  std::vector<__nv_bfloat16*> outs;
-  for (const auto& r : ranks) {
-    batches.push_back(r->batch());
-    weights.push_back(r->weights());
-    outs.push_back(r->out.ptr);
-  }
   gpu::EmulatedEpForward f(c, {}, hooks);
-  for (int i = 0; i < 3; ++i) f.forward(batches, weights, outs, nullptr);
+  for (int i = 0; i < 3; ++i) f.forward(ranks.batches, ranks.weights, ranks.outs, nullptr);
   f.check(nullptr);
   return f.runner().trace(nullptr, claimed);
 }
@@ -173,55 +173,48 @@ std::vector<kern::TraceEvent> backward_events(const Config& c, const TraceOption
                                : &kern::trace_backward_kernels();  // the timeline's own
   gpu::BackwardOptions bo;
   bo.weight_grads = gpu::WeightGrads::write_bf16;
-  const auto ranks = rank_layers(c, o);
-  const int El = c.num_experts / c.ep_size;
+  RankLayers ranks(c, o);
+  // fp8_block (one rank): the routed experts quantized from the BF16 weights (both orientations).
+  std::optional<gpu::LowPrecisionExperts> experts;
+  if (fp8) {
+    experts.emplace(c, /*backward=*/true).quantize(ranks.weights[0], nullptr);
+    ranks.weights[0] = experts->with(ranks.weights[0]);
+  }
   std::vector<std::unique_ptr<BenchGradients>> g;
   std::vector<std::unique_ptr<gpu::Schedule>> s;
   std::vector<std::unique_ptr<gpu::ForwardContext>> ctx;
-  for (int r = 0; r < c.ep_size; ++r) {
-    g.push_back(std::make_unique<BenchGradients>(c, c.max_tokens_per_rank, o.seed, El));
-    s.push_back(std::make_unique<gpu::Schedule>(c));
-    ctx.push_back(std::make_unique<gpu::ForwardContext>(c));
-  }
-  if (c.ep_size == 1) {
-    gpu::MoeForward f(c);
-    gpu::MoeBackward b(c, bo, hooks);
-    // fp8_block: the routed experts quantized from the BF16 weights (both orientations).
-    const BenchLayer& data = *ranks[0];
-    std::optional<gpu::LowPrecisionExperts> experts;
-    if (fp8) experts.emplace(c, /*backward=*/true).quantize(data.weights(), nullptr);
-    const gpu::DeviceLayerWeights weights = fp8 ? experts->with(data.weights()) : data.weights();
-    for (int i = 0; i < 3; ++i) {
-      f.schedule(data.batch(), *s[0], nullptr);
-      f.forward(*s[0], data.batch(), weights, data.out.ptr, ctx[0].get(), nullptr);
-      b.backward(*s[0], *ctx[0], data.batch(), weights, g[0]->d_out.ptr, g[0]->grads(), nullptr);
-    }
-    f.check(nullptr);
-    b.check(nullptr);
-    return b.runner().trace(nullptr, claimed);
-  }
-  std::vector<gpu::DeviceBatch> batches;
-  std::vector<gpu::DeviceLayerWeights> weights;
-  std::vector<__nv_bfloat16*> outs;
   std::vector<const __nv_bfloat16*> d_outs;
   std::vector<gpu::DeviceGradients> grads;
   std::vector<gpu::Schedule*> schedules;
   std::vector<const gpu::ForwardContext*> contexts;
   for (int r = 0; r < c.ep_size; ++r) {
-    batches.push_back(ranks[size_t(r)]->batch());
-    weights.push_back(ranks[size_t(r)]->weights());
-    outs.push_back(ranks[size_t(r)]->out.ptr);
-    d_outs.push_back(g[size_t(r)]->d_out.ptr);
-    grads.push_back(g[size_t(r)]->grads());
-    schedules.push_back(s[size_t(r)].get());
-    contexts.push_back(ctx[size_t(r)].get());
+    g.push_back(std::make_unique<BenchGradients>(c, c.max_tokens_per_rank, o.seed,
+                                                 c.num_experts / c.ep_size));
+    s.push_back(std::make_unique<gpu::Schedule>(c));
+    ctx.push_back(std::make_unique<gpu::ForwardContext>(c));
+    d_outs.push_back(g.back()->d_out.ptr);
+    grads.push_back(g.back()->grads());
+    schedules.push_back(s.back().get());
+    contexts.push_back(ctx.back().get());
+  }
+  if (c.ep_size == 1) {
+    gpu::MoeForward f(c);
+    gpu::MoeBackward b(c, bo, hooks);
+    for (int i = 0; i < 3; ++i) {
+      f.schedule(ranks.batches[0], *s[0], nullptr);
+      f.forward(*s[0], ranks.batches[0], ranks.weights[0], ranks.outs[0], ctx[0].get(), nullptr);
+      b.backward(*s[0], *ctx[0], ranks.batches[0], ranks.weights[0], d_outs[0], grads[0], nullptr);
+    }
+    f.check(nullptr);
+    b.check(nullptr);
+    return b.runner().trace(nullptr, claimed);
   }
   gpu::EmulatedEpForward f(c);
   gpu::EmulatedEpBackward b(c, bo, hooks);
   for (int i = 0; i < 3; ++i) {
-    f.schedule(batches, schedules, nullptr);
-    f.forward(schedules, batches, weights, outs, contexts, nullptr);
-    b.backward(schedules, contexts, batches, weights, d_outs, grads, nullptr);
+    f.schedule(ranks.batches, schedules, nullptr);
+    f.forward(schedules, ranks.batches, ranks.weights, ranks.outs, contexts, nullptr);
+    b.backward(schedules, contexts, ranks.batches, ranks.weights, d_outs, grads, nullptr);
   }
   f.check(nullptr);
   b.check(nullptr);

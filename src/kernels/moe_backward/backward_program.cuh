@@ -200,7 +200,9 @@ __device__ __forceinline__ void dgrad_down_epilogue(const BackwardParams& p, con
         const float x1 = kScaled ? __fmul_rn(d[4 * j + 2 * h + 1], scale) : d[4 * j + 2 * h + 1];
         dot = __fmaf_rn(x0, a.x, dot);
         dot = __fmaf_rn(x1, a.y, dot);
-        // dA = w dA'; silu'(g) = sigma (1 + g (1 - sigma)).
+        // dA = w dA'; silu'(g) = sigma (1 + g (1 - sigma)). Not swiglu_grads (epilogue_sm90.cuh):
+        // shared with fp8_block's epilogue it raised this kernel's spills from 92 to 240 bytes
+        // (benchmarks.md, session 45).
         auto grads = [&](float x, float gv, float uv, float& dg, float& du) {
           const float da = __fmul_rn(s, x);
           const float sigma = sigmoid(gv);
