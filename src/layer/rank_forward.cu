@@ -311,6 +311,13 @@ void require_operand(const void* p, const std::string& name, size_t alignment) {
           name + " is host memory (" +
               (a.type == cudaMemoryTypeHost ? "pinned" : "pageable, not known to CUDA") +
               "); the kernels read and write device memory");
+  // Another GPU's memory would be read over NVLink (peer access) or fault: the kernels run on the
+  // current device and their tensor maps name its memory.
+  int current = 0;
+  check_cuda(cudaGetDevice(&current), "cudaGetDevice");
+  require(a.type != cudaMemoryTypeDevice || a.device == current, ErrorCode::invalid_argument,
+          name + " is memory of GPU " + std::to_string(a.device) + ", but the layer runs on GPU " +
+              std::to_string(current) + " (the current device); the operands must live there");
 }
 
 void require_batch_operands(const Config& c, const DeviceBatch& b, const std::string& prefix) {

@@ -250,3 +250,35 @@ TEST(MoeForwardOperands, HostPointersAreRefusedByName) {
   cudaFreeHost(pinned_ids);
   EXPECT_TRUE(same_bits(gpu_forward(f, c, layer, b), before));
 }
+
+// An operand in another GPU's memory is refused by name (it would be read over NVLink or fault),
+// and the layer then computes as before. Needs two visible GPUs.
+TEST(MoeForwardOperands, AnotherGpusMemoryIsRefusedByName) {
+  MOK_REQUIRE_GPU();
+  int gpus = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
+  if (gpus < 2) GTEST_SKIP() << "needs two visible GPUs (" << gpus << " visible)";
+  const mok::Config c = mok::preset("tiny");
+  const mok::LayerParams p = mok::tools::random_params(c, 9);
+  const GpuLayer layer(p);
+  const mok::Batch b = mok::tools::random_batch(c, 64, 3);
+  mok::gpu::MoeForward f(c);
+  const std::vector<double> before = gpu_forward(f, c, layer, b);
+  DeviceBuffer<int32_t> ids(b.topk_ids);
+  DeviceBuffer<float> w(std::vector<float>(b.topk_weights.begin(), b.topk_weights.end()));
+  DeviceBuffer<uint16_t> out(size_t(b.tokens * c.hidden), 0xFF);
+  MOK_CUDA_OK(cudaSetDevice(1));
+  DeviceBuffer<uint16_t> x_on_1(to_bf16(b.x));
+  MOK_CUDA_OK(cudaSetDevice(0));
+  try {
+    f.forward({b.tokens, reinterpret_cast<const __nv_bfloat16*>(x_on_1.ptr), ids.ptr, w.ptr},
+              layer.weights(), reinterpret_cast<__nv_bfloat16*>(out.ptr), nullptr);
+    ADD_FAILURE() << "no error for x on GPU 1";
+  } catch (const mok::Error& e) {
+    EXPECT_EQ(e.code(), mok::ErrorCode::invalid_argument);
+    EXPECT_NE(std::string(e.what()).find("x is memory of GPU 1, but the layer runs on GPU 0"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_TRUE(same_bits(gpu_forward(f, c, layer, b), before));
+}
