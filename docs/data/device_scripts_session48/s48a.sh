@@ -6,7 +6,8 @@
 #       (another GPU's memory refused: skipped on one GPU), the CLI contract's GPU branch (71be26c);
 #   (2) A/B, alternating: `mok bench --precision fp8_block --iterations 10` forward (BF16 beside)
 #       and `--direction backward`, qwen3-30b 8k two rounds, dsv3 4k backward one;
-#   (3) what time is left: compute-sanitizer, every tool, on the fp8_block backward.
+#   (3) s9's timeline and breakdown;
+#   (4) what time is left: compute-sanitizer, every tool, on the fp8_block backward.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 cd "$(dirname "$0")/../../.."
@@ -41,6 +42,13 @@ done
 for v in head base; do bench_forward $v dsv3 8192; bench_backward $v fp8_block dsv3 4096; done
 run cli_contract 120 bash tests/cli/check_cli.sh build-gpu/mok
 tail -2 /tmp/run.txt
+# s9 (704x1728x14/2, T = 4), the one sweep shape behind the staged launches: its timeline and
+# breakdown (where the megakernel's 0.06 ms beside the schedule go).
+run s9_trace 60 build-gpu/mok trace --hidden 704 --intermediate 1728 --experts 14 --top-k 2 \
+  --tokens 4 --out $OUT/s9_trace.json --png $OUT/s9_trace.png
+grep -vE "^\s*$" /tmp/run.txt | tail -22
+run s9_breakdown 60 build-gpu/mok bench --sweep 40 --seed 1 --shapes 9-9 --breakdown 1 --iterations 10
+grep -E "^\|" /tmp/run.txt | tail -6 | cut -c1-240
 left=$(( limit - $(el) - 10 ))
 if [ $left -gt 60 ]; then
   ONLY="fp8_block backward" LIMIT=$(( left / 4 )) timeout $left bash scripts/gpu_sanitize.sh 2>&1 | tail -8
