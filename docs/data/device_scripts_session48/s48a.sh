@@ -45,7 +45,7 @@ tail -2 /tmp/run.txt
 # s9 (704x1728x14/2, T = 4), the one sweep shape behind the staged launches: its timeline and
 # breakdown (where the megakernel's 0.06 ms beside the schedule go).
 run s9_trace 60 build-gpu/mok trace --hidden 704 --intermediate 1728 --experts 14 --top-k 2 \
-  --tokens 4 --out $OUT/s9_trace.json --png $OUT/s9_trace.png
+  --tokens 4 --out $OUT/s9_trace.json
 grep -vE "^\s*$" /tmp/run.txt | tail -22
 run s9_breakdown 60 build-gpu/mok bench --sweep 40 --seed 1 --shapes 9-9 --breakdown 1 --iterations 10
 grep -E "^\|" /tmp/run.txt | tail -6 | cut -c1-240
