@@ -2,8 +2,8 @@
 // rows, 128x128 for B). Hopper's FP8 wgmma keeps fewer accumulator bits than FP32, so each
 // k-block of 128 (one ring stage, one scale block) goes into fresh partial accumulators that are
 // then promoted into the FP32 tile: d += partial * (scale of the A row * scale of the B block).
-// A tile of kBlockN columns is multiplied in 64-column slices through two partials, so a consumer
-// holds kBlockN / 2 + 64 accumulators.
+// A tile of kBlockN columns is multiplied in 64-column slices through one partial, so a consumer
+// holds kBlockN / 2 + 32 accumulators.
 #pragma once
 #include <cstdint>
 
@@ -55,35 +55,24 @@ __device__ __forceinline__ bool mma_tile_fp8_block(
     for (int b = 0; b < kBlocks; ++b) sb_next[b] = more ? scales.b(kb + 1, b) : sb[b];
     const uint64_t da = A::desc(ring.a(c.stage) + A::row_offset(wg * 64));
     const uint64_t db = B::desc(ring.b(c.stage));
-    // Two partials: slice s + 1's wgmma run while slice s is promoted, so the tensor cores wait
-    // for the promotions once per k-block, not once per slice.
-    float part[2][kPart];
-    auto issue = [&](int s) {
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s) {
+      float part[kPart];
       dev::wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kSteps; ++k)
         T::mma<kSliceN>(
-            part[s & 1], dev::smem_desc_advance(da, A::k_offset<T::kInstrK>(k)),
+            part, dev::smem_desc_advance(da, A::k_offset<T::kInstrK>(k)),
             dev::smem_desc_advance(db, B::row_offset(kSliceN * s) + B::k_offset<T::kInstrK>(k)),
             k > 0);
       dev::wgmma_commit();
-    };
-    auto promote = [&](int s) {
-      dev::fence_accumulators(part[s & 1]);
+      dev::wgmma_wait<0>();
+      dev::fence_accumulators(part);
       const float b = sb[s * kSliceN / 128], lo = sa.x * b, hi = sa.y * b;
 #pragma unroll
       for (int i = 0; i < kPart; ++i)
-        d[kPart * s + i] = fmaf(part[s & 1][i], (i & 2) ? hi : lo, d[kPart * s + i]);
-    };
-    issue(0);
-#pragma unroll
-    for (int s = 1; s < kSlices; ++s) {
-      issue(s);
-      dev::wgmma_wait<1>();
-      promote(s - 1);
+        d[kPart * s + i] = fmaf(part[i], (i & 2) ? hi : lo, d[kPart * s + i]);
     }
-    dev::wgmma_wait<0>();
-    promote(kSlices - 1);
     if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
     sa = sa_next;
 #pragma unroll
