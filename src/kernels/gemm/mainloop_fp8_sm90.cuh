@@ -5,7 +5,8 @@
 // A tile of kBlockN columns is multiplied in 64-column slices through kPartials partials, so a
 // consumer holds kBlockN / 2 + 32 kPartials accumulators. With two, slice s + 1's wgmma run while
 // slice s is promoted, and the tensor cores wait for the promotions once per k-block, not once per
-// slice. Two need 224 registers per consumer (at 216 ptxas serialises every wgmma, C7512).
+// slice; the forward's consumers (216 registers) cannot hold the second (ptxas serialises every
+// wgmma, C7512), the backward's (224) can.
 #pragma once
 #include <cstdint>
 

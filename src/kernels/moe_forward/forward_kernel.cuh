@@ -20,11 +20,10 @@ constexpr int kForwardProducerRegs = 96, kForwardConsumerRegs = 200;
 static_assert(128 * kForwardProducerRegs + kConsumers * 128 * kForwardConsumerRegs <=
                   kThreads * 168,
               "setmaxnreg budget");
-// fp8_block's consumers also hold two partial accumulators per 64-column slice
-// (mma_tile_fp8_block): registers move from the producer to them (at 72 / 216 ptxas serialised
-// every wgmma of the two-partial loop for want of registers, C7512; at 56 / 224 it does not, and
-// the mainloop spills 3 registers per k-block).
-constexpr int kFp8ProducerRegs = 56, kFp8ConsumerRegs = 224;
+// fp8_block's consumers also hold a partial accumulator per 64-column slice (mma_tile_fp8_block):
+// registers move from the producer to them (at 40 / 232 the producer spilled, at 72 / 216 only
+// per-tile lookups and the profiling timers do).
+constexpr int kFp8ProducerRegs = 72, kFp8ConsumerRegs = 216;
 static_assert(128 * kFp8ProducerRegs + kConsumers * 128 * kFp8ConsumerRegs <= kThreads * 168,
               "setmaxnreg budget");
 

@@ -356,9 +356,9 @@ struct ForwardProgram {
       if (is_routed(w)) {
         const SmemRing<kBlockN, Fp8BlockKMajor> fp8{ring.tiles_a, ring.tiles_b, ring.full,
                                                     ring.empty};
-        return mma_tile_fp8_block<kBlockN, 2>(d, fp8, cursor, w.k_blocks, wg, p.wait_cycles,
-                                              routed_tile_scales(p, w, wg), times.timer.on,
-                                              &times.starved, &times.starved_first);
+        return mma_tile_fp8_block<kBlockN>(d, fp8, cursor, w.k_blocks, wg, p.wait_cycles,
+                                           routed_tile_scales(p, w, wg), times.timer.on,
+                                           &times.starved, &times.starved_first);
       }
     }
     return mma_tile<kBlockN, kMmaInFlight, kMultiply>(d, ring, cursor, w.k_blocks, wg,
