@@ -2,11 +2,8 @@
 // rows, 128x128 for B). Hopper's FP8 wgmma keeps fewer accumulator bits than FP32, so each
 // k-block of 128 (one ring stage, one scale block) goes into fresh partial accumulators that are
 // then promoted into the FP32 tile: d += partial * (scale of the A row * scale of the B block).
-// A tile of kBlockN columns is multiplied in 64-column slices through kPartials partials, so a
-// consumer holds kBlockN / 2 + 32 kPartials accumulators. With two, slice s + 1's wgmma run while
-// slice s is promoted, and the tensor cores wait for the promotions once per k-block, not once per
-// slice; the forward's consumers (216 registers) cannot hold the second (ptxas serialises every
-// wgmma, C7512), the backward's (224) can.
+// A tile of kBlockN columns is multiplied in 64-column slices through one partial, so a consumer
+// holds kBlockN / 2 + 32 accumulators.
 #pragma once
 #include <cstdint>
 
@@ -24,7 +21,7 @@ static_assert(TileShape<256, Fp8BlockKMajor>::kStageBytes == TileShape<256>::kSt
 // for the rows, scales included, before loading any); b(kb, block) -> the scale of the tile's
 // 128-column B block `block`. Both are loaded a k-block ahead, off the path to the promotions.
 // Returns false if a bounded wait expired (the producer is gone); d is then meaningless.
-template <int kBlockN, int kPartials = 1, class Scales>
+template <int kBlockN, class Scales>
 __device__ __forceinline__ bool mma_tile_fp8_block(
     float (&d)[kBlockN / 2], const SmemRing<kBlockN, Fp8BlockKMajor>& ring,
     dev::RingCursor<TileShape<kBlockN, Fp8BlockKMajor>::kStages>& c, int k_blocks, int wg,
@@ -39,7 +36,6 @@ __device__ __forceinline__ bool mma_tile_fp8_block(
   constexpr int kBlocks = kBlockN / 128, kSlices = kBlockN / kSliceN;
   constexpr int kSteps = T::kBlockK / T::kInstrK, kPart = kSliceN / 2;
   static_assert(kBlockN % 128 == 0 && 128 % kSliceN == 0, "slices inside 128-column B blocks");
-  static_assert(kPartials == 1 || kPartials == 2);
   const bool arrives = threadIdx.x % 32 == 0;
 #pragma unroll
   for (float& x : d) x = 0.0f;
@@ -59,41 +55,23 @@ __device__ __forceinline__ bool mma_tile_fp8_block(
     for (int b = 0; b < kBlocks; ++b) sb_next[b] = more ? scales.b(kb + 1, b) : sb[b];
     const uint64_t da = A::desc(ring.a(c.stage) + A::row_offset(wg * 64));
     const uint64_t db = B::desc(ring.b(c.stage));
-    float part[kPartials][kPart];
-    auto issue = [&](int s) {
+#pragma unroll
+    for (int s = 0; s < kSlices; ++s) {
+      float part[kPart];
       dev::wgmma_fence();
 #pragma unroll
       for (int k = 0; k < kSteps; ++k)
         T::mma<kSliceN>(
-            part[s % kPartials], dev::smem_desc_advance(da, A::k_offset<T::kInstrK>(k)),
+            part, dev::smem_desc_advance(da, A::k_offset<T::kInstrK>(k)),
             dev::smem_desc_advance(db, B::row_offset(kSliceN * s) + B::k_offset<T::kInstrK>(k)),
             k > 0);
       dev::wgmma_commit();
-    };
-    auto promote = [&](int s) {
-      dev::fence_accumulators(part[s % kPartials]);
+      dev::wgmma_wait<0>();
+      dev::fence_accumulators(part);
       const float b = sb[s * kSliceN / 128], lo = sa.x * b, hi = sa.y * b;
 #pragma unroll
       for (int i = 0; i < kPart; ++i)
-        d[kPart * s + i] = fmaf(part[s % kPartials][i], (i & 2) ? hi : lo, d[kPart * s + i]);
-    };
-    if constexpr (kPartials == 1) {
-#pragma unroll
-      for (int s = 0; s < kSlices; ++s) {
-        issue(s);
-        dev::wgmma_wait<0>();
-        promote(s);
-      }
-    } else {
-      issue(0);
-#pragma unroll
-      for (int s = 1; s < kSlices; ++s) {
-        issue(s);
-        dev::wgmma_wait<1>();
-        promote(s - 1);
-      }
-      dev::wgmma_wait<0>();
-      promote(kSlices - 1);
+        d[kPart * s + i] = fmaf(part[i], (i & 2) ? hi : lo, d[kPart * s + i]);
     }
     if (arrives) dev::mbar_arrive(&ring.empty[c.stage]);
     sa = sa_next;

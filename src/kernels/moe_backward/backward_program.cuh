@@ -692,9 +692,9 @@ struct BackwardProgram {
       if (w.dgrad() && !w.shared()) {
         const SmemRing<kBlockN, Fp8BlockKMajor> r{ring.tiles_a, ring.tiles_b, ring.full,
                                                   ring.empty};
-        return mma_tile_fp8_block<kBlockN, 2>(d, r, cursor, w.k_blocks, wg, p.wait_cycles,
-                                              backward_tile_scales<kBlockN>(p, w, wg),
-                                              times.timer.on, &times.starved, &times.starved_first);
+        return mma_tile_fp8_block<kBlockN>(d, r, cursor, w.k_blocks, wg, p.wait_cycles,
+                                           backward_tile_scales<kBlockN>(p, w, wg), times.timer.on,
+                                           &times.starved, &times.starved_first);
       }
     if constexpr (kMxfp8)
       if (w.dgrad() && !w.shared())
