@@ -150,34 +150,38 @@ __global__ void __launch_bounds__(256, 1) ceiling_kernel(int iterations, float* 
       }
     }
   } else {  // mx32_2p: steps (slice, chunk) in order, step j + 1 in flight while j is promoted
+    // Nothing in flight across a k-block (a real mainloop waits for the next stage there): with
+    // the next k-block's first step issued before the loop's back edge, ptxas serialised every
+    // wgmma (C7514), which nvcc_guard.sh now refuses.
     constexpr int kSlices = kN / 64, kStepsPerBlock = 4 * kSlices;
     float part[2][32];
-    auto issue = [&](float(&p)[32], int slot, int step) {
+    auto issue = [&](int slot, int step) {
       const int s = step / 4, k = step % 4;
       dev::wgmma_fence();
-      dev::wgmma<__nv_fp8_e4m3, 64>(p, dev::smem_desc_advance(desc_a(slot), 32 * k),
+      dev::wgmma<__nv_fp8_e4m3, 64>(part[step % 2], dev::smem_desc_advance(desc_a(slot), 32 * k),
                                     dev::smem_desc_advance(desc_b(slot, 64 * s), 32 * k), false);
       dev::wgmma_commit();
     };
-    issue(part[0], 0, 0);
+    auto promote = [&](int step) {
+      float(&p)[32] = part[step % 2];
+      dev::fence_accumulators(p);
+      const int s = step / 4, k = step % 4;
+      const float2 sa = make_float2(sa_all[4 * (64 * wg + f.row_lo) + k],
+                                    sa_all[4 * (64 * wg + f.row_lo + 8) + k]);
+      promote_mx<32>(d + 32 * s, p, sa, sb_all + k * kMaxN, 64 * s, f.col0);
+    };
     for (int it = 0; it < iterations; ++it) {
       const int slot = it & 1;
+      issue(slot, 0);
 #pragma unroll
-      for (int step = 0; step < kStepsPerBlock; ++step) {
-        if (step + 1 < kStepsPerBlock)
-          issue(part[(step + 1) % 2], slot, step + 1);
-        else
-          issue(part[0], slot ^ 1, 0);  // the next k-block's first step (one extra at the end)
+      for (int step = 1; step < kStepsPerBlock; ++step) {
+        issue(slot, step);
         dev::wgmma_wait<1>();
-        float(&p)[32] = part[step % 2];
-        dev::fence_accumulators(p);
-        const int s = step / 4, k = step % 4;
-        const float2 sa = make_float2(sa_all[4 * (64 * wg + f.row_lo) + k],
-                                      sa_all[4 * (64 * wg + f.row_lo + 8) + k]);
-        promote_mx<32>(d + 32 * s, p, sa, sb_all + k * kMaxN, 64 * s, f.col0);
+        promote(step - 1);
       }
+      dev::wgmma_wait<0>();
+      promote(kStepsPerBlock - 1);
     }
-    dev::wgmma_wait<0>();
   }
   float sum = 0.0f;  // four at a time: a 128-step loop is not unrolled, and d would go to memory
 #pragma unroll
