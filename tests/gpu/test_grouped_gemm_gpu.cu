@@ -1,6 +1,6 @@
 // The BF16 grouped GEMM against an FP64 product of the same BF16 inputs, with both epilogues,
 // experts of unequal (and zero) size, rings that wrap, grids smaller than the tile count,
-// poisoned outputs, bitwise repeatability, and pairs of CTAs sharing B tiles.
+// poisoned outputs, and bitwise repeatability.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -52,7 +52,7 @@ double dot_bf16(const uint16_t* x, const uint16_t* y, int k) {
 }
 
 std::vector<uint16_t> run(const Data& d, const Problem& pr, mok::gpu::GemmEpilogue epi,
-                          int out_cols, int max_ctas, int block_n = 128, int cluster = 1) {
+                          int out_cols, int max_ctas, int block_n = 128) {
   DeviceBuffer<uint16_t> a(d.a), b(d.b);
   const size_t half = d.b.size() / 2;  // swiglu: gate is the first half of b, up the second
   DeviceBuffer<int32_t> tiles(d.tile_expert);
@@ -72,7 +72,6 @@ std::vector<uint16_t> run(const Data& d, const Problem& pr, mok::gpu::GemmEpilog
   args.error = error.ptr;
   args.max_ctas = max_ctas;
   args.block_n = block_n;
-  args.cluster = cluster;
   EXPECT_EQ(mok::gpu::grouped_gemm_bf16(args, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(error.to_host()[0], 0);
@@ -166,37 +165,6 @@ TEST(GroupedGemmGpu, StoreEpilogueWithNotAMultipleOf128) {
   }
 }
 
-// Pairs of CTAs (cluster = 2) load a B tile once and multicast it where both m-tiles of a pair
-// are one expert's. Pairs of one expert, pairs across two experts, a pair whose second m-tile
-// has no work (its CTA multiplies in step and stores nothing), an odd m-tile count (the last
-// pair half outside the rows), grids of every pair and of one: the bits of the single-CTA kernel,
-// and rows of tiles with no work untouched (its poison compared too).
-TEST(GroupedGemmGpu, PairsOfCtasShareBTilesAndChangeNoBit) {
-  MOK_REQUIRE_GPU();
-  using mok::gpu::GemmEpilogue;
-  struct Case {
-    Problem pr;
-    GemmEpilogue epi;
-    int out_cols, block_n;
-  };
-  const Case cases[] = {
-      {{{128, 0, 300, 256, 1}, 256, 1024}, GemmEpilogue::store, 256, 128},  // 8 m-tiles
-      {{{128, 0, 300, 256, 1}, 256, 1024}, GemmEpilogue::store, 256, 256},
-      {{{384, 128}, 192, 256}, GemmEpilogue::store, 192, 128},  // 5 m-tiles; n = 192
-      {{{130, 256, 0, 64}, 512, 320}, GemmEpilogue::swiglu, 256, 256},
-      {{{384, 128}, 384, 320}, GemmEpilogue::swiglu, 192, 128},
-  };
-  for (const Case& c : cases) {
-    const Data d = make(c.pr, 4, c.pr.n);
-    const std::vector<uint16_t> single = run(d, c.pr, c.epi, c.out_cols, 0, c.block_n, 1);
-    for (int ctas : {0, 4, 2}) {
-      SCOPED_TRACE("n " + std::to_string(c.pr.n) + ", block_n " + std::to_string(c.block_n) +
-                   ", ctas " + std::to_string(ctas));
-      EXPECT_EQ(run(d, c.pr, c.epi, c.out_cols, ctas, c.block_n, 2), single);
-    }
-  }
-}
-
 TEST(GroupedGemmGpu, RejectsShapesItDoesNotTake) {
   MOK_REQUIRE_GPU();
   mok::gpu::GroupedGemmArgs args;
@@ -215,9 +183,6 @@ TEST(GroupedGemmGpu, RejectsShapesItDoesNotTake) {
   args.n = 192;  // swiglu needs whole 128-wide tiles (64 gate + 64 up rows)
   args.epilogue = mok::gpu::GemmEpilogue::swiglu;
   args.b_up = reinterpret_cast<const __nv_bfloat16*>(error);  // present, so only n is wrong
-  EXPECT_EQ(mok::gpu::grouped_gemm_bf16(args, nullptr), cudaErrorInvalidValue);
-  args.n = 256;
-  args.cluster = 4;  // pairs at most
   EXPECT_EQ(mok::gpu::grouped_gemm_bf16(args, nullptr), cudaErrorInvalidValue);
   cudaFree(error);
 }

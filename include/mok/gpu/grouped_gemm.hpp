@@ -30,8 +30,6 @@ struct GroupedGemmArgs {
   int* error = nullptr;  // set to a nonzero code if a bounded wait expired; never left hanging
   int max_ctas = 0;      // 0: one per SM
   int block_n = 0;       // tile width 128 or 256; 0: 256 when n allows it and tiles fill the GPU
-  int cluster = 1;       // 2: CTAs in pairs, whose B tiles come from L2 once (TMA multicast)
-                         // where both m-tiles of a pair are one expert's
 };
 
 // cudaErrorInvalidValue for shapes or alignments the kernel does not take.
