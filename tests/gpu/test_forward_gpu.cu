@@ -1,7 +1,9 @@
 // The GPU forwards (the staged pipeline and the megakernel, each test run on both) against the
 // CPU reference with BF16 operands, on fresh random inputs and odd routings, outputs poisoned
 // first; bitwise repeatability; bad ids and capacity overflow; CUDA graph capture; a standard shape
-// against the unfused cuBLAS pipeline.
+// against the unfused cuBLAS pipeline; operands refused by name.
+#include <memory>
+
 #include "baseline/unfused_forward.hpp"
 #include "forward_test_util.hpp"
 #include "mok/gpu/moe_forward.hpp"
@@ -214,16 +216,39 @@ TYPED_TEST(ForwardGpu, StandardShapeAgreesWithTheCublasPipeline) {
   EXPECT_LT(mok::relative_l2_error(a, b), 1e-2);
 }
 
+// The tiny layer, a batch on the device and the forward's bits before any refused call;
+// expect_refused wants an invalid_argument error naming what `text` says, and nothing computed.
+class MoeForwardOperands : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    MOK_REQUIRE_GPU();
+    layer = std::make_unique<GpuLayer>(mok::tools::random_params(c, 9));
+    f = std::make_unique<mok::gpu::MoeForward>(c);
+    before = gpu_forward(*f, c, *layer, b);
+  }
+  void expect_refused(const mok::gpu::DeviceBatch& batch, uint16_t* to, const std::string& text) {
+    try {
+      f->forward(batch, layer->weights(), reinterpret_cast<__nv_bfloat16*>(to), nullptr);
+      ADD_FAILURE() << "no error for: " << text;
+    } catch (const mok::Error& e) {
+      EXPECT_EQ(e.code(), mok::ErrorCode::invalid_argument);
+      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
+    }
+  }
+  bool computes_as_before() { return same_bits(gpu_forward(*f, c, *layer, b), before); }
+  static const __nv_bfloat16* bf(const uint16_t* q) {
+    return reinterpret_cast<const __nv_bfloat16*>(q);
+  }
+  const mok::Config c = mok::preset("tiny");
+  const mok::Batch b = mok::tools::random_batch(c, 64, 3);
+  std::unique_ptr<GpuLayer> layer;
+  std::unique_ptr<mok::gpu::MoeForward> f;
+  std::vector<double> before;
+};
+
 // An operand outside device memory is refused by name before any work (a host pointer would fault
 // in the kernels or make no tensor map), pageable or pinned, and the layer then computes as before.
-TEST(MoeForwardOperands, HostPointersAreRefusedByName) {
-  MOK_REQUIRE_GPU();
-  const mok::Config c = mok::preset("tiny");
-  const mok::LayerParams p = mok::tools::random_params(c, 9);
-  const GpuLayer layer(p);
-  const mok::Batch b = mok::tools::random_batch(c, 64, 3);
-  mok::gpu::MoeForward f(c);
-  const std::vector<double> before = gpu_forward(f, c, layer, b);
+TEST_F(MoeForwardOperands, HostPointersAreRefusedByName) {
   DeviceBuffer<uint16_t> x(to_bf16(b.x)), out(size_t(b.tokens * c.hidden), 0xFF);
   DeviceBuffer<int32_t> ids(b.topk_ids);
   DeviceBuffer<float> w(std::vector<float>(b.topk_weights.begin(), b.topk_weights.end()));
@@ -231,54 +256,28 @@ TEST(MoeForwardOperands, HostPointersAreRefusedByName) {
   std::vector<uint16_t> pageable_out(out.n);
   int32_t* pinned_ids = nullptr;
   ASSERT_EQ(cudaMallocHost(&pinned_ids, b.topk_ids.size() * sizeof(int32_t)), cudaSuccess);
-  auto bf = [](const uint16_t* q) { return reinterpret_cast<const __nv_bfloat16*>(q); };
-  auto expect_refused = [&](const mok::gpu::DeviceBatch& batch, uint16_t* to,
-                            const std::string& text) {
-    try {
-      f.forward(batch, layer.weights(), reinterpret_cast<__nv_bfloat16*>(to), nullptr);
-      ADD_FAILURE() << "no error for: " << text;
-    } catch (const mok::Error& e) {
-      EXPECT_EQ(e.code(), mok::ErrorCode::invalid_argument);
-      EXPECT_NE(std::string(e.what()).find(text), std::string::npos) << e.what();
-    }
-  };
   expect_refused({b.tokens, bf(pageable_x.data()), ids.ptr, w.ptr}, out.ptr,
                  "x is host memory (pageable");
   expect_refused({b.tokens, bf(x.ptr), pinned_ids, w.ptr}, out.ptr,
                  "topk_ids is host memory (pinned)");
   expect_refused({b.tokens, bf(x.ptr), ids.ptr, w.ptr}, pageable_out.data(), "out is host memory");
   cudaFreeHost(pinned_ids);
-  EXPECT_TRUE(same_bits(gpu_forward(f, c, layer, b), before));
+  EXPECT_TRUE(computes_as_before());
 }
 
 // An operand in another GPU's memory is refused by name (it would be read over NVLink or fault),
 // and the layer then computes as before. Needs two visible GPUs.
-TEST(MoeForwardOperands, AnotherGpusMemoryIsRefusedByName) {
-  MOK_REQUIRE_GPU();
+TEST_F(MoeForwardOperands, AnotherGpusMemoryIsRefusedByName) {
   int gpus = 0;
   ASSERT_EQ(cudaGetDeviceCount(&gpus), cudaSuccess);
   if (gpus < 2) GTEST_SKIP() << "needs two visible GPUs (" << gpus << " visible)";
-  const mok::Config c = mok::preset("tiny");
-  const mok::LayerParams p = mok::tools::random_params(c, 9);
-  const GpuLayer layer(p);
-  const mok::Batch b = mok::tools::random_batch(c, 64, 3);
-  mok::gpu::MoeForward f(c);
-  const std::vector<double> before = gpu_forward(f, c, layer, b);
   DeviceBuffer<int32_t> ids(b.topk_ids);
   DeviceBuffer<float> w(std::vector<float>(b.topk_weights.begin(), b.topk_weights.end()));
   DeviceBuffer<uint16_t> out(size_t(b.tokens * c.hidden), 0xFF);
   MOK_CUDA_OK(cudaSetDevice(1));
   DeviceBuffer<uint16_t> x_on_1(to_bf16(b.x));
   MOK_CUDA_OK(cudaSetDevice(0));
-  try {
-    f.forward({b.tokens, reinterpret_cast<const __nv_bfloat16*>(x_on_1.ptr), ids.ptr, w.ptr},
-              layer.weights(), reinterpret_cast<__nv_bfloat16*>(out.ptr), nullptr);
-    ADD_FAILURE() << "no error for x on GPU 1";
-  } catch (const mok::Error& e) {
-    EXPECT_EQ(e.code(), mok::ErrorCode::invalid_argument);
-    EXPECT_NE(std::string(e.what()).find("x is memory of GPU 1, but the layer runs on GPU 0"),
-              std::string::npos)
-        << e.what();
-  }
-  EXPECT_TRUE(same_bits(gpu_forward(f, c, layer, b), before));
+  expect_refused({b.tokens, bf(x_on_1.ptr), ids.ptr, w.ptr}, out.ptr,
+                 "x is memory of GPU 1, but the layer runs on GPU 0");
+  EXPECT_TRUE(computes_as_before());
 }
