@@ -25,17 +25,14 @@
 
 int main(int argc, char** argv) {
   if (argc < 5) {
-    std::fprintf(
-        stderr,
-        "usage: %s EXPERTS ROWS_PER_EXPERT N K [swiglu|store [BLOCK_N [none|share_b|share_a]]]\n",
-        argv[0]);
+    std::fprintf(stderr, "usage: %s EXPERTS ROWS_PER_EXPERT N K [swiglu|store [BLOCK_N]]\n",
+                 argv[0]);
     return 2;
   }
   const int E = std::atoi(argv[1]), R = std::atoi(argv[2]), N = std::atoi(argv[3]),
             K = std::atoi(argv[4]);
   const bool swiglu = argc > 5 && std::string(argv[5]) == "swiglu";
   const int block_n = argc > 6 ? std::atoi(argv[6]) : 0;  // 0: the launcher's choice
-  const std::string pairs = argc > 7 ? argv[7] : "none";  // CTA pairs sharing a tile (multicast)
   const int64_t rows = int64_t(E) * ((R + 127) / 128 * 128);
   std::vector<int32_t> tiles;
   for (int e = 0; e < E; ++e)
@@ -71,9 +68,6 @@ int main(int argc, char** argv) {
   args.epilogue = swiglu ? mok::gpu::GemmEpilogue::swiglu : mok::gpu::GemmEpilogue::store;
   args.error = error;
   args.block_n = block_n;
-  args.pairs = pairs == "share_b"   ? mok::gpu::GemmPairs::share_b
-               : pairs == "share_a" ? mok::gpu::GemmPairs::share_a
-                                    : mok::gpu::GemmPairs::none;
   cublasHandle_t h;
   CHECK(cublasCreate(&h));
   const float one = 1, zero = 0;
@@ -97,11 +91,10 @@ int main(int argc, char** argv) {
   std::sort(mine.begin(), mine.end());
   std::sort(theirs.begin(), theirs.end());
   std::printf(
-      "grouped GEMM E=%d rows/expert=%d N=%d K=%d %s block_n=%d pairs=%s: mok %.0f TFLOP/s "
-      "(rounds "
+      "grouped GEMM E=%d rows/expert=%d N=%d K=%d %s block_n=%d: mok %.0f TFLOP/s (rounds "
       "%.0f-%.0f), "
       "cuBLAS dense same FLOPs %.0f (%.0f-%.0f), ratio %.2f, error flag %d\n",
-      E, R, N, K, swiglu ? "swiglu" : "store", block_n, pairs.c_str(), mine[3], mine.front(),
-      mine.back(), theirs[3], theirs.front(), theirs.back(), mine[3] / theirs[3], err);
+      E, R, N, K, swiglu ? "swiglu" : "store", block_n, mine[3], mine.front(), mine.back(),
+      theirs[3], theirs.front(), theirs.back(), mine[3] / theirs[3], err);
   return err;
 }

@@ -1,6 +1,6 @@
 // The BF16 grouped GEMM against an FP64 product of the same BF16 inputs, with both epilogues,
 // experts of unequal (and zero) size, rings that wrap, grids smaller than the tile count,
-// poisoned outputs, bitwise repeatability, and pairs of CTAs sharing A or B tiles.
+// poisoned outputs, and bitwise repeatability.
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -52,8 +52,7 @@ double dot_bf16(const uint16_t* x, const uint16_t* y, int k) {
 }
 
 std::vector<uint16_t> run(const Data& d, const Problem& pr, mok::gpu::GemmEpilogue epi,
-                          int out_cols, int max_ctas, int block_n = 128,
-                          mok::gpu::GemmPairs pairs = mok::gpu::GemmPairs::none) {
+                          int out_cols, int max_ctas, int block_n = 128) {
   DeviceBuffer<uint16_t> a(d.a), b(d.b);
   const size_t half = d.b.size() / 2;  // swiglu: gate is the first half of b, up the second
   DeviceBuffer<int32_t> tiles(d.tile_expert);
@@ -73,7 +72,6 @@ std::vector<uint16_t> run(const Data& d, const Problem& pr, mok::gpu::GemmEpilog
   args.error = error.ptr;
   args.max_ctas = max_ctas;
   args.block_n = block_n;
-  args.pairs = pairs;
   EXPECT_EQ(mok::gpu::grouped_gemm_bf16(args, nullptr), cudaSuccess);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   EXPECT_EQ(error.to_host()[0], 0);
@@ -167,42 +165,6 @@ TEST(GroupedGemmGpu, StoreEpilogueWithNotAMultipleOf128) {
   }
 }
 
-// Pairs of CTAs load a tile they share once and multicast it: share_b, the B tile of two m-tiles
-// of one expert (pairs of one expert, pairs across two experts, a pair whose second m-tile has no
-// work: its CTA multiplies in step and stores nothing, an odd m-tile count: the last pair half
-// outside the rows); share_a, the A tile of two n-tiles (an odd n-tile count: the last pair half
-// past N). Grids of every pair and of one: the bits of the single-CTA kernel, and rows of tiles
-// with no work untouched (their poison compared too).
-TEST(GroupedGemmGpu, PairsOfCtasShareTilesAndChangeNoBit) {
-  MOK_REQUIRE_GPU();
-  using mok::gpu::GemmEpilogue;
-  using mok::gpu::GemmPairs;
-  struct Case {
-    Problem pr;
-    GemmEpilogue epi;
-    int out_cols, block_n;
-  };
-  const Case cases[] = {
-      {{{128, 0, 300, 256, 1}, 256, 1024}, GemmEpilogue::store, 256, 128},  // 8 m-tiles
-      {{{128, 0, 300, 256, 1}, 256, 1024}, GemmEpilogue::store, 256, 256},  // one n-tile
-      {{{384, 128}, 192, 256}, GemmEpilogue::store, 192, 128},              // 5 m-tiles; n = 192
-      {{{300, 64}, 384, 256}, GemmEpilogue::store, 384, 128},               // 3 n-tiles
-      {{{130, 256, 0, 64}, 512, 320}, GemmEpilogue::swiglu, 256, 256},
-      {{{384, 128}, 384, 320}, GemmEpilogue::swiglu, 192, 128},  // 3 n-tiles
-  };
-  for (const Case& c : cases) {
-    const Data d = make(c.pr, 4, c.pr.n);
-    const std::vector<uint16_t> single = run(d, c.pr, c.epi, c.out_cols, 0, c.block_n);
-    for (GemmPairs pairs : {GemmPairs::share_b, GemmPairs::share_a})
-      for (int ctas : {0, 4, 2}) {
-        SCOPED_TRACE("n " + std::to_string(c.pr.n) + ", block_n " + std::to_string(c.block_n) +
-                     (pairs == GemmPairs::share_b ? ", share_b" : ", share_a") + ", ctas " +
-                     std::to_string(ctas));
-        EXPECT_EQ(run(d, c.pr, c.epi, c.out_cols, ctas, c.block_n, pairs), single);
-      }
-  }
-}
-
 TEST(GroupedGemmGpu, RejectsShapesItDoesNotTake) {
   MOK_REQUIRE_GPU();
   mok::gpu::GroupedGemmArgs args;
@@ -221,9 +183,6 @@ TEST(GroupedGemmGpu, RejectsShapesItDoesNotTake) {
   args.n = 192;  // swiglu needs whole 128-wide tiles (64 gate + 64 up rows)
   args.epilogue = mok::gpu::GemmEpilogue::swiglu;
   args.b_up = reinterpret_cast<const __nv_bfloat16*>(error);  // present, so only n is wrong
-  EXPECT_EQ(mok::gpu::grouped_gemm_bf16(args, nullptr), cudaErrorInvalidValue);
-  args.n = 256;
-  args.pairs = static_cast<mok::gpu::GemmPairs>(3);  // not a pairing
   EXPECT_EQ(mok::gpu::grouped_gemm_bf16(args, nullptr), cudaErrorInvalidValue);
   cudaFree(error);
 }

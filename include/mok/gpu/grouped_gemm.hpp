@@ -16,14 +16,6 @@ enum class GemmEpilogue {
            // rows of each; out [rows, N/2] = silu(x gate^T) * (x up^T), BF16
 };
 
-// CTAs in pairs (clusters of two) that load a tile they share from L2 once, each CTA half of
-// it, multicast to both (TMA).
-enum class GemmPairs {
-  none,     // one CTA per tile
-  share_b,  // two m-tiles at one n-tile: their B tile, where both m-tiles are one expert's
-  share_a,  // two n-tiles of one m-tile: their A tile
-};
-
 struct GroupedGemmArgs {
   const __nv_bfloat16* a = nullptr;      // [rows, k]
   const __nv_bfloat16* b = nullptr;      // [experts, n, k]; the gate weights for swiglu
@@ -38,7 +30,6 @@ struct GroupedGemmArgs {
   int* error = nullptr;  // set to a nonzero code if a bounded wait expired; never left hanging
   int max_ctas = 0;      // 0: one per SM
   int block_n = 0;       // tile width 128 or 256; 0: 256 when n allows it and tiles fill the GPU
-  GemmPairs pairs = GemmPairs::none;
 };
 
 // cudaErrorInvalidValue for shapes or alignments the kernel does not take.
