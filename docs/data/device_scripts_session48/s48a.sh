@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Session 48's device call, written for a GPU that was not lent (loans paused): not run. Here
-# first: git cherry-pick 124fda5 (the grouped GEMM in pairs of CTAs, with its test and bench
-# flag; reverted in f4b5bb7), then at that tree
+# first: git cherry-pick 22598fb (the grouped GEMM in pairs of CTAs, with its test and bench
+# argument; reverted after it), then at that tree
 #   bash scripts/device_ab_base.sh make ce6c1b0 bwd2p    # the fp8_block backward with two partials
 #   bash scripts/device_ab_base.sh make 5c705e6 both2p   # and the forward too (setmaxnreg 56 / 224)
 # one GPU, carry [".device"], LIMIT=540.
 #   (1) suites at HEAD: the grouped GEMM (pairs of CTAs: the single-CTA kernel's bits), the
 #       forward operands (another GPU's memory refused; skipped on one GPU), fp8_block forward
 #       and backward; the CLI contract's GPU branch (71be26c's mends unrun);
-#   (1b) the L2 hypothesis: grouped_gemm_bench, single CTAs against pairs sharing B tiles, on
-#       the standard shapes' GEMMs (rows per expert even multiples of 128, so every pair shares);
+#   (1b) the L2 hypothesis: grouped_gemm_bench, single CTAs against pairs sharing B tiles
+#       (share_b) and A tiles (share_a), on the standard shapes' GEMMs (rows per expert even
+#       multiples of 128, so every share_b pair shares); likely a call of its own with (1);
 #   (2) the two-partial fp8_block mainloops (benchmarks.md, session 48) against HEAD, alternating:
 #       `mok bench --precision fp8_block --iterations 10` forward (both2p) and --direction
 #       backward (bwd2p), qwen3-30b 8k two rounds, dsv3 4k backward and 8k forward one; each
@@ -37,7 +38,7 @@ T=build-gpu/tests
 run grouped_gemm 90 $T/test_grouped_gemm_gpu
 for g in "256 256 4096 7168 swiglu 256" "256 256 7168 2048 store 256" \
   "128 512 1536 2048 swiglu 256" "128 512 2048 768 store 256"; do
-  for c in 1 2 1 2; do
+  for c in none share_b share_a none share_b share_a; do
     timeout 60 build-gpu/grouped_gemm_bench $g $c 2>&1 | tail -1 | cut -c1-200
   done
 done
