@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Session 48's device call, written for a GPU that was not lent (loans paused): not run. Here
 # first: git cherry-pick 22598fb (the grouped GEMM in pairs of CTAs, with its test and bench
-# argument; reverted after it), then at that tree
+# argument; reverted in 641a716), then at that tree
 #   bash scripts/device_ab_base.sh make ce6c1b0 bwd2p    # the fp8_block backward with two partials
 #   bash scripts/device_ab_base.sh make 5c705e6 both2p   # and the forward too (setmaxnreg 56 / 224)
 # one GPU, carry [".device"], LIMIT=540.
