@@ -20,10 +20,11 @@ rc=$?
 report='^ptxas info|^ +[0-9]+ bytes stack frame'
 [ -n "$object" ] && [ $rc -eq 0 ] && grep -E "$report" "$log" >"$object.ptxas"
 grep -vE "$report" "$log" >&2
-if [ $rc -eq 0 ] && grep -qE '^ptxas info +: \(C75[0-9][0-9]\)' "$log"; then
+pipeline='^ptxas info +: \(C75[0-9][0-9]\)'  # its infos on a kernel's wgmma pipeline
+if [ $rc -eq 0 ] && grep -qE "$pipeline" "$log"; then
   echo "error: ptxas reports on the wgmma pipeline of ${object:-this source} (serialised or" \
     "injected waits: see scripts/nvcc_guard.sh):" >&2
-  grep -E '^ptxas info +: \(C75[0-9][0-9]\)' "$log" | sed 's/^ptxas info *: /  /' >&2
+  grep -E "$pipeline" "$log" | sed 's/^ptxas info *: /  /' >&2
   [ -n "$object" ] && rm -f "$object"
   exit 1
 fi

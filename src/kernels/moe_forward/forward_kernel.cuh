@@ -151,4 +151,18 @@ struct ForwardKernelSet {
   static constexpr ForwardKernels kernels{&prepare, &launch};
 };
 
+// A ForwardKernels over two: ForwardKernelSet<Lone> for one rank, and kGroup's (the emulated
+// groups' instantiations, another translation unit's) where ForwardKernel::group.
+template <class Lone, const ForwardKernels& (*kGroup)()>
+struct LoneOrGroupKernels {
+  static cudaError_t prepare(const ForwardKernel& k, int* ctas_per_sm) {
+    return (k.group ? kGroup() : ForwardKernelSet<Lone>::kernels).prepare(k, ctas_per_sm);
+  }
+  static cudaError_t launch(const ForwardLaunch& l, const ForwardKernel& k, int grid,
+                            cudaStream_t stream) {
+    return (k.group ? kGroup() : ForwardKernelSet<Lone>::kernels).launch(l, k, grid, stream);
+  }
+  static constexpr ForwardKernels kernels{&prepare, &launch};
+};
+
 }  // namespace mok::kern

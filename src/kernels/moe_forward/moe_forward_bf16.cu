@@ -28,17 +28,6 @@ struct Lone {
   }
 };
 
-cudaError_t prepare_any(const ForwardKernel& k, int* ctas_per_sm) {
-  return (k.group ? group_forward_kernels() : ForwardKernelSet<Lone>::kernels)
-      .prepare(k, ctas_per_sm);
-}
-cudaError_t launch_any(const ForwardLaunch& l, const ForwardKernel& k, int grid,
-                       cudaStream_t stream) {
-  return (k.group ? group_forward_kernels() : ForwardKernelSet<Lone>::kernels)
-      .launch(l, k, grid, stream);
-}
-constexpr ForwardKernels kProduction{&prepare_any, &launch_any};
-
 // Before a group's kernels: one rank's share into device memory, then the release that lets the
 // megakernel's TMA read the maps in it.
 __global__ void group_copy_kernel(const __grid_constant__ RankLaunch share, RankLaunch* to) {
@@ -51,7 +40,9 @@ __global__ void group_copy_kernel(const __grid_constant__ RankLaunch share, Rank
 
 }  // namespace
 
-const ForwardKernels& production_forward_kernels() { return kProduction; }
+const ForwardKernels& production_forward_kernels() {
+  return LoneOrGroupKernels<Lone, group_forward_kernels>::kernels;
+}
 
 cudaError_t launch_group_copies(const RankLaunch* shares, const ForwardLaunch& launch,
                                 cudaStream_t stream) {

@@ -44,19 +44,10 @@ struct Probes {
   }
 };
 
-cudaError_t prepare_any(const ForwardKernel& k, int* ctas_per_sm) {
-  return (k.group ? group_trace_forward_kernels() : ForwardKernelSet<Probes>::kernels)
-      .prepare(k, ctas_per_sm);
-}
-cudaError_t launch_any(const ForwardLaunch& l, const ForwardKernel& k, int grid,
-                       cudaStream_t stream) {
-  return (k.group ? group_trace_forward_kernels() : ForwardKernelSet<Probes>::kernels)
-      .launch(l, k, grid, stream);
-}
-constexpr ForwardKernels kProbes{&prepare_any, &launch_any};
-
 }  // namespace
 
-const ForwardKernels& probe_forward_kernels() { return kProbes; }
+const ForwardKernels& probe_forward_kernels() {
+  return LoneOrGroupKernels<Probes, group_trace_forward_kernels>::kernels;
+}
 
 }  // namespace mok::kern
